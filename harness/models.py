@@ -1,0 +1,198 @@
+"""Toy models, defined as vLLM's compilation tests define them, plus closed forms to check them against.
+
+`silly::attention(q, k, v, out)` stands in for attention: it writes `q + k + v` into `out` and returns nothing, so
+it is a splitting op whose result flows only through a mutated buffer, the hard case for piecewise graphs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn as nn
+
+__all__ = [
+    "SPLITTING_OPS",
+    "SillyModel",
+    "ToyLlama",
+    "ToyLlamaConfig",
+    "silly_model_expected",
+    "toy_llama_inputs",
+    "tractable_toy_llama",
+    "tractable_expected",
+]
+
+SPLITTING_OPS = ["silly::attention"]
+
+
+@torch.library.custom_op("silly::attention", mutates_args=("out",))
+def silly_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(q + k + v)
+
+
+@silly_attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    return None
+
+
+class SillyModel(nn.Module):
+    """`x+1; x+2; attn; x-2; x-1; attn; x+1` on a 1-D tensor: 5 pieces, 3 of them compiled.
+
+    For zeros the output is 19 everywhere (see `silly_model_expected`).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + 1
+        x = x + 2
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        x = out
+        x = x - 2
+        x = x - 1
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        x = out
+        x = x + 1
+        return x
+
+
+def silly_model_expected(x: torch.Tensor) -> torch.Tensor:
+    """Closed form of SillyModel: ((3(x+3)) - 3) * 3 + 1 = 9x + 19."""
+    return 9 * x + 19
+
+
+@dataclasses.dataclass
+class ToyLlamaConfig:
+    hidden_size: int = 128
+    mlp_size: int = 256
+    vocab_size: int = 128
+    num_layers: int = 12
+
+
+class ToyAttention(nn.Module):
+    def __init__(self, config: ToyLlamaConfig) -> None:
+        super().__init__()
+        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_size = config.hidden_size
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.hidden_size] * 3, dim=-1)
+        q += positions[:, None]  # in place on views of qkv, as vLLM's toy does
+        k += positions[:, None]
+        out = torch.empty_like(q)
+        torch.ops.silly.attention(q, k, v, out)
+        return self.o_proj(out)
+
+
+class ToyMLP(nn.Module):
+    def __init__(self, config: ToyLlamaConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.mlp_size, bias=False)
+        self.down_proj = nn.Linear(config.mlp_size, config.hidden_size, bias=False)
+        self.mlp_size = config.mlp_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.gate_up_proj(x)
+        x = x[:, : self.mlp_size] * torch.relu(x[:, self.mlp_size :])
+        return self.down_proj(x)
+
+
+class ToyDecoderLayer(nn.Module):
+    def __init__(self, config: ToyLlamaConfig) -> None:
+        super().__init__()
+        self.self_attn = ToyAttention(config)
+        self.mlp = ToyMLP(config)
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = hidden_states + 1
+        else:
+            hidden_states = hidden_states + residual
+            residual = hidden_states
+            hidden_states = hidden_states + 1
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states = hidden_states + residual
+        residual = hidden_states
+        hidden_states = hidden_states + 1
+        hidden_states = self.mlp(hidden_states)
+        return hidden_states, residual
+
+
+class ToyLlama(nn.Module):
+    """A llama-shaped toy: L layers give 2L+1 pieces, L+1 of them compiled. Inputs: token ids [B], positions [B]."""
+
+    def __init__(self, config: ToyLlamaConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or ToyLlamaConfig()
+        self.embed_tokens = nn.Embedding(self.config.vocab_size, self.config.hidden_size)
+        self.layers = nn.ModuleList(ToyDecoderLayer(self.config) for _ in range(self.config.num_layers))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        return hidden_states
+
+
+def toy_llama_inputs(
+    batch: int, config: ToyLlamaConfig | None = None, device: str | torch.device = "cpu", seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids and positions for a batch of `batch` tokens."""
+    config = config or ToyLlamaConfig()
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, config.vocab_size, (batch,), generator=gen)
+    positions = torch.randint(0, 64, (batch,), generator=gen)
+    return input_ids.to(device), positions.to(device)
+
+
+def tractable_toy_llama(config: ToyLlamaConfig | None = None) -> ToyLlama:
+    """ToyLlama with identity blocks (2 layers unless `config` says otherwise), see `tractable_expected`.
+
+    Embedding rows are all ones; qkv is three stacked identities; o_proj is the identity; gate_up has the identity
+    in the first hidden_size rows of both halves (the rest zero); down_proj is [I | 0]. Every hidden column of a
+    row then holds the same value, so the model reduces to a recursion on one number per token.
+    """
+    config = config or ToyLlamaConfig(num_layers=2)
+    if config.mlp_size < config.hidden_size:
+        raise ValueError("tractable_toy_llama needs mlp_size >= hidden_size")
+    model = ToyLlama(config)
+    h, m = config.hidden_size, config.mlp_size
+    eye = torch.eye(h)
+    with torch.no_grad():
+        model.embed_tokens.weight.fill_(1.0)
+        for layer in model.layers:
+            layer.self_attn.qkv_proj.weight.copy_(torch.cat([eye, eye, eye]))
+            layer.self_attn.o_proj.weight.copy_(eye)
+            gate_up = torch.zeros(2 * m, h)
+            gate_up[:h] = eye
+            gate_up[m : m + h] = eye
+            layer.mlp.gate_up_proj.weight.copy_(gate_up)
+            down = torch.zeros(h, m)
+            down[:, :h] = eye
+            layer.mlp.down_proj.weight.copy_(down)
+    return model
+
+
+def tractable_expected(positions: torch.Tensor, config: ToyLlamaConfig | None = None) -> torch.Tensor:
+    """The output of `tractable_toy_llama` in closed form, computed in float64 on one number per token."""
+    config = config or ToyLlamaConfig(num_layers=2)
+    p = positions.detach().to("cpu", torch.float64)
+    h = torch.ones_like(p)
+    residual = None
+    for _ in range(config.num_layers):
+        if residual is None:
+            residual, h = h, h + 1
+        else:
+            h = h + residual
+            residual, h = h, h + 1
+        h = 3 * h + 2 * p  # q + k + v with q, k shifted by the position, then o_proj = I
+        h = h + residual
+        residual, h = h, h + 1
+        h = h * torch.relu(h)  # gate * relu(up), both the identity
+    return h[:, None].expand(-1, config.hidden_size)

@@ -1,0 +1,46 @@
+"""pieceworks: piecewise CUDA-graph compilation, the reference implementation.
+
+Public API: `CompilationConfig`, `CUDAGraphMode`, `compile`, `Backend`, `split_graph`, `counters`.
+The name "pieceworks" is registered as a torch.compile backend:
+`torch.compile(model, backend="pieceworks", options={"splitting_ops": [...], ...})`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .api import CompiledModel, InputError, compile
+from .backend import Backend
+from .config import CompilationConfig, ConfigError, CUDAGraphMode, default_capture_sizes
+from .counters import CompilationCounter, counters
+from .dispatch import BatchSizeError
+from .split import SplitItem, split_graph
+
+__all__ = [
+    "Backend",
+    "BatchSizeError",
+    "CompilationConfig",
+    "CompilationCounter",
+    "CompiledModel",
+    "ConfigError",
+    "CUDAGraphMode",
+    "InputError",
+    "SplitItem",
+    "compile",
+    "counters",
+    "default_capture_sizes",
+    "split_graph",
+]
+
+__version__ = "0.1.0"
+
+
+def _registered_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None):
+    """`backend="pieceworks"`: `options` are `CompilationConfig` fields."""
+    return Backend(CompilationConfig(**(options or {})))(gm, example_inputs)
+
+
+if "pieceworks" not in torch._dynamo.list_backends(exclude_tags=()):
+    torch._dynamo.register_backend(_registered_backend, name="pieceworks")

@@ -1,0 +1,172 @@
+"""`pieceworks.compile(model, config)`: trace once, compile everything, serve every batch size without compiling.
+
+Contracts of the returned `CompiledModel`:
+- dim 0 of every tensor argument is the batch dimension, the only dynamic one; all tensor arguments share it;
+- the first call traces the model with Dynamo once (with a batch of at least 2, so that Dynamo's 0/1
+  specialisation cannot bake in the size) and compiles every piece for every compile range and size before it
+  returns; no later call traces or compiles, batch 1 included;
+- Dynamo's guards are dropped (`guard_filter_fn`), so pieceworks checks arguments itself on every call: the same
+  count, dtypes, devices, ranks and non-batch sizes as the first call, and equal non-tensor arguments (which the
+  trace baked in). A mismatch raises `InputError` naming the argument;
+- inference only: calls run under `torch.no_grad()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .backend import Backend
+from .config import CompilationConfig
+from .counters import counters
+from .graph import PiecewiseGraph
+
+__all__ = ["CompiledModel", "InputError", "compile"]
+
+log = logging.getLogger("pieceworks")
+
+
+class InputError(ValueError):
+    """A call's arguments do not fit what the model was compiled for."""
+
+
+def _drop_all_guards(guard_entries: list[Any]) -> list[bool]:
+    return [False] * len(guard_entries)
+
+
+def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A function calling `model` whose code object belongs to this CompiledModel alone.
+
+    Dynamo caches compiled code on the code object of the frame it compiles. With guards dropped, two
+    CompiledModels sharing a code object (two instances of one class) would share compiled code; a code
+    object of our own keeps each one's cache entry separate.
+    """
+
+    def call_model(*args: Any) -> Any:
+        return model(*args)
+
+    code = call_model.__code__.replace(co_name=name)
+    return types.FunctionType(code, call_model.__globals__, name, None, call_model.__closure__)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device})"
+    return repr(value)
+
+
+class CompiledModel:
+    """What `pieceworks.compile` returns. Call it like the model. Not thread-safe: one caller at a time."""
+
+    _count = 0
+
+    def __init__(self, model: Callable[..., Any], config: CompilationConfig | None = None) -> None:
+        if not callable(model):
+            raise TypeError(f"pieceworks.compile needs a callable model (an nn.Module), got {type(model).__name__}")
+        self.model = model
+        self.config = config if config is not None else CompilationConfig()
+        if not isinstance(self.config, CompilationConfig):
+            raise TypeError(
+                f"pieceworks.compile needs a pieceworks.CompilationConfig, got {type(self.config).__name__}"
+            )
+        self.backend = Backend(self.config)
+        CompiledModel._count += 1
+        entry = _own_entry_point(model, f"pieceworks_model_{CompiledModel._count}")
+        self._dynamo_fn = torch.compile(
+            entry, backend=self.backend, fullgraph=True, dynamic=False,
+            options={"guard_filter_fn": _drop_all_guards},
+        )
+        self._signature: list[Any] | None = None
+        counters.num_models_seen += 1
+
+    @property
+    def graph(self) -> PiecewiseGraph | None:
+        """The compiled graph, once the first call has traced the model."""
+        return self.backend.graphs[0] if self.backend.graphs else None
+
+    # ---- argument checks ------------------------------------------------------------------------------------
+    @staticmethod
+    def _batch_of(args: tuple) -> int:
+        sizes = {}
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if a.dim() == 0:
+                    raise InputError(
+                        f"argument {i} is a 0-d tensor (shape ()): pieceworks treats dim 0 of every tensor argument "
+                        f"as the batch dimension. Fix: pass it with a batch dimension, e.g. x.expand(batch) or x[None]"
+                    )
+                sizes[i] = a.shape[0]
+        if not sizes:
+            raise InputError("pieceworks needs at least one tensor argument with a batch dimension (dim 0)")
+        if len(set(sizes.values())) > 1:
+            raise InputError(
+                f"tensor arguments disagree on the batch size (dim 0): {sizes}. Fix: every tensor argument must "
+                f"have the same dim 0"
+            )
+        batch = next(iter(sizes.values()))
+        if batch < 1:
+            raise InputError(f"batch size {batch}: pieceworks serves batches of at least 1")
+        return batch
+
+    @staticmethod
+    def _signature_of(args: tuple) -> list[Any]:
+        return [
+            (a.dtype, a.device, a.dim(), tuple(a.shape[1:])) if isinstance(a, torch.Tensor) else ("value", a)
+            for a in args
+        ]
+
+    def _check(self, args: tuple) -> int:
+        batch = self._batch_of(args)
+        signature = self._signature
+        if len(args) != len(signature):
+            raise InputError(f"compiled for {len(signature)} arguments, called with {len(args)}")
+        for i, a in enumerate(args):
+            want = signature[i]
+            got = (a.dtype, a.device, a.dim(), tuple(a.shape[1:])) if isinstance(a, torch.Tensor) else ("value", a)
+            if got != want:
+                if want[0] == "value":
+                    expected = f"the value {want[1]!r}"
+                else:
+                    expected = f"dtype={want[0]}, device={want[1]}, rank {want[2]}, trailing shape {want[3]}"
+                raise InputError(
+                    f"argument {i} is {_describe(a)}, but the model was compiled for {expected}. "
+                    f"Fix: pass arguments like the first call's, or compile another CompiledModel"
+                )
+        return batch
+
+    # ---- calls ----------------------------------------------------------------------------------------------
+    def _trace(self, args: tuple, batch: int) -> None:
+        """Trace and compile with a copy of `args` of batch >= 2 whose dim 0 is marked dynamic."""
+        trace_batch = max(batch, 2)
+        trace_args = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                a = a.index_select(0, torch.arange(trace_batch, device=a.device) % batch)
+                torch._dynamo.mark_dynamic(a, 0)
+            trace_args.append(a)
+        start = time.perf_counter()
+        counters.num_dynamo_traces += 1
+        self._dynamo_fn(*trace_args)
+        log.info("pieceworks: traced and compiled in %.3f s (batch %d)", time.perf_counter() - start, trace_batch)
+        if len(self.backend.graphs) != 1:
+            raise RuntimeError(f"expected one Dynamo graph, got {len(self.backend.graphs)}")
+
+    def __call__(self, *args: Any) -> Any:
+        with torch.no_grad():
+            if self._signature is None:
+                batch = self._batch_of(args)
+                self._trace(args, batch)
+                self._signature = self._signature_of(args)
+            else:
+                self._check(args)
+            return self._dynamo_fn(*args)
+
+
+def compile(model: Callable[..., Any], config: CompilationConfig | None = None) -> CompiledModel:  # noqa: A001
+    """Compile `model` piecewise with `config` (default `CompilationConfig()`); see `CompiledModel`."""
+    return CompiledModel(model, config)

@@ -1,0 +1,234 @@
+"""What to compile and capture: `CompilationConfig` and `CUDAGraphMode`.
+
+The names follow vLLM's `CompilationConfig` so that engine authors can read a config at a glance. A config is
+validated when it is built: every error names the field, the bad value and the fix. After construction the
+config is treated as read-only; `compute_hash()` digests exactly the fields that change compiled code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import os
+import re
+from typing import Any
+
+__all__ = ["CUDAGraphMode", "CompilationConfig", "ConfigError", "default_capture_sizes"]
+
+_OP_NAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
+
+
+class ConfigError(ValueError):
+    """A `CompilationConfig` field has a value pieceworks cannot use. The message names the field and the fix."""
+
+
+class CUDAGraphMode(enum.Enum):
+    """How compiled code is replayed (vLLM's values).
+
+    NONE: compiled pieces run as they are. PIECEWISE: one CUDA graph per compiled piece and batch size, splitting
+    ops run eagerly between them. FULL: one graph per batch size over the whole model. FULL_AND_PIECEWISE: FULL
+    where a full graph was captured for the batch, else PIECEWISE, else NONE.
+    """
+
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+    FULL_AND_PIECEWISE = 3
+
+    @property
+    def has_full(self) -> bool:
+        return self in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE)
+
+    @property
+    def has_piecewise(self) -> bool:
+        return self in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
+
+
+def default_capture_sizes(max_size: int = 512) -> list[int]:
+    """vLLM's default capture sizes: 1, 2, 4, then every 8 below 256, then every 16 up to `max_size`.
+
+    With `max_size=512` these are the 51 sizes engines usually capture.
+    """
+    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, max_size + 1, 16))
+    return [s for s in sizes if s <= max_size]
+
+
+def _fail(field: str, value: Any, problem: str, fix: str) -> None:
+    raise ConfigError(f"CompilationConfig.{field}={value!r}: {problem}. Fix: {fix}.")
+
+
+def _check_int_list(field: str, value: Any) -> list[int]:
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        _fail(field, value, "expected a list of int", f"pass e.g. {field}=[1, 2, 4, 8]")
+    if any(v <= 0 for v in value):
+        _fail(field, value, "every entry must be a positive batch size", "remove zero and negative entries")
+    return list(value)
+
+
+@dataclasses.dataclass
+class CompilationConfig:
+    """Configuration of one piecewise compilation.
+
+    Fields that change compiled code (hashed by `compute_hash`): `splitting_ops`, `compile_ranges`,
+    `compile_sizes`, `max_num_batched_tokens`, `compiler`, `inductor_compile_config`. The others only steer
+    capture and caching.
+
+    `compile_ranges` are endpoints with vLLM's meaning: `[e1, e2]` gives the ranges `[1, e1]`, `[e1+1, e2]` and
+    `[e2+1, max_num_batched_tokens]`; each piece is compiled once per range with a symbolic batch size, and once
+    per entry of `compile_sizes` for that static size. A batch size is served by its compile size if there is
+    one, else by the range that holds it; a batch above `max_num_batched_tokens` is an error.
+    """
+
+    splitting_ops: list[str] = dataclasses.field(default_factory=list)
+    compile_ranges: list[int] = dataclasses.field(default_factory=list)
+    compile_sizes: list[int] = dataclasses.field(default_factory=list)
+    max_num_batched_tokens: int = 8192
+    cudagraph_mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE
+    cudagraph_capture_sizes: list[int] | None = None
+    cudagraph_num_warmups: int = 1
+    compiler: str = "inductor"
+    inductor_compile_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    cache_dir: str | None = None
+    cache_enabled: bool = True
+    # What a batch that would need a graph never captured does once the capture phase has closed:
+    # "eager" runs it without a graph (logged once per size), "raise" raises.
+    on_missing_graph: str = "eager"
+    # Capture a size the first time it is seen instead of in `capture()`. Off: capture cost is paid up front.
+    lazy_capture: bool = False
+    # Check every replay's input addresses, not only the cheap check of the first input (see cudagraph.py).
+    debug_replay_checks: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.splitting_ops, str) or not isinstance(self.splitting_ops, (list, tuple)):
+            _fail("splitting_ops", self.splitting_ops, "expected a list of op names", 'pass ["silly::attention"]')
+        for name in self.splitting_ops:
+            if not isinstance(name, str) or not _OP_NAME.match(name):
+                _fail(
+                    "splitting_ops",
+                    self.splitting_ops,
+                    f"{name!r} is not an op name",
+                    'write "namespace::op" or "namespace::op.overload", e.g. "silly::attention" or '
+                    '"silly::attention.default"',
+                )
+        self.splitting_ops = list(self.splitting_ops)
+        if isinstance(self.max_num_batched_tokens, bool) or not isinstance(self.max_num_batched_tokens, int):
+            _fail("max_num_batched_tokens", self.max_num_batched_tokens, "expected an int", "pass e.g. 8192")
+        if self.max_num_batched_tokens <= 0:
+            _fail("max_num_batched_tokens", self.max_num_batched_tokens, "must be positive", "pass e.g. 8192")
+        top = self.max_num_batched_tokens
+        self.compile_ranges = _check_int_list("compile_ranges", self.compile_ranges)
+        if self.compile_ranges != sorted(set(self.compile_ranges)):
+            _fail(
+                "compile_ranges",
+                self.compile_ranges,
+                "endpoints must be strictly increasing",
+                f"sort them and drop repeats: {sorted(set(self.compile_ranges))}",
+            )
+        if self.compile_ranges and self.compile_ranges[-1] > top:
+            _fail(
+                "compile_ranges",
+                self.compile_ranges,
+                f"endpoint {self.compile_ranges[-1]} is above max_num_batched_tokens={top}",
+                "raise max_num_batched_tokens or lower the endpoint",
+            )
+        self.compile_sizes = sorted(set(_check_int_list("compile_sizes", self.compile_sizes)))
+        outside = [s for s in self.compile_sizes if s > top]
+        if outside:
+            _fail(
+                "compile_sizes",
+                self.compile_sizes,
+                f"{outside} lie outside every compile range {self.ranges()}",
+                "raise max_num_batched_tokens or drop those sizes",
+            )
+        if not isinstance(self.cudagraph_mode, CUDAGraphMode):
+            if isinstance(self.cudagraph_mode, str) and self.cudagraph_mode.upper() in CUDAGraphMode.__members__:
+                self.cudagraph_mode = CUDAGraphMode[self.cudagraph_mode.upper()]
+            else:
+                _fail(
+                    "cudagraph_mode",
+                    self.cudagraph_mode,
+                    "unknown mode",
+                    f"use pieceworks.CUDAGraphMode or one of {list(CUDAGraphMode.__members__)}",
+                )
+        if self.cudagraph_capture_sizes is None:
+            self.cudagraph_capture_sizes = default_capture_sizes(min(512, top))
+        sizes = _check_int_list("cudagraph_capture_sizes", self.cudagraph_capture_sizes)
+        self.cudagraph_capture_sizes = sorted(set(sizes))
+        above = [s for s in self.cudagraph_capture_sizes if s > top]
+        if above:
+            _fail(
+                "cudagraph_capture_sizes",
+                sizes,
+                f"{above} are above the largest compile range {self.ranges()[-1]}",
+                "raise max_num_batched_tokens or drop those sizes",
+            )
+        if isinstance(self.cudagraph_num_warmups, bool) or not isinstance(self.cudagraph_num_warmups, int):
+            _fail("cudagraph_num_warmups", self.cudagraph_num_warmups, "expected an int", "pass e.g. 1")
+        if self.cudagraph_num_warmups < 0:
+            _fail("cudagraph_num_warmups", self.cudagraph_num_warmups, "must be >= 0", "pass 0 or more")
+        if self.compiler not in ("inductor", "eager"):
+            _fail("compiler", self.compiler, "unknown compiler", 'use "inductor" or "eager"')
+        if not isinstance(self.inductor_compile_config, dict) or not all(
+            isinstance(k, str) for k in self.inductor_compile_config
+        ):
+            _fail(
+                "inductor_compile_config",
+                self.inductor_compile_config,
+                "expected a dict of Inductor config keys",
+                'pass e.g. {"max_autotune": False}',
+            )
+        try:
+            json.dumps(self.inductor_compile_config, sort_keys=True)
+        except TypeError:
+            _fail(
+                "inductor_compile_config",
+                self.inductor_compile_config,
+                "values must be JSON-serialisable so that the cache key can cover them",
+                "pass plain bools, numbers, strings, lists and dicts",
+            )
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            _fail("cache_dir", self.cache_dir, "expected a path", "pass a str or pathlib.Path, or None")
+        for flag in ("cache_enabled", "lazy_capture", "debug_replay_checks"):
+            if not isinstance(getattr(self, flag), bool):
+                _fail(flag, getattr(self, flag), "expected a bool", f"pass {flag}=True or False")
+        if self.on_missing_graph not in ("eager", "raise"):
+            _fail("on_missing_graph", self.on_missing_graph, "unknown policy", 'use "eager" or "raise"')
+
+    # ---- derived values -------------------------------------------------------------------------------------
+    def ranges(self) -> list[tuple[int, int]]:
+        """The compile ranges as closed intervals `(lo, hi)`, in order, covering `[1, max_num_batched_tokens]`."""
+        ends = list(self.compile_ranges)
+        if not ends or ends[-1] < self.max_num_batched_tokens:
+            ends.append(self.max_num_batched_tokens)
+        starts = [1] + [e + 1 for e in ends[:-1]]
+        return list(zip(starts, ends))
+
+    def resolved_cache_dir(self) -> str:
+        """`cache_dir`, else `$PIECEWORKS_CACHE_DIR`, else `$XDG_CACHE_HOME/pieceworks` (`~/.cache/pieceworks`)."""
+        if self.cache_dir is not None:
+            return os.fspath(self.cache_dir)
+        if os.environ.get("PIECEWORKS_CACHE_DIR"):
+            return os.environ["PIECEWORKS_CACHE_DIR"]
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "pieceworks")
+
+    def cache_active(self) -> bool:
+        """False when `cache_enabled` is off, `PIECEWORKS_DISABLE_CACHE=1`, or the compiler is eager."""
+        disabled = os.environ.get("PIECEWORKS_DISABLE_CACHE", "0") not in ("", "0")
+        return self.cache_enabled and not disabled and self.compiler == "inductor"
+
+    def compute_hash(self) -> str:
+        """SHA-256 of the fields that change compiled code; equal configs give equal hashes in any process."""
+        factors = {
+            "splitting_ops": self.splitting_ops,
+            "ranges": self.ranges(),
+            "compile_sizes": self.compile_sizes,
+            "compiler": self.compiler,
+            "inductor_compile_config": self.inductor_compile_config,
+        }
+        blob = json.dumps(factors, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,67 @@
+"""Process-wide compilation counters with vLLM's field names.
+
+Tests read deltas, never absolute values: `with counters.expect(num_inductor_compiles=3): ...` asserts that the
+block changed that field by exactly 3 (and says what every named field did when it fails). Counters are plain
+ints bumped from the thread that compiles or captures; they are not synchronised across threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+
+__all__ = ["CompilationCounter", "counters"]
+
+
+@dataclasses.dataclass
+class CompilationCounter:
+    num_models_seen: int = 0
+    num_graphs_seen: int = 0
+    # every piece of every split graph, splitting pieces included
+    num_piecewise_graphs_seen: int = 0
+    # pieces that are compiled (and may get CUDA graphs): the non-splitting ones
+    num_piecewise_capturable_graphs_seen: int = 0
+    num_backend_compilations: int = 0
+    num_inductor_compiles: int = 0
+    num_eager_compiles: int = 0
+    # compiled pieces served by another structurally identical piece's artifact
+    num_shared_piece_compiles: int = 0
+    num_cudagraph_captured: int = 0
+    # compiled pieces (or FULL graphs) that run without a graph because they cannot be captured
+    num_cudagraph_uncapturable: int = 0
+    num_cache_entries_updated: int = 0
+    num_compiled_artifacts_saved: int = 0
+    num_compiled_artifacts_loaded: int = 0
+    # artifacts found truncated, garbled or from another torch build, logged and recompiled
+    num_cache_artifacts_rejected: int = 0
+    num_dynamo_traces: int = 0
+
+    def snapshot(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def reset(self) -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, 0)
+
+    @contextlib.contextmanager
+    def expect(self, **deltas: int) -> Iterator[None]:
+        """Assert that the block changes each named field by exactly the given delta."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(deltas) - known)
+        if unknown:
+            raise TypeError(f"counters.expect got unknown fields {unknown}; known fields: {sorted(known)}")
+        before = self.snapshot()
+        yield
+        after = self.snapshot()
+        wrong = {
+            name: (after[name] - before[name], want)
+            for name, want in deltas.items()
+            if after[name] - before[name] != want
+        }
+        if wrong:
+            lines = [f"  {name}: changed by {got}, expected {want}" for name, (got, want) in sorted(wrong.items())]
+            raise AssertionError("pieceworks counters did not change as expected:\n" + "\n".join(lines))
+
+
+counters = CompilationCounter()

@@ -1,0 +1,70 @@
+"""Compiling one piece: TorchInductor through `torch._inductor.standalone_compile`, or the eager 'compiler'.
+
+A compiled piece is a callable that takes the piece's inputs positionally (ints for SymInts) and returns what
+the piece's GraphModule returns (a tuple, or a bare value where the piece has one output). Nothing here patches
+torch; only `standalone_compile` and `CompiledArtifact.save/load` are used, which exist from torch 2.8 on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+__all__ = ["compile_inductor", "compile_eager", "save_artifact", "load_artifact", "returns_tuple"]
+
+
+def returns_tuple(gm: torch.fx.GraphModule) -> bool:
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return isinstance(output.args[0], (tuple, list))
+
+
+def _adapt_outputs(fn: Callable[..., Any], tuple_output: bool) -> Callable[..., Any]:
+    """Give callers exactly what the piece's GraphModule returns (Inductor returns a list for a tuple output)."""
+    if tuple_output:
+
+        def call_tuple(*args: Any) -> tuple:
+            return tuple(fn(*args))
+
+        return call_tuple
+
+    def call_single(*args: Any) -> Any:
+        out = fn(*args)
+        return out[0] if isinstance(out, (list, tuple)) else out
+
+    return call_single
+
+
+def compile_inductor(
+    gm: torch.fx.GraphModule, example_args: list[Any], *, static: bool, inductor_config: dict[str, Any]
+) -> tuple[Callable[..., Any], Any]:
+    """Compile `gm` with Inductor. Returns `(callable, artifact)`; `artifact` can be saved.
+
+    `static=False`: `example_args` are the FakeTensors/SymInts of the trace, the batch size stays symbolic.
+    `static=True`: `example_args` are real tensors and ints of one batch size, which the code is specialised to.
+    """
+    artifact = torch._inductor.standalone_compile(
+        gm,
+        list(example_args),
+        dynamic_shapes="from_example_inputs" if static else "from_graph",
+        options={"config_patches": dict(inductor_config)},
+    )
+    return _adapt_outputs(artifact, returns_tuple(gm)), artifact
+
+
+def compile_eager(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """The eager 'compiler': the piece's own GraphModule, for tests whose subject is not Inductor."""
+    return gm.forward
+
+
+def save_artifact(artifact: Any, path: str) -> None:
+    """Write `artifact` to `path` (binary format). Raises if the artifact cannot be serialised."""
+    artifact.save(path=path, format="binary")
+
+
+def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """Load an artifact saved by `save_artifact`. Raises on any problem (wrong torch build, bad bytes)."""
+    artifact = torch._inductor.CompiledArtifact.load(path=path, format="binary")
+    return _adapt_outputs(artifact, returns_tuple(gm))

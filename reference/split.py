@@ -1,0 +1,133 @@
+"""Splitting a Dynamo graph at splitting ops.
+
+Rules (the behaviour engine authors know from vLLM):
+- nodes keep their original order (`keep_original_order=True`): in-place mutations have no data edges, so
+  reordering them would change results;
+- each splitting op gets a piece of its own; consecutive splitting ops share one;
+- a `getitem` stays with the node it unpacks, so a splitting op with several outputs never makes a cycle;
+- `x.size()` is decomposed into one `sym_size` per dimension first, because a `torch.Size` cannot cross a piece
+  boundary;
+- an empty `splitting_ops` gives one piece.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import torch
+import torch.fx
+from torch.fx.passes.split_module import split_module
+
+__all__ = ["SplitItem", "split_graph", "op_names", "is_splitting_op"]
+
+
+@dataclasses.dataclass
+class SplitItem:
+    """One piece of a split graph: `split_gm.<submod_name>` is `graph`, the `graph_id`-th piece in run order."""
+
+    submod_name: str
+    graph_id: int
+    is_splitting_graph: bool
+    graph: torch.fx.GraphModule
+
+
+def op_names(target: object) -> set[str]:
+    """The names a splitting-op entry can use for `target`: `"ns::op"` and `"ns::op.overload"`.
+
+    Dynamo records custom ops as overload packets (`torch.ops.ns.op`), which match `"ns::op"` and
+    `"ns::op.default"`; an `OpOverload` matches `"ns::op"` and its own overload name.
+    """
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        name = target._qualified_op_name
+        return {name, f"{name}.default"}
+    if isinstance(target, torch._ops.OpOverload):
+        packet = target._schema.name
+        return {packet, f"{packet}.{target._overloadname or 'default'}"}
+    return set()
+
+
+def is_splitting_op(node: torch.fx.Node, splitting_ops: set[str]) -> bool:
+    return node.op == "call_function" and bool(op_names(node.target) & splitting_ops)
+
+
+def decompose_sizes(gm: torch.fx.GraphModule) -> None:
+    """Replace every `x.size()` (no dim) by one `sym_size.int(x, d)` per dimension, in place."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if not (node.op == "call_method" and node.target == "size" and len(node.args) == 1 and not node.kwargs):
+            continue
+        tensor = node.args[0]
+        value = tensor.meta.get("example_value")
+        if value is None:
+            continue
+        dims = []
+        anchor = node
+        for d in range(value.dim()):
+            with graph.inserting_after(anchor):
+                anchor = graph.call_function(torch.ops.aten.sym_size.int, (tensor, d))
+            anchor.meta["example_value"] = value.shape[d]
+            dims.append(anchor)
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int):
+                user.replace_all_uses_with(dims[user.args[1]])
+                graph.erase_node(user)
+            else:
+                user.args = tuple(dims if a is node else a for a in user.args)
+                user.kwargs = {k: (dims if v is node else v) for k, v in user.kwargs.items()}
+        if not node.users:
+            graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+
+
+def _assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[dict, set[int]]:
+    piece_of: dict[torch.fx.Node, int] = {}
+    splitting_pieces: set[int] = set()
+    current = 0
+    previous_was_split = False
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in piece_of:
+            piece_of[node] = piece_of[node.args[0]]
+            continue
+        if is_splitting_op(node, splitting_ops):
+            if not previous_was_split:
+                current += 1
+            piece_of[node] = current
+            splitting_pieces.add(current)
+            previous_was_split = True
+            continue
+        if previous_was_split:
+            current += 1
+        previous_was_split = False
+        piece_of[node] = current
+    # A size read only by later pieces moves to its first user's piece, so that fewer SymInts cross a boundary.
+    for node, piece in list(piece_of.items()):
+        if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int and node.users:
+            first_user = min((piece_of[u] for u in node.users if u in piece_of), default=piece)
+            if first_user not in splitting_pieces and first_user > piece:
+                piece_of[node] = first_user
+    return piece_of, splitting_pieces
+
+
+def split_graph(
+    gm: torch.fx.GraphModule, splitting_ops: list[str] | set[str]
+) -> tuple[torch.fx.GraphModule, list[SplitItem]]:
+    """Split `gm` at `splitting_ops`; return the stitching module and its pieces in run order.
+
+    `gm` is modified in place (sizes decomposed). The stitching module calls each piece exactly once, in the
+    original order; its outputs equal `gm`'s on any input.
+    """
+    ops = set(splitting_ops)
+    decompose_sizes(gm)
+    piece_of, splitting_pieces = _assign_pieces(gm, ops)
+    split_gm = split_module(gm, gm, lambda node: piece_of[node], keep_original_order=True)
+
+    items = []
+    names = [n.target for n in split_gm.graph.nodes if n.op == "call_module"]
+    for graph_id, name in enumerate(names):
+        piece_index = int(name.rsplit("_", 1)[1])
+        items.append(SplitItem(name, graph_id, piece_index in splitting_pieces, getattr(split_gm, name)))
+    return split_gm, items
