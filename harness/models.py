@@ -22,7 +22,7 @@ __all__ = [
     "tractable_expected",
 ]
 
-SPLITTING_OPS = ["silly::attention"]
+SPLITTING_OPS = ["silly::attention", "silly::pair"]
 
 
 @torch.library.custom_op("silly::attention", mutates_args=("out",))
@@ -33,6 +33,17 @@ def silly_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
 @silly_attention.register_fake
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
     return None
+
+
+@torch.library.custom_op("silly::pair", mutates_args=())
+def silly_pair(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A splitting op with two freshly allocated outputs: `(x + 1, 2 * x)`."""
+    return x + 1, 2 * x
+
+
+@silly_pair.register_fake
+def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), torch.empty_like(x)
 
 
 class SillyModel(nn.Module):
@@ -131,6 +142,10 @@ class ToyLlama(nn.Module):
         self.config = config or ToyLlamaConfig()
         self.embed_tokens = nn.Embedding(self.config.vocab_size, self.config.hidden_size)
         self.layers = nn.ModuleList(ToyDecoderLayer(self.config) for _ in range(self.config.num_layers))
+        # Small weights keep 12 layers of `gate * relu(up)` finite (the default init overflows to inf/NaN).
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)
@@ -147,7 +162,7 @@ def toy_llama_inputs(
     config = config or ToyLlamaConfig()
     gen = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(0, config.vocab_size, (batch,), generator=gen)
-    positions = torch.randint(0, 64, (batch,), generator=gen)
+    positions = torch.randint(0, 4, (batch,), generator=gen)
     return input_ids.to(device), positions.to(device)
 
 

@@ -194,4 +194,7 @@ def build_piecewise_graph(
         config.compiler, len(compiled_items), compiler.compiled, compiler.loaded, compiler.shared,
         time.perf_counter() - start,
     )
-    return PiecewiseGraph(split_gm, items, pieces, BatchLocator(fakes, batch_symbols), config)
+    return PiecewiseGraph(
+        split_gm, items, pieces, BatchLocator(fakes, batch_symbols), config,
+        cache_dir=cache.directory if cache is not None else None,
+    )

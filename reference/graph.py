@@ -18,7 +18,8 @@ class PiecewiseGraph:
     """The callable a `Backend` returns for one Dynamo graph.
 
     `split_gm` is the stitching module; each compiled submodule has been replaced by its `CompiledPiece`
-    (`pieces`, by submodule name); splitting submodules are untouched and run eagerly.
+    (`pieces`, by submodule name); splitting submodules are untouched and run eagerly. `cache_dir` is the compile
+    cache folder used, or None.
     """
 
     def __init__(
@@ -28,8 +29,10 @@ class PiecewiseGraph:
         pieces: dict[str, CompiledPiece],
         locate_batch: BatchLocator,
         config: CompilationConfig,
+        cache_dir: str | None = None,
     ) -> None:
         self.split_gm = split_gm
+        self.cache_dir = cache_dir
         self.items = list(items)
         self.pieces = pieces
         self.locate_batch = locate_batch

@@ -103,13 +103,36 @@ def _assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[d
             current += 1
         previous_was_split = False
         piece_of[node] = current
-    # A size read only by later pieces moves to its first user's piece, so that fewer SymInts cross a boundary.
-    for node, piece in list(piece_of.items()):
-        if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int and node.users:
-            first_user = min((piece_of[u] for u in node.users if u in piece_of), default=piece)
-            if first_user not in splitting_pieces and first_user > piece:
-                piece_of[node] = first_user
     return piece_of, splitting_pieces
+
+
+def _recompute_sizes_in_consumers(gm: torch.fx.GraphModule, piece_of: dict) -> None:
+    """Give every piece that reads a `sym_size` of another piece its own copy, placed just before its first use.
+
+    Then no compiled piece returns a SymInt, and node order (hence `keep_original_order`) is unchanged: the copy
+    reads the tensor, which crosses the boundary as any tensor does.
+    """
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if not (node.op == "call_function" and node.target is torch.ops.aten.sym_size.int):
+            continue
+        by_piece: dict[int, list[torch.fx.Node]] = {}
+        for user in node.users:
+            if user in piece_of and piece_of[user] != piece_of[node]:
+                by_piece.setdefault(piece_of[user], []).append(user)
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        for piece, users in by_piece.items():
+            first = min(users, key=order.__getitem__)
+            with graph.inserting_before(first):
+                copy = graph.call_function(torch.ops.aten.sym_size.int, node.args)
+            copy.meta = dict(node.meta)
+            piece_of[copy] = piece
+            for user in users:
+                user.replace_input_with(node, copy)
+        if not node.users:
+            graph.erase_node(node)
+            del piece_of[node]
+    gm.recompile()
 
 
 def split_graph(
@@ -123,6 +146,7 @@ def split_graph(
     ops = set(splitting_ops)
     decompose_sizes(gm)
     piece_of, splitting_pieces = _assign_pieces(gm, ops)
+    _recompute_sizes_in_consumers(gm, piece_of)
     split_gm = split_module(gm, gm, lambda node: piece_of[node], keep_original_order=True)
 
     items = []

@@ -1,0 +1,29 @@
+"""Shared fixtures: every test runs without autograd, with a fresh Dynamo and its own pieceworks cache."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+# One Inductor cache for the whole session, never a developer's ~/.cache or a previous run's leftovers.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="pieceworks-tests-inductor-"))
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo_and_cache(tmp_path, monkeypatch):
+    torch._dynamo.reset()
+    monkeypatch.setenv("PIECEWORKS_CACHE_DIR", str(tmp_path / "pieceworks-cache"))
+    monkeypatch.delenv("PIECEWORKS_DISABLE_CACHE", raising=False)
+    with torch.no_grad():  # pieceworks is for inference; the toy models mutate views in place
+        yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA: no CUDA device visible to torch")
+    return torch.device("cuda")

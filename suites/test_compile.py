@@ -1,0 +1,120 @@
+"""pieceworks.compile end to end on CPU: counters, no recompiles, dispatch, shared pieces, errors, backends."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pieceworks
+from pieceworks import CompilationConfig, CUDAGraphMode, counters
+from pieceworks.harness import models
+
+
+def eager_config(**kwargs):
+    return CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager", **kwargs)
+
+
+def test_silly_model_counters_and_closed_form():
+    compiled = pieceworks.compile(models.SillyModel(), eager_config())
+    with counters.expect(num_graphs_seen=1, num_piecewise_graphs_seen=5, num_piecewise_capturable_graphs_seen=3,
+                         num_backend_compilations=3, num_eager_compiles=3, num_inductor_compiles=0,
+                         num_models_seen=0, num_cudagraph_captured=0):
+        out = compiled(torch.zeros(8))
+    assert torch.equal(out, torch.full((8,), 19.0))
+
+
+@pytest.mark.parametrize("first_batch", [1, 2, 33])
+def test_no_batch_size_retraces_or_recompiles(first_batch):
+    compiled = pieceworks.compile(models.SillyModel(), eager_config())
+    compiled(torch.randn(first_batch))
+    with counters.expect(num_graphs_seen=0, num_backend_compilations=0, num_dynamo_traces=0):
+        for batch in [1, 2, 3, 1, 17, 64, 255, 1, 8192]:
+            x = torch.randn(batch)
+            torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
+
+
+def test_toy_llama_pieces_and_identical_layers_compile_once():
+    layers = 12
+    model = models.ToyLlama(models.ToyLlamaConfig(num_layers=layers))
+    compiled = pieceworks.compile(model, eager_config(compile_ranges=[16]))
+    ids, pos = models.toy_llama_inputs(9)
+    # first piece, 11 identical middle pieces, last piece: 3 distinct, each for 2 ranges
+    with counters.expect(num_piecewise_graphs_seen=2 * layers + 1, num_piecewise_capturable_graphs_seen=layers + 1,
+                         num_eager_compiles=3 * 2, num_shared_piece_compiles=(layers + 1 - 3) * 2):
+        out = compiled(ids, pos)
+    torch.testing.assert_close(out, model(ids, pos))
+    graph = compiled.graph
+    middle = [graph.pieces[i.submod_name] for i in graph.items if not i.is_splitting_graph][1:-1]
+    assert all(p.runnables[(1, 16)] is middle[0].runnables[(1, 16)] for p in middle)
+
+
+def test_tractable_toy_llama_matches_closed_form():
+    compiled = pieceworks.compile(models.tractable_toy_llama(), eager_config())
+    for batch in [1, 5, 300]:
+        ids, pos = models.toy_llama_inputs(batch, seed=batch)
+        torch.testing.assert_close(compiled(ids, pos).double(), models.tractable_expected(pos), rtol=1e-6, atol=0)
+
+
+def test_dispatch_exact_size_then_range():
+    config = eager_config(compile_ranges=[8, 64], compile_sizes=[4, 16], max_num_batched_tokens=256)
+    compiled = pieceworks.compile(models.SillyModel(), config)
+    with counters.expect(num_eager_compiles=3 * (3 + 2)):
+        compiled(torch.randn(3))
+    for piece in compiled.graph.pieces.values():
+        expected = {1: (1, 8), 4: 4, 5: (1, 8), 8: (1, 8), 9: (9, 64), 16: 16, 17: (9, 64), 65: (65, 256),
+                    256: (65, 256)}
+        for batch, target in expected.items():
+            assert piece.runnable_for(batch) is piece.runnables[target], (batch, target)
+    x = torch.randn(16)
+    torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
+    with pytest.raises(pieceworks.BatchSizeError, match=r"batch size 257 .*\(65, 256\)"):
+        compiled(torch.randn(257))
+
+
+def test_input_errors_are_clear():
+    compiled = pieceworks.compile(models.SillyModel(), eager_config())
+    with pytest.raises(pieceworks.InputError, match="0-d tensor"):
+        compiled(torch.tensor(1.0))
+    compiled(torch.randn(4))
+    with pytest.raises(pieceworks.InputError, match="dtype=torch.float32"):
+        compiled(torch.randn(4, dtype=torch.float64))
+    with pytest.raises(pieceworks.InputError, match="compiled for 1 arguments"):
+        compiled(torch.randn(4), torch.randn(4))
+    model = models.ToyLlama(models.ToyLlamaConfig(num_layers=1))
+    llama = pieceworks.compile(model, eager_config())
+    ids, pos = models.toy_llama_inputs(4)
+    with pytest.raises(pieceworks.InputError, match="disagree on the batch size"):
+        llama(ids, pos[:3])
+
+
+def test_two_models_of_one_class_keep_their_own_compiled_code():
+    a = pieceworks.compile(models.SillyModel(), eager_config())
+    b = pieceworks.compile(models.SillyModel(), CompilationConfig(splitting_ops=[], compiler="eager"))
+    a(torch.randn(4))
+    b(torch.randn(4))
+    assert len(a.graph.items) == 5 and len(b.graph.items) == 1
+    x = torch.randn(6)
+    torch.testing.assert_close(b(x), models.silly_model_expected(x))
+
+
+def test_registered_backend_and_backend_object():
+    model = models.SillyModel()
+    with counters.expect(num_piecewise_graphs_seen=5):
+        fn = torch.compile(model, backend="pieceworks", fullgraph=True,
+                           options={"splitting_ops": ["silly::attention"], "compiler": "eager"})
+        x = torch.randn(4)
+        torch.testing.assert_close(fn(x), models.silly_model_expected(x))
+    torch._dynamo.reset()
+    backend = pieceworks.Backend(eager_config(cudagraph_mode=CUDAGraphMode.NONE))
+    fn = torch.compile(model, backend=backend, fullgraph=True)
+    fn(torch.randn(4))
+    assert len(backend.graphs) == 1 and len(backend.graphs[0].items) == 5
+
+
+def test_compile_logs_each_phase(caplog):
+    caplog.set_level("INFO", logger="pieceworks")
+    pieceworks.compile(models.SillyModel(), eager_config())(torch.randn(3))
+    text = caplog.text
+    assert "pieceworks split: 5 pieces, 3 compiled" in text
+    assert "pieceworks compile (eager)" in text
+    assert "traced and compiled in" in text
