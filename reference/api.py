@@ -8,6 +8,10 @@ Contracts of the returned `CompiledModel`:
 - Dynamo's guards are dropped (`guard_filter_fn`), so pieceworks checks arguments itself on every call: the same
   count, dtypes, devices, ranks and non-batch sizes as the first call, and equal non-tensor arguments (which the
   trace baked in). A mismatch raises `InputError` naming the argument;
+- with CUDA graphs (`capture()` called, or `lazy_capture`), a batch of b rows is copied into static buffers,
+  padded to the smallest captured size n >= b, run, and its outputs cut back to b rows. Outputs then alias graph
+  memory and are valid until the next call (vLLM's contract): clone what you keep. Batches above the largest
+  captured size run without graphs. Arguments the model writes to in place are copied back after the call;
 - inference only: calls run under `torch.no_grad()`.
 """
 
@@ -23,8 +27,11 @@ import torch
 
 from .backend import Backend
 from .config import CompilationConfig
+from .config import CUDAGraphMode
 from .counters import counters
+from .dispatch import padded_size
 from .graph import PiecewiseGraph
+from .padding import StaticInputs, unpad
 
 __all__ = ["CompiledModel", "InputError", "compile"]
 
@@ -82,6 +89,9 @@ class CompiledModel:
             options={"guard_filter_fn": _drop_all_guards},
         )
         self._signature: list[Any] | None = None
+        self._static: StaticInputs | None = None
+        self._mutated_args: list[int] = []
+        self._capture_sizes = list(self.config.cudagraph_capture_sizes)
         counters.num_models_seen += 1
 
     @property
@@ -140,7 +150,7 @@ class CompiledModel:
         return batch
 
     # ---- calls ----------------------------------------------------------------------------------------------
-    def _trace(self, args: tuple, batch: int) -> None:
+    def _trace(self, args: tuple, batch: int) -> list[Any]:
         """Trace and compile with a copy of `args` of batch >= 2 whose dim 0 is marked dynamic."""
         trace_batch = max(batch, 2)
         trace_args = []
@@ -155,16 +165,50 @@ class CompiledModel:
         log.info("pieceworks: traced and compiled in %.3f s (batch %d)", time.perf_counter() - start, trace_batch)
         if len(self.backend.graphs) != 1:
             raise RuntimeError(f"expected one Dynamo graph, got {len(self.backend.graphs)}")
+        self.backend.frozen = True
+        written = self.graph.mutated_input_ids
+        self._mutated_args = [i for i, a in enumerate(trace_args) if id(a) in written]
+        return trace_args
+
+    def _first_call(self, args: tuple) -> None:
+        batch = self._batch_of(args)
+        trace_args = self._trace(args, batch)
+        self._signature = self._signature_of(args)
+        graph = self.graph
+        if graph.mode is not CUDAGraphMode.NONE and self._capture_sizes:
+            self._static = StaticInputs(trace_args, max(self._capture_sizes))
 
     def __call__(self, *args: Any) -> Any:
         with torch.no_grad():
             if self._signature is None:
+                self._first_call(args)
                 batch = self._batch_of(args)
-                self._trace(args, batch)
-                self._signature = self._signature_of(args)
             else:
-                self._check(args)
+                batch = self._check(args)
+            static = self._static
+            if static is not None and (self.graph.capture_closed or self.config.lazy_capture):
+                n = padded_size(self._capture_sizes, batch)
+                if n is not None:
+                    out = self._dynamo_fn(*static.load(args, batch, n))
+                    for i in self._mutated_args:
+                        args[i].copy_(static.buffers[i][:batch])
+                    return unpad(out, batch, n)
             return self._dynamo_fn(*args)
+
+    def capture(self) -> dict[str, Any]:
+        """The capture phase: every `cudagraph_capture_sizes` entry, largest first, into one pool; then closed.
+
+        Call after the first call (which traces and compiles). Without CUDA, or with mode NONE, it logs that it
+        captures nothing and returns. Returns the phase's numbers: sizes, seconds, MiB, graphs.
+        """
+        if self._signature is None:
+            raise RuntimeError("call the model once before capture(): the first call traces and compiles it")
+        graph = self.graph
+        if self._static is None:
+            return graph.capture([], lambda n: None)
+        static = self._static
+        with torch.no_grad():
+            return graph.capture(self._capture_sizes, lambda n: self._dynamo_fn(*static.views(n)))
 
 
 def compile(model: Callable[..., Any], config: CompilationConfig | None = None) -> CompiledModel:  # noqa: A001

@@ -21,8 +21,9 @@ from .cache import CompileCache
 from .config import CompilationConfig
 from .counters import counters
 from .fingerprint import digest, environment_factors, graph_fingerprint
-from .graph import PiecewiseGraph
+from .graph import PiecewiseGraph, PieceSpec
 from .piece import BatchLocator, CompiledPiece
+from .capturability import mutated_inputs
 from .split import SplitItem, split_graph
 
 __all__ = ["Backend", "build_piecewise_graph"]
@@ -42,8 +43,15 @@ class Backend:
     def __init__(self, config: CompilationConfig | None = None) -> None:
         self.config = config if config is not None else CompilationConfig()
         self.graphs: list[PiecewiseGraph] = []
+        self.frozen = False  # set by pieceworks.compile once its one graph exists: no request may compile
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> PiecewiseGraph:
+        if self.frozen:
+            raise RuntimeError(
+                "pieceworks: Dynamo asked to compile this model again after its first call (was "
+                "torch._dynamo.reset() called?). A CompiledModel never compiles while serving. Fix: create a new "
+                "CompiledModel with pieceworks.compile"
+            )
         graph = build_piecewise_graph(gm, example_inputs, self.config)
         self.graphs.append(graph)
         return graph
@@ -142,6 +150,7 @@ def build_piecewise_graph(
     if fake_mode is None:
         raise RuntimeError("pieceworks needs a graph traced by Dynamo (placeholders carry FakeTensor example values)")
 
+    written = mutated_inputs(gm)
     cache = None
     if config.cache_active():
         factors = {
@@ -175,7 +184,7 @@ def build_piecewise_graph(
         static_args[size] = recorder.args
 
     compiler = _PieceCompiler(config, cache)
-    pieces = {}
+    specs = []
     for item in compiled_items:
         fake_args = symbolic.args[item.submod_name]
         fingerprint = graph_fingerprint(item.graph, list(fake_args))
@@ -184,17 +193,20 @@ def build_piecewise_graph(
             runnables[lo_hi] = compiler.get(item, fingerprint, lo_hi, fake_args)
         for size in config.compile_sizes:
             runnables[size] = compiler.get(item, fingerprint, size, static_args[size][item.submod_name])
-        pieces[item.submod_name] = CompiledPiece(
+        piece = CompiledPiece(
             item.submod_name, item.graph_id, BatchLocator(fake_args, batch_symbols), runnables,
             config.compile_sizes, config.ranges(),
         )
+        specs.append(PieceSpec(item, piece, tuple(fake_args)))
     log.info(
         "pieceworks compile (%s): %d pieces, %d distinct targets compiled, %d loaded from cache, "
         "%d served by an identical piece, in %.3f s",
         config.compiler, len(compiled_items), compiler.compiled, compiler.loaded, compiler.shared,
         time.perf_counter() - start,
     )
-    return PiecewiseGraph(
-        split_gm, items, pieces, BatchLocator(fakes, batch_symbols), config,
+    graph = PiecewiseGraph(
+        split_gm, specs, items, BatchLocator(fakes, batch_symbols), fakes, config,
         cache_dir=cache.directory if cache is not None else None,
     )
+    graph.mutated_input_ids = {id(example_inputs[i]) for i in written}
+    return graph

@@ -118,3 +118,11 @@ def test_compile_logs_each_phase(caplog):
     assert "pieceworks split: 5 pieces, 3 compiled" in text
     assert "pieceworks compile (eager)" in text
     assert "traced and compiled in" in text
+
+
+def test_a_retrace_after_dynamo_reset_is_refused_not_silently_compiled():
+    compiled = pieceworks.compile(models.SillyModel(), eager_config())
+    compiled(torch.randn(4))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="never compiles while serving"):
+        compiled(torch.randn(1))

@@ -1,0 +1,61 @@
+"""Checked mode: catch callers that keep a replay's outputs past the next replay.
+
+With CUDA graphs, the tensors a call returns alias graph memory and are valid only until the next call (vLLM's
+contract, and SGLang #37606's hazard when broken). `CheckedModel` wraps a compiled model; after every call it keeps a
+weak reference to each returned tensor and a private copy of its values. After the next call it checks every
+earlier output the caller still holds: if its memory no longer matches the copy, that call overwrote an output
+the caller kept, and `OutputOverwrittenError` says which call produced it. Costs one copy of every output per
+call: for tests, not for serving.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["CheckedModel", "OutputOverwrittenError"]
+
+
+class OutputOverwrittenError(RuntimeError):
+    """An output the caller still holds was overwritten by a later replay."""
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+class CheckedModel:
+    def __init__(self, model: Callable[..., Any]) -> None:
+        self.model = model
+        self.calls = 0
+        self._held: list[tuple[int, weakref.ref, torch.Tensor]] = []
+
+    def check(self) -> None:
+        """Raise if an earlier output that is still referenced no longer holds the values it was returned with."""
+        alive = []
+        for call, ref, copy in self._held:
+            tensor = ref()
+            if tensor is None:
+                continue
+            if not torch.equal(tensor, copy):
+                raise OutputOverwrittenError(
+                    f"an output of call #{call} (shape {tuple(tensor.shape)}) was overwritten by a later call: "
+                    f"outputs are valid only until the next call. Fix: clone() outputs you keep"
+                )
+            alive.append((call, ref, copy))
+        self._held = alive
+
+    def __call__(self, *args: Any) -> Any:
+        out = self.model(*args)
+        self.calls += 1
+        self.check()
+        for t in _tensors(out):
+            self._held.append((self.calls, weakref.ref(t), t.clone()))
+        return out

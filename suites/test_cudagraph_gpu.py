@@ -1,0 +1,218 @@
+"""CUDA-graph capture and replay on a GPU: correctness in every mode, padding, counters, safety, memory."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn as nn
+
+import pieceworks
+from pieceworks import CompilationConfig, CUDAGraphMode, counters
+from pieceworks.cudagraph import ReplayAddressError
+from pieceworks.graph import CUDAGraphMissingError
+from pieceworks.harness import models
+from pieceworks.harness.checked import CheckedModel, OutputOverwrittenError
+
+pytestmark = pytest.mark.gpu
+
+SIZES = [1, 2, 4, 8, 16, 32]
+BATCHES = [1, 2, 3, 4, 5, 8, 13, 16, 17, 31, 32, 33, 100]  # captured, padded, and above the largest size
+GRAPH_MODES = [CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE]
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One compile cache for the module: every mode after the first loads the same Inductor artifacts."""
+    return str(tmp_path_factory.mktemp("pieceworks-gpu-cache"))
+
+
+def _make(name):
+    torch.manual_seed(0)
+    if name == "silly":
+        return models.SillyModel().cuda(), lambda b: (torch.randn(b, device="cuda"),)
+    config = models.ToyLlamaConfig(num_layers=4)
+    return models.ToyLlama(config).cuda(), lambda b: models.toy_llama_inputs(b, config, "cuda", seed=b)
+
+
+def _compiled(model, inputs, mode, cache, compiler="inductor", **kwargs):
+    config = CompilationConfig(splitting_ops=models.SPLITTING_OPS, cudagraph_mode=mode, compiler=compiler,
+                               cudagraph_capture_sizes=kwargs.pop("sizes", SIZES), cache_dir=cache, **kwargs)
+    compiled = pieceworks.compile(model, config)
+    compiled(*inputs(3))
+    return compiled
+
+
+@pytest.mark.parametrize("name", ["silly", "toy_llama"])
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+def test_replay_equals_no_graph_run_and_eager(name, mode, shared_cache):
+    model, inputs = _make(name)
+    plain = _compiled(model, inputs, CUDAGraphMode.NONE, shared_cache)
+    graphed = _compiled(model, inputs, mode, shared_cache)
+    graphed.capture()
+    for batch in BATCHES:
+        args = inputs(batch)
+        expected = model(*args)
+        got = graphed(*args).clone()
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        n = next((s for s in SIZES if s >= batch), batch)
+        # The same compiled code at the same (padded) size without graphs: bitwise equal on the real rows.
+        padded = [torch.cat([a, a[:1].expand(n - batch, *a.shape[1:])]) for a in args]
+        assert torch.equal(got, plain(*padded)[:batch]), f"batch {batch} (padded to {n})"
+
+
+def test_counters_count_graphs_per_piece_and_size(shared_cache):
+    model, inputs = _make("toy_llama")
+    layers = model.config.num_layers
+    for mode, per_size in [(CUDAGraphMode.PIECEWISE, layers + 1), (CUDAGraphMode.FULL, 1),
+                           (CUDAGraphMode.FULL_AND_PIECEWISE, 1)]:
+        compiled = _compiled(model, inputs, mode, shared_cache)
+        with counters.expect(num_cudagraph_captured=per_size * len(SIZES)):
+            report = compiled.capture()
+        assert report["graphs"] == per_size * len(SIZES) and report["sizes"] == len(SIZES)
+
+
+def test_capture_phase_closes(shared_cache, caplog):
+    model, inputs = _make("silly")
+    compiled = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache, compiler="eager")
+    compiled.capture()
+    graph = compiled.graph
+    assert graph.capture_closed
+    caplog.set_level("INFO", logger="pieceworks")
+    with counters.expect(num_cudagraph_captured=0, num_backend_compilations=0, num_graphs_seen=0):
+        for batch in BATCHES:
+            x = inputs(batch)[0]
+            torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
+    assert sorted(graph.piecewise_sizes) == SIZES
+
+
+def test_raw_backend_after_capture_raises_or_runs_without_graph(shared_cache):
+    model, _ = _make("silly")
+    for policy in ["raise", "eager"]:
+        torch._dynamo.reset()
+        config = CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_capture_sizes=SIZES,
+                                   on_missing_graph=policy)
+        backend = pieceworks.Backend(config)
+        fn = torch.compile(model, backend=backend, fullgraph=True, dynamic=False,
+                           options={"guard_filter_fn": lambda entries: [False] * len(entries)})
+        static = torch.randn(32, device="cuda")
+        first = static[:5].clone()
+        torch._dynamo.mark_dynamic(first, 0)
+        fn(first)
+        graph = backend.graphs[0]
+        graph.capture(SIZES, lambda n: fn(static[:n]))
+        torch.testing.assert_close(fn(static[:8]), models.silly_model_expected(static[:8]))
+        if policy == "raise":
+            with pytest.raises(CUDAGraphMissingError, match="batch size 3 has no CUDA graph"):
+                fn(static[:3])
+        else:
+            torch.testing.assert_close(fn(static[:3]), models.silly_model_expected(static[:3]))
+        # a captured size called with a tensor that is not the captured buffer
+        with pytest.raises(ReplayAddressError, match=r"piece submod_0 .* input 0 .*batch size 8"):
+            fn(torch.randn(8, device="cuda"))
+
+
+def test_debug_mode_checks_parameters_too(shared_cache):
+    config_args = dict(splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_capture_sizes=[4, 8])
+    torch.manual_seed(0)
+    model = models.ToyLlama(models.ToyLlamaConfig(num_layers=1)).cuda()
+    for debug in [False, True]:
+        compiled = pieceworks.compile(model, CompilationConfig(debug_replay_checks=debug, **config_args))
+        compiled(*models.toy_llama_inputs(3, model.config, "cuda"))
+        compiled.capture()
+        weight = model.layers[0].mlp.down_proj.weight
+        old = weight.data
+        weight.data = old.clone()  # the graph still reads the old address
+        try:
+            if debug:
+                with pytest.raises(ReplayAddressError, match="down_proj"):
+                    compiled(*models.toy_llama_inputs(3, model.config, "cuda"))
+            else:
+                compiled(*models.toy_llama_inputs(3, model.config, "cuda"))  # the cheap check skips parameters
+        finally:
+            weight.data = old
+
+
+def test_padded_rows_never_leak_into_real_rows(shared_cache):
+    model, inputs = _make("silly")
+    compiled = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache, compiler="eager")
+    compiled.capture()
+    poison = torch.full((32,), float("inf"), device="cuda")
+    poison[::2] = float("nan")
+    compiled(poison)  # leaves inf and NaN in every row of the static buffer
+    for batch in [1, 3, 5, 17]:
+        x = torch.randn(batch, device="cuda")
+        out = compiled(x)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, models.silly_model_expected(x))
+
+
+def test_uncapturable_piece_runs_without_graph(shared_cache, caplog):
+    class MutatesSplitOutput(nn.Module):
+        def forward(self, x):
+            y = x * 2
+            a, b = torch.ops.silly.pair(y)
+            a.add_(1)
+            return a * b + y
+
+    caplog.set_level("WARNING", logger="pieceworks")
+    model = MutatesSplitOutput()
+    compiled = pieceworks.compile(model, CompilationConfig(
+        splitting_ops=["silly::pair"], compiler="eager", cudagraph_capture_sizes=SIZES))
+    with counters.expect(num_cudagraph_uncapturable=1):
+        compiled(torch.randn(3, device="cuda"))
+    with counters.expect(num_cudagraph_captured=len(SIZES)):  # the first piece only
+        compiled.capture()
+    assert "mutates input" in caplog.text and "runs without a CUDA graph" in caplog.text
+    for batch in [1, 5, 32]:
+        x = torch.randn(batch, device="cuda")
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def _pool_segments(pool):
+    return [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == tuple(pool)]
+
+
+def test_one_pool_for_all_sizes_is_smaller_than_one_pool_each(shared_cache):
+    model, inputs = _make("toy_llama")
+    torch.cuda.synchronize()
+    shared = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache)
+    shared_bytes = shared.capture()["reserved_delta_mib"]
+    separate = 0.0
+    keep = []
+    for size in SIZES:
+        one = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache, sizes=[size])
+        separate += one.capture()["reserved_delta_mib"]
+        keep.append(one)
+    assert shared_bytes < separate, (shared_bytes, separate)
+
+
+def test_no_pool_memory_left_after_the_model_is_deleted(shared_cache):
+    model, inputs = _make("toy_llama")
+    compiled = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache)
+    compiled.capture()
+    compiled(*inputs(7))
+    pool = compiled.graph.state.pool
+    assert _pool_segments(pool), "the capture should have put segments in its pool"
+    del compiled
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    leftovers = _pool_segments(pool)
+    live = [b for s in leftovers for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert live == [] and leftovers == []
+
+
+def test_outputs_are_valid_until_the_next_replay_and_checked_mode_says_so(shared_cache):
+    model, inputs = _make("silly")
+    compiled = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache, compiler="eager")
+    compiled.capture()
+    checked = CheckedModel(compiled)
+    a = checked(torch.ones(8, device="cuda")).clone()
+    b = checked(torch.zeros(8, device="cuda"))
+    torch.testing.assert_close(a, torch.full((8,), 28.0, device="cuda"))
+    with pytest.raises(OutputOverwrittenError, match="call #2"):
+        checked(torch.ones(8, device="cuda"))
+    del b

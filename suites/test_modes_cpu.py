@@ -1,0 +1,115 @@
+"""CUDA-graph modes on a machine without CUDA, and the graph analyses behind capture, all on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import pieceworks
+from pieceworks import CompilationConfig, CUDAGraphMode, counters
+from pieceworks.capturability import input_provenance, mutated_inputs, uncapturable_reason
+from pieceworks.harness import models
+from pieceworks.harness.checked import CheckedModel, OutputOverwrittenError
+from pieceworks.harness.tracing import dynamo_graph
+from pieceworks.padding import StaticInputs, unpad
+from pieceworks.split import split_graph
+
+
+@pytest.mark.parametrize("mode", list(CUDAGraphMode))
+def test_every_mode_runs_without_graphs_on_cpu_and_says_so(mode, caplog):
+    caplog.set_level("INFO", logger="pieceworks")
+    config = CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_mode=mode,
+                               cudagraph_capture_sizes=[1, 2, 4, 8])
+    compiled = pieceworks.compile(models.SillyModel(), config)
+    with counters.expect(num_cudagraph_captured=0):
+        for batch in [3, 1, 8, 20]:
+            x = torch.randn(batch)
+            torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
+        report = compiled.capture()
+        x = torch.randn(5)
+        torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
+    assert report["graphs"] == 0
+    assert compiled.graph.mode is CUDAGraphMode.NONE
+    if mode is not CUDAGraphMode.NONE:
+        assert caplog.text.count("running without CUDA graphs") == 1
+
+
+def test_capture_before_first_call_is_an_error():
+    compiled = pieceworks.compile(models.SillyModel(), CompilationConfig(compiler="eager"))
+    with pytest.raises(RuntimeError, match="call the model once"):
+        compiled.capture()
+
+
+class MutatesSplitOutput(nn.Module):
+    def forward(self, x):
+        a, b = torch.ops.silly.pair(x * 2)
+        a.add_(1)
+        return a * b
+
+
+def test_mutation_of_a_splitting_output_is_found_and_refused():
+    gm, _ = dynamo_graph(MutatesSplitOutput(), [torch.randn(4)])
+    split_gm, items = split_graph(gm, ["silly::pair"])
+    last = items[-1]
+    provenance = input_provenance(split_gm, last.submod_name, {items[1].submod_name})
+    assert "split" in provenance
+    moving = {i for i, k in enumerate(provenance) if k == "split"}
+    assert mutated_inputs(last.graph) & moving
+    fakes = [n.meta["example_value"] for n in last.graph.graph.nodes if n.op == "placeholder"]
+    reason = uncapturable_reason(last.graph, fakes, moving)
+    assert reason is not None  # on CPU the first objection is the CPU tensor itself
+    first = items[0]
+    first_fakes = [n.meta["example_value"] for n in first.graph.graph.nodes if n.op == "placeholder"]
+    assert "CPU tensor" in uncapturable_reason(first.graph, first_fakes, set())
+
+
+def test_input_provenance_of_toy_llama_pieces():
+    model = models.ToyLlama(models.ToyLlamaConfig(num_layers=2))
+    gm, _ = dynamo_graph(model, models.toy_llama_inputs(4))
+    split_gm, items = split_graph(gm, ["silly::attention"])
+    splitting = {i.submod_name for i in items if i.is_splitting_graph}
+    first = input_provenance(split_gm, items[0].submod_name, splitting)
+    assert "input" in first and "param" in first and "piece" not in first
+    middle = input_provenance(split_gm, items[2].submod_name, splitting)
+    assert "piece" in middle and "split" not in middle  # attention writes into a buffer the piece before made
+
+
+def test_mutated_model_inputs_are_found():
+    class AddsInPlace(nn.Module):
+        def forward(self, x, y):
+            x.add_(1)
+            y[:, 0] += 2
+            return x * 2
+
+    gm, inputs = dynamo_graph(AddsInPlace(), [torch.randn(3), torch.randn(3, 2)])
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert {placeholders[i].target for i in mutated_inputs(gm)} == {"L_x_", "L_y_"}
+
+
+def test_static_inputs_keep_addresses_and_pad_with_valid_rows():
+    ids = torch.tensor([5, 6, 7])
+    static = StaticInputs([ids, 3.0], max_size=8)
+    assert static.buffers[0].tolist() == [5, 6, 7, 5, 6, 7, 5, 6]
+    view = static.load([torch.tensor([1, 2]), 3.0], batch=2, n=4)
+    assert view[0].tolist() == [1, 2, 7, 5] and view[1] == 3.0
+    assert static.views(4)[0].data_ptr() == static.buffers[0].data_ptr()
+    out = (torch.arange(4), torch.zeros(4, 2), torch.zeros(3))
+    cut = unpad(out, 2, 4)
+    assert cut[0].tolist() == [0, 1] and cut[1].shape == (2, 2) and cut[2].shape == (3,)
+
+
+def test_checked_model_catches_a_kept_output_that_was_overwritten():
+    buffer = torch.zeros(4)
+
+    def model(x):  # returns views of one buffer, like graph replays do
+        buffer.copy_(x)
+        return buffer[:]
+
+    checked = CheckedModel(model)
+    checked(torch.ones(4)).clone()  # a clone is fine
+    checked(torch.full((4,), 2.0))
+    kept = checked(torch.full((4,), 3.0))
+    with pytest.raises(OutputOverwrittenError, match="call #3"):
+        checked(torch.full((4,), 4.0))
+    del kept
