@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for name, fn in variants.items():
                 for _ in range(3):  # reduce-overhead records its graph on the third call of a shape
                     out = fn(*inputs)
+                torch.cuda.synchronize()
+                print(f"batch {batch}: {name} ran", flush=True)
                 error = float((out.float() - expected).abs().max())
                 timing = cuda_time_us(lambda fn=fn: fn(*inputs), reps=args.reps)
                 row[name] = {**timing, "max_abs_error_vs_eager": error}

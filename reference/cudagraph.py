@@ -18,6 +18,7 @@ Contracts (the ones vLLM's users rely on):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -72,6 +73,7 @@ class CaptureState:
     def __init__(self, debug_checks: bool = False) -> None:
         self.pool: Any = None
         self.stream: torch.cuda.Stream | None = None
+        self.warmup_pool: Any = None
         self.capturing = False
         self.piecewise_active = False  # set per call by PiecewiseGraph: piece runners act only while True
         self.debug_checks = debug_checks
@@ -81,6 +83,21 @@ class CaptureState:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
             self.stream = torch.cuda.Stream()
+            # Warm-ups run with their allocations routed here (see `warmup_allocations`).
+            self.warmup_pool = torch.cuda.MemPool() if hasattr(torch.cuda, "MemPool") else None
+
+    def warmup_allocations(self) -> Any:
+        """Where warm-up runs allocate: a MemPool of this model's own.
+
+        The first GEMM on the capture stream allocates that stream's cuBLAS workspaces (32 MiB each on an H100), and
+        every captured GEMM keeps their address. Allocated in the graph pool they would pin it for the life of the
+        process; allocated in the default pool they would be freed under the graphs by anyone who clears cuBLAS
+        workspaces and empties the cache (`torch.compile(mode="reduce-overhead")` does, at each recording), and the
+        next replay faults. A MemPool of our own is never handed to other allocations and never emptied while alive.
+        """
+        if self.warmup_pool is None:
+            return contextlib.nullcontext()
+        return torch.cuda.use_mem_pool(self.warmup_pool)
 
 
 class _Entry:
@@ -157,11 +174,9 @@ class CUDAGraphRunner:
         stream = state.stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            # Warm up on the capture stream: per-stream library workspaces (cuBLAS keeps 32 MiB per stream on an
-            # H100) are then allocated here, outside the pool, instead of inside the first capture, where they
-            # would stay allocated in the pool for as long as the process lives.
-            for _ in range(state.num_warmups):
-                self.runnable(*args)
+            with state.warmup_allocations():  # on the capture stream, so its library workspaces are made here
+                for _ in range(state.num_warmups):
+                    self.runnable(*args)
             graph.capture_begin(pool=state.pool)
             try:
                 outputs = self.runnable(*args)

@@ -216,3 +216,22 @@ def test_outputs_are_valid_until_the_next_replay_and_checked_mode_says_so(shared
     with pytest.raises(OutputOverwrittenError, match="call #2"):
         checked(torch.ones(8, device="cuda"))
     del b
+
+
+def test_graphs_survive_reduce_overhead_recording_in_the_same_process(shared_cache):
+    """torch.compile(mode="reduce-overhead") clears cuBLAS workspaces and empties the cache at each recording; our
+    captured GEMMs keep using the capture stream's workspace, which must not be freed under them."""
+    model, inputs = _make("toy_llama")
+    compiled = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache, compiler="eager")
+    compiled.capture()
+    other = torch.compile(models.ToyLlama(model.config).cuda(), mode="reduce-overhead", dynamic=False)
+    for batch in [3, 5, 9]:
+        for _ in range(3):
+            other(*inputs(batch))
+    torch.cuda.empty_cache()
+    scribble = torch.full((64 << 20,), float("nan"), device="cuda")  # reuse whatever was freed
+    del scribble
+    for batch in [1, 7, 32]:
+        args = inputs(batch)
+        torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
+    torch.cuda.synchronize()
