@@ -35,6 +35,21 @@ def _pieceworks(model: torch.nn.Module, mode: CUDAGraphMode, sizes: list[int], c
     return compiled
 
 
+def _breakdown(piecewise: Any, config: models.ToyLlamaConfig, reps: int) -> dict[str, float]:
+    """Where PIECEWISE time goes at batch 1: the eager splitting ops alone, and the graph replays alone."""
+    h = config.hidden_size
+    q, k, v, out = (torch.randn(1, h, device="cuda") for _ in range(4))
+    attention = torch.ops.silly.attention
+    layers = config.num_layers
+    entries = [r.entries[1] for r in piecewise.graph.runners.values() if 1 in r.entries]
+    return {
+        f"{layers} splitting ops, eager": cuda_time_us(
+            lambda: [attention(q, k, v, out) for _ in range(layers)], reps=reps)["median_us"],
+        f"{len(entries)} piece graph replays, back to back": cuda_time_us(
+            lambda: [e.graph.replay() for e in entries], reps=reps)["median_us"],
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=12)
@@ -100,6 +115,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 entry["ratio_to_reduce_overhead"] = entry["median_us"] / base
             latency[str(batch)] = row
         report["latency"] = latency
+        report["breakdown_batch1_us"] = _breakdown(variants["pieceworks PIECEWISE"], config, args.reps)
 
     print(f"{report['device']} | torch {report['torch']} | {report['model']} | {report['date']}")
     names = list(variants)
@@ -112,6 +128,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"capture {mode}: {c['sizes']} sizes, {c['graphs']} graphs, {c['seconds']:.2f} s, pool "
               f"{c['pool_mib']:.1f} MiB, reserved delta {c['reserved_delta_mib']:.1f} MiB, device free delta "
               f"{c['free_delta_mib']:.1f} MiB")
+    for what, us in report["breakdown_batch1_us"].items():
+        print(f"batch 1 breakdown: {what}: {us:.1f} us")
     print(f"pool, all sizes vs largest only: {report['capture_PIECEWISE']['pool_mib']:.1f} / {largest_mib:.1f} MiB = "
           f"{report['pool_ratio_all_sizes_vs_largest']:.3f}x")
     if args.out:
