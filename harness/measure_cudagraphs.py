@@ -27,9 +27,11 @@ from .memory import pool_bytes
 from .timing import cuda_time_us
 
 
-def _pieceworks(model: torch.nn.Module, mode: CUDAGraphMode, sizes: list[int], cache: str) -> Any:
+def _pieceworks(
+    model: torch.nn.Module, mode: CUDAGraphMode, sizes: list[int], cache: str, compile_sizes: list[int] = ()
+) -> Any:
     config = CompilationConfig(splitting_ops=models.SPLITTING_OPS, cudagraph_mode=mode,
-                               cudagraph_capture_sizes=sizes, cache_dir=cache)
+                               cudagraph_capture_sizes=sizes, cache_dir=cache, compile_sizes=list(compile_sizes))
     compiled = pieceworks.compile(model, config)
     compiled(*models.toy_llama_inputs(3, model.config, "cuda"))
     return compiled
@@ -90,6 +92,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if mode is not CUDAGraphMode.NONE:
                 report[f"capture_{mode.name}"] = {**capture, "pool_mib": pool_bytes(compiled.graph.state.pool) / 2**20}
             variants[f"pieceworks {mode.name}"] = compiled
+        for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):  # static compiles for the timed sizes
+            compiled = _pieceworks(model, mode, sizes, cache, compile_sizes=batches)
+            compiled.capture()
+            variants[f"pieceworks {mode.name} +sizes"] = compiled
         largest_only = _pieceworks(model, CUDAGraphMode.PIECEWISE, [sizes[-1]], cache)
         largest_only.capture()
         largest_mib = pool_bytes(largest_only.graph.state.pool) / 2**20
@@ -120,6 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{report['device']} | torch {report['torch']} | {report['model']} | {report['date']}")
     names = list(variants)
     print("batch  " + "  ".join(f"{n:>22}" for n in names))
+    print("(+sizes: compile_sizes = the timed batch sizes, i.e. static Inductor compiles for them)")
     for batch, row in latency.items():
         cells = [f"{row[n]['median_us']:9.1f} us ({row[n]['ratio_to_reduce_overhead']:5.2f}x)" for n in names]
         print(f"{batch:>5}  " + "  ".join(f"{c:>22}" for c in cells))
