@@ -47,7 +47,8 @@ def _drop_all_guards(guard_entries: list[Any]) -> list[bool]:
 
 
 def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """A function calling `model` whose code object belongs to this CompiledModel alone.
+    """A function calling `model` whose code object belongs to this CompiledModel alone, and which tells Dynamo
+    that every tensor argument has the same dim 0.
 
     Dynamo caches compiled code on the code object of the frame it compiles. With guards dropped, two
     CompiledModels sharing a code object (two instances of one class) would share compiled code; a code
@@ -55,6 +56,15 @@ def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]
     """
 
     def call_model(*args: Any) -> Any:
+        # One batch symbol for all inputs: tell Dynamo what the contract says (dim 0 is shared), so that pieces
+        # never carry two unrelated batch symbols that only happen to be equal.
+        first = None
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if first is None:
+                    first = a
+                else:
+                    torch._check(a.shape[0] == first.shape[0])
         return model(*args)
 
     code = call_model.__code__.replace(co_name=name)

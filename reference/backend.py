@@ -17,16 +17,16 @@ import torch
 import torch.fx
 
 from . import inductor
-from .cache import CompileCache
+from .cache import CompileCache, cache_key
 from .config import CompilationConfig
 from .counters import counters
-from .fingerprint import digest, environment_factors, graph_fingerprint
+from .fingerprint import environment_factors, graph_fingerprint
 from .graph import PiecewiseGraph, PieceSpec
 from .piece import BatchLocator, CompiledPiece
 from .capturability import mutated_inputs
 from .split import SplitItem, split_graph
 
-__all__ = ["Backend", "build_piecewise_graph"]
+__all__ = ["Backend", "build_piecewise_graph", "cache_factors"]
 
 log = logging.getLogger("pieceworks")
 
@@ -138,6 +138,16 @@ class _PieceCompiler:
         return fn
 
 
+def cache_factors(gm: torch.fx.GraphModule, fakes: Sequence[Any], config: CompilationConfig) -> dict[str, str]:
+    """Everything that changes compiled code, as digests: the graph with its input metadata, the config's
+    code-relevant fields, and the software and GPU (see fingerprint.py). Nothing that varies per run."""
+    return {
+        "environment": environment_factors(),
+        "config": config.compute_hash(),
+        "graph": graph_fingerprint(gm, fakes),
+    }
+
+
 def build_piecewise_graph(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig
 ) -> PiecewiseGraph:
@@ -153,13 +163,8 @@ def build_piecewise_graph(
     written = mutated_inputs(gm)
     cache = None
     if config.cache_active():
-        factors = {
-            "environment": environment_factors(),
-            "config": config.compute_hash(),
-            "graph": graph_fingerprint(gm, fakes),
-        }
-        key = digest(*(f"{k}={v}" for k, v in sorted(factors.items())))[:24]
-        cache = CompileCache(config.resolved_cache_dir(), key, factors)
+        factors = cache_factors(gm, fakes, config)
+        cache = CompileCache(config.resolved_cache_dir(), cache_key(factors), factors)
         log.info("pieceworks compile cache: %s", cache.directory)
 
     start = time.perf_counter()

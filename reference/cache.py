@@ -11,8 +11,8 @@ Contracts:
 - writers take an exclusive `flock` on `index.lock` to install an artifact and merge the index (read, update,
   write), so concurrent processes never lose each other's entries or pair an index hash with another file;
   readers take a shared lock while they check and load;
-- the index is JSON, read with `json.loads` (no eval, no pickle); an unreadable index is logged and treated as
-  empty;
+- the index is JSON, read with `json.loads` (no eval, no pickle), with a SHA-256 over its entries; an index that
+  does not parse or does not match its digest is logged and treated as empty;
 - an artifact whose bytes do not match the index's SHA-256 (truncated, garbled, overwritten) is never loaded: it is
   logged with its path and the caller recompiles. An artifact that fails to load (another torch build) likewise.
 POSIX only (`fcntl`). Safe across processes; one `CompileCache` object is not meant to be shared by threads.
@@ -32,7 +32,8 @@ from typing import Any
 
 from .counters import counters
 
-__all__ = ["CompileCache", "CacheIndexError", "atomic_write", "parse_index", "serialize_index", "INDEX_VERSION"]
+__all__ = ["CompileCache", "CacheIndexError", "atomic_write", "cache_key", "parse_index", "serialize_index",
+           "INDEX_VERSION"]
 
 log = logging.getLogger("pieceworks")
 
@@ -43,15 +44,27 @@ class CacheIndexError(ValueError):
     """The index file is not a pieceworks index of this version. The message says what is wrong."""
 
 
+def cache_key(factors: dict[str, str]) -> str:
+    """The cache folder name for `factors` (name -> digest): equal factors, equal key, in any process."""
+    blob = json.dumps(factors, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _entries_digest(entries: dict[str, dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def serialize_index(entries: dict[str, dict[str, Any]]) -> bytes:
-    return json.dumps({"version": INDEX_VERSION, "entries": entries}, sort_keys=True, indent=1).encode()
+    """The index file's bytes: JSON with the entries and a SHA-256 over them (so no edit goes unnoticed)."""
+    doc = {"version": INDEX_VERSION, "entries": entries, "sha256": _entries_digest(entries)}
+    return json.dumps(doc, sort_keys=True, indent=1).encode()
 
 
 def parse_index(data: bytes) -> dict[str, dict[str, Any]]:
-    """Parse index bytes; raise `CacheIndexError` naming the problem for anything but a well-formed index."""
+    """Parse index bytes; raise `CacheIndexError` naming the problem for anything but an intact index."""
     try:
         doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CacheIndexError(f"not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION or not isinstance(doc.get("entries"), dict):
         raise CacheIndexError(f"not a version-{INDEX_VERSION} pieceworks index")
@@ -59,13 +72,18 @@ def parse_index(data: bytes) -> dict[str, dict[str, Any]]:
     for name, entry in entries.items():
         if not (
             isinstance(entry, dict)
-            and isinstance(entry.get("file"), str)
-            and isinstance(entry.get("sha256"), str)
-            and isinstance(entry.get("bytes"), int)
+            and set(entry) == {"file", "sha256", "bytes"}
+            and isinstance(entry["file"], str)
+            and isinstance(entry["sha256"], str)
+            and isinstance(entry["bytes"], int)
+            and not isinstance(entry["bytes"], bool)
             and os.path.basename(entry["file"]) == entry["file"]
+            and entry["file"] not in ("", ".", "..")
             and not entry["file"].startswith(".")
         ):
             raise CacheIndexError(f"entry {name!r} is malformed: {entry!r}")
+    if doc.get("sha256") != _entries_digest(entries):
+        raise CacheIndexError("its entries do not match its SHA-256 (edited or garbled)")
     return entries
 
 

@@ -37,6 +37,20 @@ def _adapt_outputs(fn: Callable[..., Any], tuple_output: bool) -> Callable[..., 
     return call_single
 
 
+def _symbolic_source(gm: torch.fx.GraphModule) -> str:
+    """Where standalone_compile finds the trace's shape environment.
+
+    "from_graph" reads it off the FakeTensors the piece returns. A piece that returns no tensor (one that only
+    writes to its inputs) has none to read; inside the backend call, Dynamo's tracing context holds the same one.
+    """
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = output.args[0] if isinstance(output.args[0], (tuple, list)) else [output.args[0]]
+    for node in values:
+        if isinstance(node, torch.fx.Node) and hasattr(node.meta.get("example_value"), "fake_mode"):
+            return "from_graph"
+    return "from_tracing_context"
+
+
 def compile_inductor(
     gm: torch.fx.GraphModule, example_args: list[Any], *, static: bool, inductor_config: dict[str, Any]
 ) -> tuple[Callable[..., Any], Any]:
@@ -48,7 +62,7 @@ def compile_inductor(
     artifact = torch._inductor.standalone_compile(
         gm,
         list(example_args),
-        dynamic_shapes="from_example_inputs" if static else "from_graph",
+        dynamic_shapes="from_example_inputs" if static else _symbolic_source(gm),
         options={"config_patches": dict(inductor_config)},
     )
     return _adapt_outputs(artifact, returns_tuple(gm)), artifact

@@ -8,6 +8,10 @@ import tempfile
 import pytest
 import torch
 
+from pieceworks.harness.strategies import register_profiles
+
+register_profiles()
+
 # One Inductor cache for the whole session, never a developer's ~/.cache or a previous run's leftovers.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="pieceworks-tests-inductor-"))
 
