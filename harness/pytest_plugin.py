@@ -1,4 +1,4 @@
-"""pytest plugin (entry point `pytest11: pieceworks`): the `gpu` marker and its skip rule.
+"""pytest plugin (entry point `pytest11: pieceworks`): the `gpu` marker and its skip rule, and `--pieceworks-mutant`.
 
 A test marked `@pytest.mark.gpu` is skipped with the reason spelled out when CUDA is absent, so `pytest` on a
 CPU machine stays green for the right reason and `pytest -m gpu` on a GPU runner runs them. Importing this module
@@ -10,8 +10,21 @@ from __future__ import annotations
 import pytest
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--pieceworks-mutant", default=None,
+                     help="run the suites against a deliberately broken reference (see pieceworks.harness.mutants)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (run with -m gpu on a GPU runner)")
+    name = config.getoption("--pieceworks-mutant", default=None)
+    if name:
+        from .mutants import apply
+
+        patch = pytest.MonkeyPatch()
+        description = apply(name, patch)
+        config.add_cleanup(patch.undo)
+        config.issue_config_time_warning(pytest.PytestWarning(f"pieceworks mutant {name}: {description}"), 2)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -177,10 +177,12 @@ def index_entries() -> st.SearchStrategy[dict[str, dict[str, Any]]]:
 
 
 def corruptions() -> st.SearchStrategy[tuple]:
-    """Damage to apply to a file's bytes: ("truncate", n), ("flip", i, mask), ("garbage", bytes), ("empty",),
-    ("version",) (a well-formed file of another version)."""
+    """Damage to apply to a file's bytes: ("truncate", n), ("flip", i, mask), ("digit", i, d) (the i-th decimal
+    digit changed by d: damage that keeps JSON well formed), ("garbage", bytes), ("empty",), ("version",) (a
+    well-formed file of another version)."""
     return st.one_of(
         st.tuples(st.just("truncate"), st.integers(0, 10_000)),
+        st.tuples(st.just("digit"), st.integers(0, 10_000), st.integers(1, 9)),
         st.tuples(st.just("flip"), st.integers(0, 10_000), st.integers(1, 255)),
         st.tuples(st.just("garbage"), st.binary(max_size=200)),
         st.just(("empty",)),
@@ -198,6 +200,12 @@ def corrupt(data: bytes, damage: tuple) -> bytes:
             return b"\x00"
         i = damage[1] % len(data)
         return data[:i] + bytes([data[i] ^ damage[2]]) + data[i + 1 :]
+    if kind == "digit":
+        digits = [i for i, b in enumerate(data) if 48 <= b <= 57]
+        if not digits:
+            return data + b"0"
+        i = digits[damage[1] % len(digits)]
+        return data[:i] + bytes([48 + (data[i] - 48 + damage[2]) % 10]) + data[i + 1 :]
     if kind == "garbage":
         return damage[1] if damage[1] != data else damage[1] + b"\x00"
     if kind == "empty":

@@ -86,6 +86,11 @@ def test_split_structure(program):
     for before, after in zip(items, items[1:]):
         assert not (before.is_splitting_graph and after.is_splitting_graph), "consecutive splitting pieces"
     for item in items:
+        for placeholder in (n for n in item.graph.graph.nodes if n.op == "placeholder"):
+            value = placeholder.meta.get("example_value")
+            assert isinstance(value, (torch.Tensor, torch.SymInt, int)), (
+                f"{item.submod_name} receives {type(value).__name__} {placeholder.name}: only tensors and sizes "
+                f"may cross a piece boundary")
         nodes = [n for n in item.graph.graph.nodes if n.op in ("call_function", "call_method")]
         if item.is_splitting_graph:
             assert all(is_splitting_op(n, ops) or n.target.__name__ == "getitem" for n in nodes)
