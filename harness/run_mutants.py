@@ -37,10 +37,11 @@ def _run(mutant: str, target: str) -> tuple[bool, str]:
         capture_output=True, text=True, timeout=900,
     )
     text = proc.stdout + proc.stderr
+    failure = re.findall(r"^E\s+(\w*Error.*)$", text, re.M)
+    text = re.sub(r"^E {1,7}", "", text, flags=re.M)
     found = re.search(r"(Falsifying example:.*?\n\s*\)\s*\n)", text, re.S) or re.search(
         r"(state = \w+\(\).*?state\.teardown\(\))", text, re.S)
-    failure = re.findall(r"^E\s+(\w*Error.*)$", text, re.M)
-    detail = re.sub(r"^E\s{0,7}", "", found.group(1), flags=re.M).strip() if found else "(none printed)"
+    detail = found.group(1).strip() if found else "(none printed)"
     first_error = failure[0] if failure else ""
     return proc.returncode != 0, f"{first_error}\n{detail}".strip()
 

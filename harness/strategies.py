@@ -143,18 +143,18 @@ def program_inputs(batch: int, seed: int = 0, device: str | torch.device = "cpu"
     return x.to(device), y.to(device)
 
 
-def capture_sizes(max_size: int = 64) -> st.SearchStrategy[list[int]]:
-    return st.lists(st.integers(1, max_size), min_size=1, max_size=12, unique=True).map(sorted)
+def capture_sizes(max_size: int = 64, max_count: int = 12) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(1, max_size), min_size=1, max_size=max_count, unique=True).map(sorted)
 
 
 def compile_ranges(max_tokens: int = 512) -> st.SearchStrategy[list[int]]:
     return st.lists(st.integers(1, max_tokens), max_size=5, unique=True).map(sorted)
 
 
-def batch_sequences(max_size: int = 64, beyond: int = 16) -> st.SearchStrategy[list[int]]:
+def batch_sequences(max_size: int = 64, beyond: int = 16, max_len: int = 12) -> st.SearchStrategy[list[int]]:
     """Batch sizes to serve in order: random, ascending, descending, repeated; some above the largest size."""
     sizes = st.integers(1, max_size + beyond)
-    plain = st.lists(sizes, min_size=1, max_size=12)
+    plain = st.lists(sizes, min_size=1, max_size=max_len)
     return st.one_of(
         plain,
         plain.map(sorted),

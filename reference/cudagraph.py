@@ -126,6 +126,7 @@ class CUDAGraphRunner:
         checked_inputs: Sequence[int],
         input_names: Sequence[str],
         uncapturable: str | None = None,
+        mutated_inputs: Sequence[int] = (),
     ) -> None:
         self.runnable = runnable
         self.name = name
@@ -134,6 +135,7 @@ class CUDAGraphRunner:
         self.checked_inputs = list(checked_inputs)
         self.input_names = list(input_names)
         self.uncapturable = uncapturable
+        self.mutated_inputs = list(mutated_inputs)
         self.entries: dict[int, _Entry] = {}
 
     def __call__(self, *args: Any) -> Any:
@@ -173,10 +175,16 @@ class CUDAGraphRunner:
         graph = torch.cuda.CUDAGraph()
         stream = state.stream
         stream.wait_stream(torch.cuda.current_stream())
+        # Warm-ups really run: inputs the runnable writes to in place are put back before the capture, so that
+        # the one replay below is the only write this call makes (a lazy capture serves a real request).
+        saved = [(i, args[i].clone()) for i in self.mutated_inputs if isinstance(args[i], torch.Tensor)]
         with torch.cuda.stream(stream):
             with state.warmup_allocations():  # on the capture stream, so its library workspaces are made here
                 for _ in range(state.num_warmups):
                     self.runnable(*args)
+            for i, value in saved:
+                args[i].copy_(value)
+            del saved
             graph.capture_begin(pool=state.pool)
             try:
                 outputs = self.runnable(*args)

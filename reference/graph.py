@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from .capturability import input_provenance, uncapturable_reason
+from .capturability import input_provenance, mutated_inputs, uncapturable_reason
 from .config import CompilationConfig, CUDAGraphMode
 from .counters import counters
 from .cudagraph import CaptureState, CUDAGraphRunner
@@ -127,6 +127,7 @@ class PiecewiseGraph:
         return CUDAGraphRunner(
             spec.compiled, f"piece {name} (graph {spec.item.graph_id})", self.state,
             spec.compiled.locate_batch, checked, placeholders, uncapturable=reason,
+            mutated_inputs=sorted(mutated_inputs(spec.item.graph)),
         )
 
     def _full_runner(self, specs: Sequence[PieceSpec], example_inputs: Sequence[Any]) -> CUDAGraphRunner:
@@ -149,9 +150,15 @@ class PiecewiseGraph:
             if isinstance(n.meta.get("example_value"), torch.Tensor)
             and not isinstance(n.meta.get("example_value"), torch.nn.Parameter)
         ]
+        written = set()
+        for spec in specs:  # which stitching-graph inputs some piece writes to
+            call = next(n for n in self.split_gm.graph.nodes if n.op == "call_module" and n.target == spec.item.submod_name)
+            for i in mutated_inputs(spec.item.graph):
+                if isinstance(call.args[i], torch.fx.Node) and call.args[i].op == "placeholder":
+                    written.add(placeholders.index(call.args[i]))
         return CUDAGraphRunner(
             self.split_gm, "full graph", self.state, self.locate_batch, checked,
-            [n.name for n in placeholders], uncapturable=reason,
+            [n.name for n in placeholders], uncapturable=reason, mutated_inputs=sorted(written),
         )
 
     # ---- calls ----------------------------------------------------------------------------------------------

@@ -160,7 +160,7 @@ RUN_CHANGES = [{"cache_dir": "/elsewhere"}, {"cudagraph_mode": "FULL"}, {"cudagr
 
 
 def _key_of(program, dtype=torch.float32, **config):
-    gm, _ = dynamo_graph(S.ProgramModule(program), [t.to(dtype) for t in S.program_inputs(3)])
+    gm, _ = dynamo_graph(S.ProgramModule(program).to(dtype), [t.to(dtype) for t in S.program_inputs(3)])
     fakes = [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]
     return cache_key(cache_factors(gm, fakes, CompilationConfig(**{"splitting_ops": SPLIT, **config})))
 

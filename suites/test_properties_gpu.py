@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pieceworks
@@ -21,6 +21,10 @@ from pieceworks.harness import strategies as S
 
 pytestmark = pytest.mark.gpu
 
+# Each example traces, compiles and captures a model: a third of the profile's examples keeps the GPU suite short.
+GPU_SETTINGS = settings(max_examples=max(5, settings.default.max_examples // 3))
+SIZES = S.capture_sizes(32, max_count=6)
+SEQUENCES = S.batch_sequences(32, max_len=8)
 MODES = st.sampled_from([CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE])
 
 
@@ -45,8 +49,9 @@ def _serve(compiled, module, make_inputs, sequence):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)  # in-place writes reached the caller
 
 
-@given(program=S.programs(max_len=8, splitting=("attention",)), sizes=S.capture_sizes(32),
-       sequence=S.batch_sequences(32), mode=MODES, lazy=st.booleans())
+@GPU_SETTINGS
+@given(program=S.programs(max_len=8, splitting=("attention",)), sizes=SIZES, sequence=SEQUENCES, mode=MODES,
+       lazy=st.booleans())
 def test_replay_matches_eager_for_any_batch_sequence(program, sizes, sequence, mode, lazy):
     torch._dynamo.reset()
     module = S.ProgramModule(program).cuda()
@@ -60,7 +65,8 @@ def test_replay_matches_eager_for_any_batch_sequence(program, sizes, sequence, m
     _serve(compiled, module, make_inputs, sequence)
 
 
-@given(sizes=S.capture_sizes(32), sequence=S.batch_sequences(32), mode=MODES, lazy=st.booleans())
+@GPU_SETTINGS
+@given(sizes=SIZES, sequence=SEQUENCES, mode=MODES, lazy=st.booleans())
 def test_toy_llama_replay_matches_eager_for_any_batch_sequence(sizes, sequence, mode, lazy):
     torch._dynamo.reset()
     torch.manual_seed(0)
