@@ -91,7 +91,7 @@ class CompiledModel:
             raise TypeError(
                 f"pieceworks.compile needs a pieceworks.CompilationConfig, got {type(self.config).__name__}"
             )
-        self.backend = Backend(self.config)
+        self.backend = Backend(self.config, arm_lazy_capture=False)
         CompiledModel._count += 1
         entry = _own_entry_point(model, f"pieceworks_model_{CompiledModel._count}")
         self._dynamo_fn = torch.compile(
@@ -187,6 +187,7 @@ class CompiledModel:
         graph = self.graph
         if graph.mode is not CUDAGraphMode.NONE and self._capture_sizes:
             self._static = StaticInputs(trace_args, max(self._capture_sizes))
+            graph.lazy_capture = self.config.lazy_capture  # from now on every call reads the static buffers
 
     def __call__(self, *args: Any) -> Any:
         with torch.no_grad():

@@ -40,9 +40,12 @@ class Backend:
     dynamic-shape marking are the caller's business here; `pieceworks.compile` takes care of both.
     """
 
-    def __init__(self, config: CompilationConfig | None = None) -> None:
+    def __init__(self, config: CompilationConfig | None = None, *, arm_lazy_capture: bool = True) -> None:
         self.config = config if config is not None else CompilationConfig()
         self.graphs: list[PiecewiseGraph] = []
+        # False: graphs start with lazy capture off (pieceworks.compile arms it once its static buffers exist,
+        # so that the tracing call, which runs on throw-away inputs, captures nothing).
+        self.arm_lazy_capture = arm_lazy_capture
         self.frozen = False  # set by pieceworks.compile once its one graph exists: no request may compile
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> PiecewiseGraph:
@@ -53,6 +56,7 @@ class Backend:
                 "CompiledModel with pieceworks.compile"
             )
         graph = build_piecewise_graph(gm, example_inputs, self.config)
+        graph.lazy_capture = self.config.lazy_capture and self.arm_lazy_capture
         self.graphs.append(graph)
         return graph
 

@@ -78,6 +78,7 @@ class PiecewiseGraph:
         self.piecewise_sizes: set[int] = set()
         self.attempted_sizes: set[int] = set()
         self.capture_closed = False
+        self.lazy_capture = config.lazy_capture
         self._capture_phase = False
         self._capture_sizes = set(config.cudagraph_capture_sizes)
         self._max_capture_size = max(config.cudagraph_capture_sizes, default=0)
@@ -175,7 +176,7 @@ class PiecewiseGraph:
                 self.state.piecewise_active = False
         if self.mode is not CUDAGraphMode.NONE and batch is not None and batch <= self._max_capture_size:
             if batch not in self.attempted_sizes:
-                if batch in self._capture_sizes and (self._capture_phase or self.config.lazy_capture):
+                if batch in self._capture_sizes and (self._capture_phase or self.lazy_capture):
                     return self.capture_size(batch, args)
                 self._missing(batch)
         return self.split_gm(*args)
