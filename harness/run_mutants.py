@@ -31,9 +31,11 @@ GPU_TARGETS = {
 }
 
 
-def _run(mutant: str, target: str) -> tuple[bool, str]:
+def _run(mutant: str, target: str, profile: str | None) -> tuple[bool, str]:
+    extra = ["--hypothesis-profile", profile] if profile else []
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", target, "-x", "-q", "-p", "no:cacheprovider", "--pieceworks-mutant", mutant],
+        [sys.executable, "-m", "pytest", target, "-x", "-q", "-p", "no:cacheprovider", "--pieceworks-mutant", mutant,
+         *extra],
         capture_output=True, text=True, timeout=900,
     )
     text = proc.stdout + proc.stderr
@@ -50,13 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", action="store_true", help="run the GPU mutants (needs CUDA)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--profile", default=None, help="hypothesis profile, e.g. find-only (no shrinking)")
     args = parser.parse_args(argv)
     targets = GPU_TARGETS if args.gpu else TARGETS
     lines = [f"## {'GPU' if args.gpu else 'CPU'} mutants, {datetime.date.today()}, torch {torch.__version__}"
              + (f", {torch.cuda.get_device_name()}" if args.gpu else ""), ""]
     survived = []
     for mutant, target in targets.items():
-        failed, detail = _run(mutant, target)
+        failed, detail = _run(mutant, target, args.profile)
         print(f"{mutant}: {'caught' if failed else 'SURVIVED'}", flush=True)
         if not failed:
             survived.append(mutant)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from . import models  # noqa: F401 - registers the silly ops
@@ -224,5 +224,9 @@ def register_profiles() -> None:
     settings.register_profile("ci", derandomize=True, max_examples=25, **common)
     settings.register_profile("dev", max_examples=50, **common)
     settings.register_profile("nightly", max_examples=1000, **common)
+    # Finds a failure without shrinking it: for mutant runs on a lent GPU, where each shrink step compiles and
+    # captures a model and shrinking outlasts the lease.
+    settings.register_profile("find-only", max_examples=25, derandomize=True,
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate], **common)
     default = "ci" if os.environ.get("CI") else "dev"
     settings.load_profile(os.environ.get("PIECEWORKS_HYPOTHESIS_PROFILE", default))
