@@ -16,19 +16,13 @@ from typing import Any
 
 import torch
 
+from pieceworks.capturability import tensors_in
+
 __all__ = ["CheckedModel", "OutputOverwrittenError"]
 
 
 class OutputOverwrittenError(RuntimeError):
     """An output the caller still holds was overwritten by a later replay."""
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    return []
 
 
 class CheckedModel:
@@ -56,6 +50,6 @@ class CheckedModel:
         out = self.model(*args)
         self.calls += 1
         self.check()
-        for t in _tensors(out):
+        for t in tensors_in(out):
             self._held.append((self.calls, weakref.ref(t), t.clone()))
         return out

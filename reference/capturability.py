@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.fx
 
-__all__ = ["uncapturable_reason", "input_provenance", "mutated_inputs"]
+__all__ = ["uncapturable_reason", "input_provenance", "mutated_inputs", "tensors_in"]
 
 _SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "nonzero", "unique", "masked_select"}
 _SYNC_NAMES = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
@@ -98,11 +98,12 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> set[int]:
     return written
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors in `value`, a tensor or a (nested) tuple or list."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_in(v)]
     return []
 
 
@@ -112,10 +113,10 @@ def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any], m
     `moving_inputs`: indices of inputs whose address changes between calls (outputs of splitting ops).
     """
     devices = set()
-    for t in (t for a in example_args for t in _tensors(a)):
+    for t in (t for a in example_args for t in tensors_in(a)):
         devices.add(t.device)
     for node in gm.graph.nodes:
-        for t in _tensors(node.meta.get("example_value")):
+        for t in tensors_in(node.meta.get("example_value")):
             devices.add(t.device)
             if t.device.type == "cpu" and t.dim() > 0:
                 return f"node {node.name} ({node.format_node()}) makes a CPU tensor"
@@ -130,7 +131,7 @@ def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any], m
     if len(cuda_devices) > 1:
         return f"tensors on several devices {sorted(map(str, cuda_devices))}"
     if any(d.type == "cpu" for d in devices) and not all(
-        t.dim() == 0 for a in example_args for t in _tensors(a) if t.device.type == "cpu"
+        t.dim() == 0 for a in example_args for t in tensors_in(a) if t.device.type == "cpu"
     ):
         return "CPU tensor inputs"
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
