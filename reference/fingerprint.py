@@ -49,8 +49,12 @@ def _target_name(node: torch.fx.Node) -> str:
 
 
 def _tensor_digest(t: torch.Tensor) -> str:
-    data = t.detach().to("cpu").contiguous().reshape(-1)
-    return hashlib.sha256(data.view(torch.uint8).numpy().tobytes()).hexdigest()
+    raw = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    try:
+        data = raw.numpy().tobytes()
+    except RuntimeError:  # torch without NumPy: slower, same bytes
+        data = bytes(raw.tolist())
+    return hashlib.sha256(data).hexdigest()
 
 
 def graph_fingerprint(gm: torch.fx.GraphModule, example_args: list[Any] | None = None) -> str:
