@@ -126,3 +126,21 @@ def test_a_retrace_after_dynamo_reset_is_refused_not_silently_compiled():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="never compiles while serving"):
         compiled(torch.randn(1))
+
+
+def test_pieces_with_different_constants_never_share_compiled_code():
+    from pieceworks.fingerprint import graph_fingerprint
+
+    class AddsConstant(torch.nn.Module):
+        def __init__(self, value):
+            super().__init__()
+            self.constant = torch.tensor([value])  # a plain attribute: a get_attr node in the graph
+
+        def forward(self, x):
+            return x + self.constant
+
+    def fingerprint(value):
+        return graph_fingerprint(torch.fx.symbolic_trace(AddsConstant(value)))
+
+    assert fingerprint(1.0) == fingerprint(1.0)
+    assert fingerprint(1.0) != fingerprint(2.0)
