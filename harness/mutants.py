@@ -47,16 +47,16 @@ def _index_without_checksum(mp: pytest.MonkeyPatch) -> None:
 
 
 def _key_ignores_config(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.backend as backend
+    import pieceworks.compiler as compiler
 
-    original = backend.cache_factors
+    original = compiler.cache_factors
 
     def factors(gm, fakes, config):
         found = original(gm, fakes, config)
         found.pop("config")
         return found
 
-    mp.setattr(backend, "cache_factors", factors)
+    mp.setattr(compiler, "cache_factors", factors)
 
 
 def _pad_to_the_size_below(mp: pytest.MonkeyPatch) -> None:

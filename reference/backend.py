@@ -16,21 +16,21 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import inductor
 from .cache import CompileCache, cache_key
+from . import compiler as piece_compiler
+from .compiler import PieceCompiler, Target
 from .config import CompilationConfig
 from .counters import counters
-from .fingerprint import environment_factors, graph_fingerprint
+from .fingerprint import graph_fingerprint
 from .graph import PiecewiseGraph, PieceSpec
 from .piece import BatchLocator, CompiledPiece
 from .capturability import mutated_inputs
 from .split import SplitItem, split_graph
 
-__all__ = ["Backend", "build_piecewise_graph", "cache_factors"]
+__all__ = ["Backend", "build_piecewise_graph"]
 
 log = logging.getLogger("pieceworks")
 
-Target = int | tuple[int, int]
 
 
 class Backend:
@@ -101,57 +101,6 @@ def _inputs_at_size(fakes: Sequence[Any], example_inputs: Sequence[Any], size: i
     return inputs
 
 
-class _PieceCompiler:
-    """Compiles (or loads) each distinct (piece fingerprint, target) once."""
-
-    def __init__(self, config: CompilationConfig, cache: CompileCache | None) -> None:
-        self.config = config
-        self.cache = cache
-        self.done: dict[tuple[str, Target], Callable[..., Any]] = {}
-        self.compiled = self.loaded = self.shared = 0
-
-    def get(self, item: SplitItem, fingerprint: str, target: Target, example_args: Sequence[Any]) -> Callable:
-        key = (fingerprint, target)
-        if key in self.done:
-            self.shared += 1
-            counters.num_shared_piece_compiles += 1
-            return self.done[key]
-        static = isinstance(target, int)
-        name = (f"size:{target}" if static else f"range:{target[0]}-{target[1]}") + f"|{fingerprint}"
-        fn = None
-        if self.cache is not None:
-            fn = self.cache.load(name, lambda path: inductor.load_artifact(path, item.graph))
-            self.loaded += fn is not None
-        if fn is None:
-            fn = self._compile(item, name, static, example_args)
-        self.done[key] = fn
-        return fn
-
-    def _compile(self, item: SplitItem, name: str, static: bool, example_args: Sequence[Any]) -> Callable:
-        self.compiled += 1
-        counters.num_backend_compilations += 1
-        if self.config.compiler == "eager":
-            counters.num_eager_compiles += 1
-            return inductor.compile_eager(item.graph)
-        counters.num_inductor_compiles += 1
-        fn, artifact = inductor.compile_inductor(
-            item.graph, list(example_args), static=static, inductor_config=self.config.inductor_compile_config
-        )
-        if self.cache is not None:
-            self.cache.store(name, lambda path: inductor.save_artifact(artifact, path))
-        return fn
-
-
-def cache_factors(gm: torch.fx.GraphModule, fakes: Sequence[Any], config: CompilationConfig) -> dict[str, str]:
-    """Everything that changes compiled code, as digests: the graph with its input metadata, the config's
-    code-relevant fields, and the software and GPU (see fingerprint.py). Nothing that varies per run."""
-    return {
-        "environment": environment_factors(),
-        "config": config.compute_hash(),
-        "graph": graph_fingerprint(gm, fakes),
-    }
-
-
 def build_piecewise_graph(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig
 ) -> PiecewiseGraph:
@@ -167,7 +116,7 @@ def build_piecewise_graph(
     written = mutated_inputs(gm)
     cache = None
     if config.cache_active():
-        factors = cache_factors(gm, fakes, config)
+        factors = piece_compiler.cache_factors(gm, fakes, config)
         cache = CompileCache(config.resolved_cache_dir(), cache_key(factors), factors)
         log.info("pieceworks compile cache: %s", cache.directory)
 
@@ -192,7 +141,7 @@ def build_piecewise_graph(
         recorder.run(*_inputs_at_size(fakes, example_inputs, size))
         static_args[size] = recorder.args
 
-    compiler = _PieceCompiler(config, cache)
+    compiler = PieceCompiler(config, cache)
     specs = []
     for item in compiled_items:
         fake_args = symbolic.args[item.submod_name]

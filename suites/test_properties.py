@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
-from pieceworks.backend import cache_factors
+from pieceworks.compiler import cache_factors
 from pieceworks.cache import CacheIndexError, CompileCache, cache_key, parse_index, serialize_index
 from pieceworks.dispatch import BatchSizeError, compile_target, padded_size
 from pieceworks.harness import strategies as S
@@ -181,7 +181,7 @@ def test_key_covers_graph_inputs_and_config_and_nothing_per_run(program):
 KEY_CHILD = """
 import json, sys, torch
 from pieceworks import CompilationConfig
-from pieceworks.backend import cache_factors
+from pieceworks.compiler import cache_factors
 from pieceworks.cache import cache_key
 from pieceworks.harness import strategies as S
 from pieceworks.harness.tracing import dynamo_graph
