@@ -78,6 +78,7 @@ class PiecewiseGraph:
         self.piecewise_sizes: set[int] = set()
         self.attempted_sizes: set[int] = set()
         self.capture_closed = False
+        self.capture_order: list[int] = []  # batch sizes in the order their graphs were captured (observable)
         self.lazy_capture = config.lazy_capture
         self._capture_phase = False
         self._capture_sizes = set(config.cudagraph_capture_sizes)
@@ -197,6 +198,7 @@ class PiecewiseGraph:
     def capture_size(self, batch: int, args: Sequence[Any]) -> Any:
         """Capture the graphs for one batch size from `args` (static buffers); return that call's outputs."""
         self.attempted_sizes.add(batch)
+        self.capture_order.append(batch)
         state = self.state
         frozen = _GCFrozen()
         state.capturing = True
@@ -272,6 +274,7 @@ class PiecewiseGraph:
             runner.reset()
         self.piecewise_sizes.clear()
         self.attempted_sizes.clear()
+        self.capture_order.clear()
 
 
 def _splitting_reason(gm: torch.fx.GraphModule) -> str | None:
