@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from .backend import Backend
-from .config import CompilationConfig
-from .config import CUDAGraphMode
+from .config import CompilationConfig, ConfigError, CUDAGraphMode
 from .counters import counters
 from .dispatch import padded_size
 from .graph import PiecewiseGraph
@@ -86,12 +85,10 @@ class CompiledModel:
         if not callable(model):
             raise TypeError(f"pieceworks.compile needs a callable model (an nn.Module), got {type(model).__name__}")
         self.model = model
-        self.config = config if config is not None else CompilationConfig()
-        if not isinstance(self.config, CompilationConfig):
-            raise TypeError(
-                f"pieceworks.compile needs a pieceworks.CompilationConfig, got {type(self.config).__name__}"
-            )
-        self.backend = Backend(self.config, arm_lazy_capture=False)
+        if config is not None and not isinstance(config, CompilationConfig):
+            raise TypeError(f"pieceworks.compile needs a pieceworks.CompilationConfig, got {type(config).__name__}")
+        self.backend = Backend(config, arm_lazy_capture=False)
+        self.config = self.backend.config  # a frozen copy: `config` itself is frozen too (see CompilationConfig)
         CompiledModel._count += 1
         entry = _own_entry_point(model, f"pieceworks_model_{CompiledModel._count}")
         self._dynamo_fn = torch.compile(
@@ -171,7 +168,13 @@ class CompiledModel:
             trace_args.append(a)
         start = time.perf_counter()
         counters.num_dynamo_traces += 1
-        self._dynamo_fn(*trace_args)
+        try:
+            self._dynamo_fn(*trace_args)
+        except torch._dynamo.exc.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
+            inner = getattr(exc, "inner_exception", None) or exc.__cause__
+            if isinstance(inner, ConfigError):
+                raise inner from None
+            raise
         log.info("pieceworks: traced and compiled in %.3f s (batch %d)", time.perf_counter() - start, trace_batch)
         if len(self.backend.graphs) != 1:
             raise RuntimeError(f"expected one Dynamo graph, got {len(self.backend.graphs)}")

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-__all__ = ["uncapturable_reason", "input_provenance", "mutated_inputs", "tensors_in"]
+__all__ = ["uncapturable_reason", "input_provenance", "mutated_inputs", "tensors_in", "data_dependent_sizes"]
 
 _SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "nonzero", "unique", "masked_select"}
 _SYNC_NAMES = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
@@ -107,6 +108,18 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def data_dependent_sizes(gm: torch.fx.GraphModule) -> list[str]:
+    """The data-dependent (unbacked) symbols in `gm`'s traced values, e.g. `u0` from `.item()`, `nonzero` or a
+    splitting op whose fake impl calls `new_dynamic_size()`; sorted, empty when every size is known from the batch.
+    A CUDA graph or a static compile would bake in the value one call saw."""
+    found = set()
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value")
+        for v in tensors_in(value) or ([value] if isinstance(value, (torch.SymInt, torch.SymFloat)) else []):
+            found |= {str(s) for s in free_unbacked_symbols(v)}
+    return sorted(found)
+
+
 def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any], moving_inputs: set[int]) -> str | None:
     """Why `gm` cannot be captured, naming the node; None if it can.
 
@@ -125,6 +138,9 @@ def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any], m
             node.op == "call_function" and name in _SYNC_NAMES
         ):
             return f"node {node.name} ({node.format_node()}) synchronises with the host"
+    symbols = data_dependent_sizes(gm)
+    if symbols:
+        return f"its sizes depend on data ({', '.join(symbols)}), which a CUDA graph would bake in"
     cuda_devices = {d for d in devices if d.type == "cuda"}
     if not cuda_devices:
         return "no CUDA tensors"
