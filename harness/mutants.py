@@ -153,7 +153,146 @@ def _gate_improvements_fail(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(verdicts, "judge", judge)
 
 
+# ---- the reference core where users break it (issue 7: items 1, 3, 4, 6, 11, 12, 13, 15) ----
+def _piece_args_from_a_fake_rerun(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.backend as backend
+
+    original = backend._traced_args
+
+    def rerun(item):  # what the backend did before: derive piece arguments by running under the trace's fake mode
+        args = original(item)
+        fake_mode = next(a.fake_mode for a in args if hasattr(a, "fake_mode"))
+        with fake_mode:
+            torch.fx.Interpreter(item.graph).run(*args)
+        return args
+
+    mp.setattr(backend, "_traced_args", rerun)
+
+
+def _unbacked_size_bound_in_its_reader(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.split as split
+
+    mp.setattr(split, "binds_unbacked_size", lambda node: False)
+
+
+def _static_compiles_of_data_dependent_pieces(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.backend as backend
+
+    mp.setattr(backend, "data_dependent_sizes", lambda gm: [])
+
+
+def _data_dependent_pieces_captured(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.capturability as capturability
+
+    mp.setattr(capturability, "data_dependent_sizes", lambda gm: [])
+
+
+def _splitting_ops_unchecked(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.backend as backend
+
+    mp.setattr(backend, "check_splitting_ops", lambda ops: None)
+
+
+def _absent_splitting_ops_silent(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.backend as backend
+
+    mp.setattr(backend, "absent_splitting_ops", lambda gm, ops: [])
+
+
+def _inductor_keys_unchecked(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    mp.setattr(config, "_check_inductor_keys", lambda keys: None)
+
+
+def _config_not_frozen(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    mp.setattr(config.CompilationConfig, "freeze", lambda self: self)
+
+
+def _config_shared_not_copied(mp: pytest.MonkeyPatch) -> None:
+    import types
+
+    import pieceworks.backend as backend
+
+    mp.setattr(backend, "copy", types.SimpleNamespace(deepcopy=lambda value: value))
+
+
+def _capture_sizes_stop_below_the_limit(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    def sizes(max_size=512):
+        return [s for s in [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)] if s <= max_size]
+
+    mp.setattr(config, "default_capture_sizes", sizes)
+
+
+def _empty_capture_sizes_accepted(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    mp.setattr(config, "_check_something_to_capture", lambda mode, sizes: None)
+
+
+def _compile_sizes_shorthand_unknown(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    mp.setattr(config.CompilationConfig, "_expand_compile_sizes",
+               lambda self: sorted(set(config._check_int_list("compile_sizes", self.compile_sizes))))
+
+
+def _unsplit_piecewise_runs_without_graphs(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.graph as graph
+
+    original = graph.PiecewiseGraph._effective_mode
+
+    def effective(self, mode, example_inputs):
+        chosen = original(self, mode, example_inputs)
+        split = any(i.is_splitting_graph for i in self.items)
+        return graph.CUDAGraphMode.NONE if chosen is graph.CUDAGraphMode.PIECEWISE and not split else chosen
+
+    mp.setattr(graph.PiecewiseGraph, "_effective_mode", effective)
+
+
+def _graph_mode_dropped_quietly(mp: pytest.MonkeyPatch) -> None:
+    import types
+
+    import pieceworks.graph as graph
+
+    log = graph.log
+    mp.setattr(graph, "log", types.SimpleNamespace(info=log.info, warning=log.info, debug=log.debug, error=log.error))
+
+
 MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
+    "piece_args_from_a_fake_rerun": ("piece arguments are re-derived under the fake mode, leaving unbacked symbols "
+                                     "pending (issue 7.1)", _piece_args_from_a_fake_rerun),
+    "unbacked_size_bound_in_its_reader": ("a splitting op's data-dependent size is bound in the piece that reads it "
+                                          "(issue 7.1)", _unbacked_size_bound_in_its_reader),
+    "static_compiles_of_data_dependent_pieces": ("pieces with data-dependent sizes get static compiles (issue 7.1)",
+                                                 _static_compiles_of_data_dependent_pieces),
+    "data_dependent_pieces_captured": ("pieces with data-dependent sizes are captured in CUDA graphs (issue 7.1)",
+                                       _data_dependent_pieces_captured),
+    "splitting_ops_unchecked": ("splitting ops naming no registered op are accepted (issue 7.3)",
+                                _splitting_ops_unchecked),
+    "absent_splitting_ops_silent": ("splitting ops the graph never calls go unreported (issue 7.3)",
+                                    _absent_splitting_ops_silent),
+    "inductor_keys_unchecked": ("unknown inductor_compile_config keys are accepted (issue 7.4)",
+                                _inductor_keys_unchecked),
+    "config_not_frozen": ("a compiled config can still be edited (issue 7.6)", _config_not_frozen),
+    "config_shared_not_copied": ("compiled models use the caller's config object itself (issue 7.6)",
+                                 _config_shared_not_copied),
+    "capture_sizes_stop_below_the_limit": ("default capture sizes end at the stride step below an off-stride "
+                                           "max_num_batched_tokens (issue 7.12)", _capture_sizes_stop_below_the_limit),
+    "empty_capture_sizes_accepted": ("a graph mode with no capture size is accepted (issue 7.13)",
+                                     _empty_capture_sizes_accepted),
+    "compile_sizes_shorthand_unknown": ('compile_sizes=["cudagraph_capture_sizes"] is rejected (issue 7.13)',
+                                        _compile_sizes_shorthand_unknown),
+    "unsplit_piecewise_runs_without_graphs": ("PIECEWISE on a graph with no splitting op captures nothing "
+                                              "(issue 7.11)", _unsplit_piecewise_runs_without_graphs),
+    "graph_mode_dropped_quietly": ("a graph mode that becomes NONE is logged at INFO (issue 7.15)",
+                                   _graph_mode_dropped_quietly),
     "gate_ratio_inverted": ("the gate computes base / head: slower looks faster", _gate_ratio_inverted),
     "gate_one_threshold_for_all": ("every metric gets the latency threshold (10%), pool bytes included",
                                    _gate_one_threshold_for_all),
