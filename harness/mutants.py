@@ -265,6 +265,179 @@ def _graph_mode_dropped_quietly(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(graph, "log", types.SimpleNamespace(info=log.info, warning=log.info, debug=log.debug, error=log.error))
 
 
+# ---- harness power (issue 12): argument checks, pool and capture order, addresses, padding, writes, outputs ----
+def _arg_check_skips_dtype(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.api as api
+
+    original = api.CompiledModel._check
+
+    def check(self, args):
+        signature = self._signature
+        self._signature = [
+            (a.dtype, *want[1:]) if isinstance(a, torch.Tensor) and want[0] != "value" else want
+            for a, want in zip(args, signature)
+        ] + signature[len(args):]
+        try:
+            return original(self, args)
+        finally:
+            self._signature = signature
+
+    mp.setattr(api.CompiledModel, "_check", check)
+
+
+def _capture_smallest_first(mp: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    import pieceworks.graph as graph
+
+    mp.setattr(graph, "sorted", lambda values, reverse=False, **kw: builtins.sorted(values, **kw), raising=False)
+
+
+def _capture_keeps_outputs(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.cudagraph as cudagraph
+
+    mp.setattr(cudagraph, "_aliases", lambda value: value)  # entries own each size's outputs
+
+
+def _replay_leaks_outputs(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.cudagraph as cudagraph
+    from pieceworks.capturability import tensors_in
+
+    original = cudagraph.CUDAGraphRunner.replay
+
+    def replay(self, entry, args):
+        out = original(self, entry, args)
+        self.__dict__.setdefault("_history", []).append([t.clone() for t in tensors_in(out)])
+        return out
+
+    mp.setattr(cudagraph.CUDAGraphRunner, "replay", replay)
+
+
+def _checks_parameters_not_split_outputs(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.graph as graph
+
+    original = graph.input_provenance
+    swap = {"param": "input", "input": "param", "split": "param"}
+    mp.setattr(graph, "input_provenance", lambda *a: [swap.get(k, k) for k in original(*a)])
+
+
+def _unpad_with(cut: Callable) -> Callable:
+    import torch
+
+    def unpad(value, batch, n):
+        if isinstance(value, torch.Tensor):
+            return cut(value, batch, n) if value.dim() > 0 and value.shape[0] == n else value
+        if isinstance(value, (tuple, list)):
+            return type(value)(unpad(v, batch, n) for v in value)
+        return value
+
+    return unpad
+
+
+def _unpad_top_level_only(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.api as api
+
+    def unpad(value, batch, n):
+        if isinstance(value, (tuple, list)):
+            return type(value)(v[:batch] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
+                               for v in value)
+        return value[:batch] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == n else value
+
+    mp.setattr(api, "unpad", unpad)
+
+
+def _unpad_keeps_the_tail(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.api as api
+
+    mp.setattr(api, "unpad", _unpad_with(lambda t, batch, n: t[n - batch:]))
+
+
+def _outputs_alias_freed_memory(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.api as api
+    from pieceworks.cudagraph import non_owning_alias
+
+    mp.setattr(api, "unpad", _unpad_with(lambda t, batch, n: non_owning_alias(t[:batch].clone())))
+
+
+def _replay_copies_outputs(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.cudagraph as cudagraph
+
+    original = cudagraph.CUDAGraphRunner.replay
+
+    def clone(value):
+        if isinstance(value, torch.Tensor):
+            return value.clone()
+        return type(value)(clone(v) for v in value) if isinstance(value, (tuple, list)) else value
+
+    mp.setattr(cudagraph.CUDAGraphRunner, "replay", lambda self, entry, args: clone(original(self, entry, args)))
+
+
+def _static_buffers_uninitialised(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.padding as padding
+
+    def init(self, example_args, max_size):
+        self.max_size = max_size
+        self.buffers = []
+        for a in example_args:
+            if isinstance(a, torch.Tensor):
+                buffer = torch.empty((max_size, *a.shape[1:]), dtype=a.dtype, device=a.device)
+                buffer.view(torch.uint8).fill_(0x7F)  # what a reused block may hold: huge ids and floats
+                buffer[: a.shape[0]].copy_(a)
+                a = buffer
+            self.buffers.append(a)
+        self._views = {}
+
+    mp.setattr(padding.StaticInputs, "__init__", init)
+
+
+def _no_copy_back_of_inplace_writes(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.api as api
+
+    original = api.CompiledModel._trace
+
+    def trace(self, args, batch):
+        out = original(self, args, batch)
+        self._mutated_args = []
+        return out
+
+    mp.setattr(api.CompiledModel, "_trace", trace)
+
+
+def _warmup_writes_twice(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.cudagraph as cudagraph
+
+    original = cudagraph.CUDAGraphRunner.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.mutated_inputs = []  # nothing saved before the warm-ups, nothing put back before the capture
+
+    mp.setattr(cudagraph.CUDAGraphRunner, "__init__", init)
+
+
+def _capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.cudagraph as cudagraph
+
+    original = cudagraph.CUDAGraphRunner.capture
+
+    def capture(self, args):
+        snapshot = [a.clone() if isinstance(a, torch.nn.Parameter) else a for a in args]
+        self.__dict__.setdefault("_snapshots", []).append(snapshot)  # graphs read these copies from now on
+        return original(self, snapshot)
+
+    mp.setattr(cudagraph.CUDAGraphRunner, "capture", capture)
+
+
 MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "piece_args_from_a_fake_rerun": ("piece arguments are re-derived under the fake mode, leaving unbacked symbols "
                                      "pending (issue 7.1)", _piece_args_from_a_fake_rerun),
@@ -310,6 +483,26 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "static_copy_misses_last_row": ("the last real row is not copied into the static buffer (property 6)",
                                     _static_copy_misses_last_row),
     "load_without_checking": ("artifacts load without their SHA-256 check (properties 3, 7)", _load_without_checking),
+    "arg_check_skips_dtype": ("call-time argument checks ignore dtypes (property 10)", _arg_check_skips_dtype),
+    "capture_smallest_first": ("the capture phase captures the smallest size first", _capture_smallest_first),
+    "capture_keeps_outputs": ("graph runners keep owning references to each size's capture outputs",
+                              _capture_keeps_outputs),
+    "replay_leaks_outputs": ("every replay keeps a copy of its outputs", _replay_leaks_outputs),
+    "checks_parameters_not_split_outputs": ("the replay address check reads parameters instead of caller inputs "
+                                            "and splitting-op outputs", _checks_parameters_not_split_outputs),
+    "unpad_top_level_only": ("padded outputs are cut back only at the top level, not in nested structures",
+                             _unpad_top_level_only),
+    "unpad_keeps_the_tail": ("padded outputs are cut back to their last rows instead of their first",
+                             _unpad_keeps_the_tail),
+    "outputs_alias_freed_memory": ("outputs view a freed copy instead of graph memory", _outputs_alias_freed_memory),
+    "replay_copies_outputs": ("replays return copies of the graph's outputs", _replay_copies_outputs),
+    "static_buffers_uninitialised": ("static input buffers come from torch.empty: padded rows hold garbage",
+                                     _static_buffers_uninitialised),
+    "no_copy_back_of_inplace_writes": ("in-place writes to arguments are not copied back from the static buffers",
+                                       _no_copy_back_of_inplace_writes),
+    "warmup_writes_twice": ("inputs written in place are not restored after the warm-ups", _warmup_writes_twice),
+    "capture_snapshots_weights": ("captured graphs read copies of the parameters taken at capture",
+                                  _capture_snapshots_weights),
 }
 
 
