@@ -103,56 +103,6 @@ def _load_without_checking(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(cache.CompileCache, "load", load)
 
 
-# ---- CI (issue 11): the benchmark gate and the preflight ----
-def _gate_ratio_inverted(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.gate.verdicts as verdicts
-
-    mp.setattr(verdicts, "ratio_of", lambda base, head: 1.0 if base == head else base / head if head else float("inf"))
-
-
-def _gate_one_threshold_for_all(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.gate.thresholds as thresholds
-
-    mp.setattr(thresholds.Rule, "threshold", lambda self, spread: max(0.10, self.noise_k * spread))
-
-
-def _gate_ignores_noise(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.gate.thresholds as thresholds
-
-    mp.setattr(thresholds.Rule, "threshold", lambda self, spread: self.max_ratio - 1.0)
-
-
-def _gate_missing_is_ok(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.gate as gate
-    import pieceworks.gate.verdicts as verdicts
-
-    original = verdicts.compare
-
-    def without_missing(base, head, thresholds):
-        return [row for row in original(base, head, thresholds) if row.verdict != verdicts.MISSING]
-
-    mp.setattr(verdicts, "compare", without_missing)
-    mp.setattr(gate, "compare", without_missing)
-
-
-def _gate_failures_pass(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.gate.verdicts as verdicts
-
-    mp.setattr(verdicts, "INCOMPLETE", verdicts.INCOMPLETE - {verdicts.FAILED_IN_HEAD})
-
-
-def _gate_improvements_fail(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.gate.verdicts as verdicts
-
-    original = verdicts.judge
-
-    def judge(*args, **kwargs):
-        verdict, *rest = original(*args, **kwargs)
-        return (verdicts.REGRESSED if verdict == verdicts.IMPROVED else verdict, *rest)
-
-    mp.setattr(verdicts, "judge", judge)
-
-
 # ---- the reference core where users break it (issue 7: items 1, 3, 4, 6, 11, 12, 13, 15) ----
 def _piece_args_from_a_fake_rerun(mp: pytest.MonkeyPatch) -> None:
     import torch
@@ -438,7 +388,89 @@ def _capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(cudagraph.CUDAGraphRunner, "capture", capture)
 
 
+# ---- CI (issue 11): the benchmark gate and the preflight ----
+def _gate_ratio_inverted(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.verdicts as verdicts
+
+    mp.setattr(verdicts, "ratio_of", lambda base, head: 1.0 if base == head else base / head if head else float("inf"))
+
+
+def _gate_one_threshold_for_all(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.thresholds as thresholds
+
+    mp.setattr(thresholds.Rule, "threshold", lambda self, spread: max(0.10, self.noise_k * spread))
+
+
+def _gate_ignores_noise(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.thresholds as thresholds
+
+    mp.setattr(thresholds.Rule, "threshold", lambda self, spread: self.max_ratio - 1.0)
+
+
+def _gate_missing_is_ok(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate as gate
+    import pieceworks.gate.verdicts as verdicts
+
+    original = verdicts.compare
+
+    def without_missing(base, head, thresholds):
+        return [row for row in original(base, head, thresholds) if row.verdict != verdicts.MISSING]
+
+    mp.setattr(verdicts, "compare", without_missing)
+    mp.setattr(gate, "compare", without_missing)
+
+
+def _gate_failures_pass(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.verdicts as verdicts
+
+    mp.setattr(verdicts, "INCOMPLETE", verdicts.INCOMPLETE - {verdicts.FAILED_IN_HEAD})
+
+
+def _gate_improvements_fail(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.verdicts as verdicts
+
+    original = verdicts.judge
+
+    def judge(*args, **kwargs):
+        verdict, *rest = original(*args, **kwargs)
+        return (verdicts.REGRESSED if verdict == verdicts.IMPROVED else verdict, *rest)
+
+    mp.setattr(verdicts, "judge", judge)
+
+
+def _ignore_preflight_check(mp: pytest.MonkeyPatch, check: str) -> None:
+    import dataclasses
+
+    import pieceworks.harness.preflight as preflight
+
+    original = preflight.assess
+
+    def assess(readings, limits):
+        return [dataclasses.replace(f, ok=True) if f.check == check else f for f in original(readings, limits)]
+
+    mp.setattr(preflight, "assess", assess)
+
+
+def _preflight_ignores_other_processes(mp: pytest.MonkeyPatch) -> None:
+    _ignore_preflight_check(mp, "other processes")
+
+
+def _preflight_ignores_the_clock(mp: pytest.MonkeyPatch) -> None:
+    _ignore_preflight_check(mp, "SM clock under load")
+
+
 MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
+    "gate_ratio_inverted": ("the gate computes base / head: slower looks faster", _gate_ratio_inverted),
+    "gate_one_threshold_for_all": ("every metric gets the latency threshold (10%), pool bytes included",
+                                   _gate_one_threshold_for_all),
+    "gate_ignores_noise": ("the gate's threshold ignores the measured spread", _gate_ignores_noise),
+    "gate_missing_is_ok": ("benchmarks missing from head are left out of the table", _gate_missing_is_ok),
+    "gate_failures_pass": ("a benchmark that failed in head does not make the comparison incomplete",
+                           _gate_failures_pass),
+    "gate_improvements_fail": ("an improvement beyond the threshold fails like a regression", _gate_improvements_fail),
+    "preflight_ignores_other_processes": ("the preflight reads other processes on the GPU but lets them pass",
+                                          _preflight_ignores_other_processes),
+    "preflight_ignores_the_clock": ("the preflight lets a GPU held below its clock pass", _preflight_ignores_the_clock),
     "piece_args_from_a_fake_rerun": ("piece arguments are re-derived under the fake mode, leaving unbacked symbols "
                                      "pending (issue 7.1)", _piece_args_from_a_fake_rerun),
     "unbacked_size_bound_in_its_reader": ("a splitting op's data-dependent size is bound in the piece that reads it "
@@ -466,14 +498,6 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
                                               "(issue 7.11)", _unsplit_piecewise_runs_without_graphs),
     "graph_mode_dropped_quietly": ("a graph mode that becomes NONE is logged at INFO (issue 7.15)",
                                    _graph_mode_dropped_quietly),
-    "gate_ratio_inverted": ("the gate computes base / head: slower looks faster", _gate_ratio_inverted),
-    "gate_one_threshold_for_all": ("every metric gets the latency threshold (10%), pool bytes included",
-                                   _gate_one_threshold_for_all),
-    "gate_ignores_noise": ("the gate's threshold ignores the measured spread", _gate_ignores_noise),
-    "gate_missing_is_ok": ("benchmarks missing from head are left out of the table", _gate_missing_is_ok),
-    "gate_failures_pass": ("a benchmark that failed in head does not make the comparison incomplete",
-                           _gate_failures_pass),
-    "gate_improvements_fail": ("an improvement beyond the threshold fails like a regression", _gate_improvements_fail),
     "split_loses_order": ("split_module without keep_original_order (properties 1, 2)", _split_loses_order),
     "getitem_to_next_piece": ("getitems of a splitting op go to the next piece (property 2)", _getitem_to_next_piece),
     "index_without_checksum": ("the index's SHA-256 is not checked (property 3)", _index_without_checksum),
