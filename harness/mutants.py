@@ -103,118 +103,6 @@ def _load_without_checking(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(cache.CompileCache, "load", load)
 
 
-# ---- the reference core where users break it (issue 7: items 1, 3, 4, 6, 11, 12, 13, 15) ----
-def _piece_args_from_a_fake_rerun(mp: pytest.MonkeyPatch) -> None:
-    import torch
-
-    import pieceworks.backend as backend
-
-    original = backend._traced_args
-
-    def rerun(item):  # what the backend did before: derive piece arguments by running under the trace's fake mode
-        args = original(item)
-        fake_mode = next(a.fake_mode for a in args if hasattr(a, "fake_mode"))
-        with fake_mode:
-            torch.fx.Interpreter(item.graph).run(*args)
-        return args
-
-    mp.setattr(backend, "_traced_args", rerun)
-
-
-def _unbacked_size_bound_in_its_reader(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.split as split
-
-    mp.setattr(split, "binds_unbacked_size", lambda node: False)
-
-
-def _static_compiles_of_data_dependent_pieces(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.backend as backend
-
-    mp.setattr(backend, "data_dependent_sizes", lambda gm: [])
-
-
-def _data_dependent_pieces_captured(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.capturability as capturability
-
-    mp.setattr(capturability, "data_dependent_sizes", lambda gm: [])
-
-
-def _splitting_ops_unchecked(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.backend as backend
-
-    mp.setattr(backend, "check_splitting_ops", lambda ops: None)
-
-
-def _absent_splitting_ops_silent(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.backend as backend
-
-    mp.setattr(backend, "absent_splitting_ops", lambda gm, ops: [])
-
-
-def _inductor_keys_unchecked(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.config as config
-
-    mp.setattr(config, "_check_inductor_keys", lambda keys: None)
-
-
-def _config_not_frozen(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.config as config
-
-    mp.setattr(config.CompilationConfig, "freeze", lambda self: self)
-
-
-def _config_shared_not_copied(mp: pytest.MonkeyPatch) -> None:
-    import types
-
-    import pieceworks.backend as backend
-
-    mp.setattr(backend, "copy", types.SimpleNamespace(deepcopy=lambda value: value))
-
-
-def _capture_sizes_stop_below_the_limit(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.config as config
-
-    def sizes(max_size=512):
-        return [s for s in [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)] if s <= max_size]
-
-    mp.setattr(config, "default_capture_sizes", sizes)
-
-
-def _empty_capture_sizes_accepted(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.config as config
-
-    mp.setattr(config, "_check_something_to_capture", lambda mode, sizes: None)
-
-
-def _compile_sizes_shorthand_unknown(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.config as config
-
-    mp.setattr(config.CompilationConfig, "_expand_compile_sizes",
-               lambda self: sorted(set(config._check_int_list("compile_sizes", self.compile_sizes))))
-
-
-def _unsplit_piecewise_runs_without_graphs(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.graph as graph
-
-    original = graph.PiecewiseGraph._effective_mode
-
-    def effective(self, mode, example_inputs):
-        chosen = original(self, mode, example_inputs)
-        split = any(i.is_splitting_graph for i in self.items)
-        return graph.CUDAGraphMode.NONE if chosen is graph.CUDAGraphMode.PIECEWISE and not split else chosen
-
-    mp.setattr(graph.PiecewiseGraph, "_effective_mode", effective)
-
-
-def _graph_mode_dropped_quietly(mp: pytest.MonkeyPatch) -> None:
-    import types
-
-    import pieceworks.graph as graph
-
-    log = graph.log
-    mp.setattr(graph, "log", types.SimpleNamespace(info=log.info, warning=log.info, debug=log.debug, error=log.error))
-
-
 # ---- harness power (issue 12): argument checks, pool and capture order, addresses, padding, writes, outputs ----
 def _arg_check_skips_dtype(mp: pytest.MonkeyPatch) -> None:
     import torch
@@ -459,18 +347,178 @@ def _preflight_ignores_the_clock(mp: pytest.MonkeyPatch) -> None:
     _ignore_preflight_check(mp, "SM clock under load")
 
 
+# ---- the reference core where users break it (issue 7: items 1, 3, 4, 6, 11, 12, 13, 15) ----
+def _piece_args_from_a_fake_rerun(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.backend as backend
+
+    original = backend._traced_args
+
+    def rerun(item):  # what the backend did before: derive piece arguments by running under the trace's fake mode
+        args = original(item)
+        fake_mode = next(a.fake_mode for a in args if hasattr(a, "fake_mode"))
+        with fake_mode:
+            torch.fx.Interpreter(item.graph).run(*args)
+        return args
+
+    mp.setattr(backend, "_traced_args", rerun)
+
+
+def _unbacked_size_bound_in_its_reader(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.split as split
+
+    mp.setattr(split, "binds_unbacked_size", lambda node: False)
+
+
+def _static_compiles_of_data_dependent_pieces(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.backend as backend
+
+    mp.setattr(backend, "data_dependent_sizes", lambda gm: [])
+
+
+def _data_dependent_pieces_captured(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.capturability as capturability
+
+    mp.setattr(capturability, "data_dependent_sizes", lambda gm: [])
+
+
+def _splitting_ops_unchecked(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.backend as backend
+
+    mp.setattr(backend, "check_splitting_ops", lambda ops: None)
+
+
+def _absent_splitting_ops_silent(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.backend as backend
+
+    mp.setattr(backend, "absent_splitting_ops", lambda gm, ops: [])
+
+
+def _inductor_keys_unchecked(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    mp.setattr(config, "_check_inductor_keys", lambda keys: None)
+
+
+def _config_not_frozen(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    mp.setattr(config.CompilationConfig, "freeze", lambda self: self)
+
+
+def _config_shared_not_copied(mp: pytest.MonkeyPatch) -> None:
+    import types
+
+    import pieceworks.backend as backend
+
+    mp.setattr(backend, "copy", types.SimpleNamespace(deepcopy=lambda value: value))
+
+
+def _capture_sizes_stop_below_the_limit(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    def sizes(max_size=512):
+        return [s for s in [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)] if s <= max_size]
+
+    mp.setattr(config, "default_capture_sizes", sizes)
+
+
+def _empty_capture_sizes_accepted(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    mp.setattr(config, "_check_something_to_capture", lambda mode, sizes: None)
+
+
+def _compile_sizes_shorthand_unknown(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    mp.setattr(config.CompilationConfig, "_expand_compile_sizes",
+               lambda self: sorted(set(config._check_int_list("compile_sizes", self.compile_sizes))))
+
+
+def _unsplit_piecewise_runs_without_graphs(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.graph as graph
+
+    original = graph.PiecewiseGraph._effective_mode
+
+    def effective(self, mode, example_inputs):
+        chosen = original(self, mode, example_inputs)
+        split = any(i.is_splitting_graph for i in self.items)
+        return graph.CUDAGraphMode.NONE if chosen is graph.CUDAGraphMode.PIECEWISE and not split else chosen
+
+    mp.setattr(graph.PiecewiseGraph, "_effective_mode", effective)
+
+
+def _graph_mode_dropped_quietly(mp: pytest.MonkeyPatch) -> None:
+    import types
+
+    import pieceworks.graph as graph
+
+    log = graph.log
+    mp.setattr(graph, "log", types.SimpleNamespace(info=log.info, warning=log.info, debug=log.debug, error=log.error))
+
+
+# ---- benchmarks (issue 8): the implementation registry and the host-overhead breakdown ----
+def _resolve_returns_the_class(mp: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    import pieceworks.harness.implementations as impls
+
+    original = impls.resolve
+
+    def resolve(spec):
+        if spec not in impls.IMPLEMENTATIONS and ":" in spec:
+            module, _, attr = spec.partition(":")
+            return getattr(importlib.import_module(module), attr)  # a subclass comes back uninstantiated
+        return original(spec)
+
+    mp.setattr(impls, "resolve", resolve)
+
+
+def _user_implementations_not_registered(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.implementations as impls
+
+    mp.setattr(impls, "register", lambda impl: impl)
+
+
+def _pcg_always_available(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.implementations as impls
+
+    mp.setattr(impls.MetaPCG, "unavailable_reason", impls.Implementation.unavailable_reason)
+
+
+def _pcg_pads_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
+    import types
+
+    import pieceworks.harness.implementations as impls
+
+    below = types.SimpleNamespace(bisect_left=lambda a, x: max(bisect.bisect_left(a, x) - 1, 0))
+    mp.setattr(impls, "bisect", below)
+
+
+def _breakdown_drops_splitting_ops(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.breakdown as breakdown
+
+    original = breakdown.record
+
+    def record(compiled, args):
+        out, work = original(compiled, args)
+        return out, [w for w in work if not w.splitting]
+
+    mp.setattr(breakdown, "record", record)
+
+
 MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
-    "gate_ratio_inverted": ("the gate computes base / head: slower looks faster", _gate_ratio_inverted),
-    "gate_one_threshold_for_all": ("every metric gets the latency threshold (10%), pool bytes included",
-                                   _gate_one_threshold_for_all),
-    "gate_ignores_noise": ("the gate's threshold ignores the measured spread", _gate_ignores_noise),
-    "gate_missing_is_ok": ("benchmarks missing from head are left out of the table", _gate_missing_is_ok),
-    "gate_failures_pass": ("a benchmark that failed in head does not make the comparison incomplete",
-                           _gate_failures_pass),
-    "gate_improvements_fail": ("an improvement beyond the threshold fails like a regression", _gate_improvements_fail),
-    "preflight_ignores_other_processes": ("the preflight reads other processes on the GPU but lets them pass",
-                                          _preflight_ignores_other_processes),
-    "preflight_ignores_the_clock": ("the preflight lets a GPU held below its clock pass", _preflight_ignores_the_clock),
+    "resolve_returns_the_class": ("resolve('module:Subclass') returns the class, not an instance",
+                                  _resolve_returns_the_class),
+    "user_implementations_not_registered": ("load_user_implementations resolves but registers nothing",
+                                            _user_implementations_not_registered),
+    "pcg_always_available": ("Meta pcg's adapter claims to be available without the package", _pcg_always_available),
+    "pcg_pads_to_the_size_below": ("Meta pcg's adapter replays the captured size below the batch",
+                                   _pcg_pads_to_the_size_below),
+    "breakdown_drops_splitting_ops": ("the host-overhead breakdown leaves the splitting pieces out",
+                                      _breakdown_drops_splitting_ops),
     "piece_args_from_a_fake_rerun": ("piece arguments are re-derived under the fake mode, leaving unbacked symbols "
                                      "pending (issue 7.1)", _piece_args_from_a_fake_rerun),
     "unbacked_size_bound_in_its_reader": ("a splitting op's data-dependent size is bound in the piece that reads it "
@@ -498,6 +546,17 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
                                               "(issue 7.11)", _unsplit_piecewise_runs_without_graphs),
     "graph_mode_dropped_quietly": ("a graph mode that becomes NONE is logged at INFO (issue 7.15)",
                                    _graph_mode_dropped_quietly),
+    "gate_ratio_inverted": ("the gate computes base / head: slower looks faster", _gate_ratio_inverted),
+    "gate_one_threshold_for_all": ("every metric gets the latency threshold (10%), pool bytes included",
+                                   _gate_one_threshold_for_all),
+    "gate_ignores_noise": ("the gate's threshold ignores the measured spread", _gate_ignores_noise),
+    "gate_missing_is_ok": ("benchmarks missing from head are left out of the table", _gate_missing_is_ok),
+    "gate_failures_pass": ("a benchmark that failed in head does not make the comparison incomplete",
+                           _gate_failures_pass),
+    "gate_improvements_fail": ("an improvement beyond the threshold fails like a regression", _gate_improvements_fail),
+    "preflight_ignores_other_processes": ("the preflight reads other processes on the GPU but lets them pass",
+                                          _preflight_ignores_other_processes),
+    "preflight_ignores_the_clock": ("the preflight lets a GPU held below its clock pass", _preflight_ignores_the_clock),
     "split_loses_order": ("split_module without keep_original_order (properties 1, 2)", _split_loses_order),
     "getitem_to_next_piece": ("getitems of a splitting op go to the next piece (property 2)", _getitem_to_next_piece),
     "index_without_checksum": ("the index's SHA-256 is not checked (property 3)", _index_without_checksum),
