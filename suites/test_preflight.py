@@ -116,7 +116,7 @@ def fake_gpu(monkeypatch):
     return install
 
 
-def test_command_exit_statuses_and_record(fake_gpu, tmp_path, capsys):
+def test_command_exit_statuses_and_record(fake_gpu, tmp_path, capfd):
     out = tmp_path / "preflight.json"
     fake_gpu()
     assert preflight.main(["--out", str(out)]) == READY
@@ -126,26 +126,26 @@ def test_command_exit_statuses_and_record(fake_gpu, tmp_path, capsys):
 
     fake_gpu(processes=[4242])
     assert preflight.main(["--out", str(out)]) == BUSY == 75
-    err = capsys.readouterr()
+    err = capfd.readouterr()
     assert "FAIL other processes: pid 4242 holds 4096 MiB" in err.out and "refusing to benchmark" in err.err
     assert json.loads(out.read_text())["verdict"] == "busy"
 
     assert preflight.main(["--allow-busy", "--out", str(out)]) == READY
-    assert "--allow-busy" in capsys.readouterr().err and json.loads(out.read_text())["verdict"] == "busy, allowed"
+    assert "--allow-busy" in capfd.readouterr().err and json.loads(out.read_text())["verdict"] == "busy, allowed"
 
 
-def test_no_nvml_or_no_cuda_exits_1_saying_why(monkeypatch, tmp_path, capsys):
+def test_no_nvml_or_no_cuda_exits_1_saying_why(monkeypatch, tmp_path, capfd):
     import torch
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
     assert preflight.main([]) == NO_GPU == 1
-    assert "pip install nvidia-ml-py" in capsys.readouterr().err
+    assert "pip install nvidia-ml-py" in capfd.readouterr().err
 
     monkeypatch.setitem(sys.modules, "pynvml", _FakeNVML())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "record.json"
     assert preflight.main(["--out", str(out)]) == NO_GPU
-    assert "sees no CUDA device (NVML sees NVIDIA H100 80GB HBM3)" in capsys.readouterr().err
+    assert "sees no CUDA device (NVML sees NVIDIA H100 80GB HBM3)" in capfd.readouterr().err
     assert json.loads(out.read_text())["verdict"] == "no CUDA in torch"
 
 
