@@ -1,4 +1,4 @@
-"""pytest plugin (entry point `pytest11: pieceworks`): the `gpu` marker and its skip rule, timeouts, `--pieceworks-mutant`.
+"""pytest plugin (entry point `pytest11: pieceworks`): the `gpu` marker and its skip rule, timeouts, mutants.
 
 - **gpu.** A test marked `@pytest.mark.gpu` is skipped with the reason spelled out when CUDA is absent, so `pytest`
   on a CPU machine stays green for the right reason and `pytest -m gpu` on a GPU runner runs them. Importing this

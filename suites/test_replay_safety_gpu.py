@@ -17,7 +17,7 @@ import re
 import pytest
 import torch
 import torch.nn as nn
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import pieceworks
@@ -34,7 +34,7 @@ SETTINGS = S.gpu_settings(fraction=5)
 SIZES = S.capture_sizes(32, max_count=4)
 STEPS = st.lists(st.tuples(st.integers(1, 40), st.booleans()), min_size=2, max_size=8)
 MODES = st.sampled_from(["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
-NAMED = re.compile(r"piece \S+ .*input \d+ \(\w+\)")
+NAMED = re.compile(r"(piece \S+ .*|full graph: )input \d+ \(\w+\)")  # which graph, which input
 
 
 def _inputs(batch: int, seed: int = 0):
@@ -72,8 +72,14 @@ PAIR_PROGRAMS = st.tuples(S.programs(max_len=5, splitting=("attention", "pair"),
                           st.integers(0, 63)).map(_with_pair)
 
 
+SIN = ("unary", "sin", 0)
+ATTN = ("attention", 2, 2, 0)  # sin(x) and x into silly::attention: a split, pieces before and after
+
+
 @SETTINGS
 @given(program=PAIR_PROGRAMS, sizes=SIZES, steps=STEPS)
+@example(program=((SIN, ("pair", 2), ("binary", "mul", 3, 4)), (2, 5)), sizes=[8],
+         steps=[(5, True), (5, True), (5, False)])  # the pair's outputs move after each call
 def test_fresh_split_outputs_raise_or_are_right_never_stale(program, sizes, steps):
     torch._dynamo.reset()
     module = S.ProgramModule(program).cuda()
@@ -106,6 +112,8 @@ class _OneInput(nn.Module):
 @SETTINGS
 @given(program=S.programs(max_len=5, splitting=("attention",), mutate_inputs=False), sizes=SIZES,
        steps=STEPS, mode=st.sampled_from([CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL]))
+@example(program=((SIN, ATTN), (3,)), sizes=[8], steps=[(8, False), (8, True), (8, True)],
+         mode=CUDAGraphMode.PIECEWISE)
 def test_caller_inputs_that_move_raise_or_are_right_never_stale(program, sizes, steps, mode):
     """Through the raw backend the caller owns the input buffers: a captured size called with a tensor that is not
     the one captured (`move`) must raise or be right; called with the captured buffer it replays."""
@@ -151,6 +159,8 @@ def _structure_case(program, structure, sizes, batches, mode):
 @given(program=S.programs(max_len=4, splitting=("attention",), mutate_inputs=False),
        structure=S.output_structures(), sizes=SIZES, batches=st.lists(st.integers(1, 40), min_size=1, max_size=5),
        mode=MODES)
+@example(program=((SIN, ATTN), (3,)), structure=(("value", 3), [("value", 0), (("value", 2),)]), sizes=[8], batches=[3],
+         mode="PIECEWISE")
 def test_padded_outputs_are_cut_back_in_nested_tuples_and_lists(program, structure, sizes, batches, mode):
     _structure_case(program, structure, sizes, batches, mode)
 
@@ -160,6 +170,8 @@ def test_padded_outputs_are_cut_back_in_nested_tuples_and_lists(program, structu
        structure=S.output_structures(dicts=True, unbatched=True),
        sizes=SIZES.map(lambda s: sorted(set(s) | {S.HIDDEN})),
        batches=st.lists(st.integers(1, 12), min_size=1, max_size=5), mode=MODES)
+@example(program=((SIN, ATTN), (3,)), structure={"a": ("value", 3), "b": [("weight",)]}, sizes=[4, 8], batches=[3],
+         mode="PIECEWISE")
 def test_padded_outputs_are_cut_back_in_dicts_and_only_along_the_batch(program, structure, sizes, batches, mode):
     """Dicts too; and an output without a batch dimension (shape [HIDDEN], HIDDEN a captured size) is not cut."""
     _structure_case(program, structure, sizes, batches, mode)
@@ -171,6 +183,7 @@ POISONS = st.sampled_from([None, float("nan"), float("inf"), float("-inf")])
 @SETTINGS
 @given(program=S.programs(max_len=6, splitting=("attention",), mutate_inputs=False), sizes=SIZES,
        steps=st.lists(st.tuples(st.integers(1, 40), POISONS), min_size=2, max_size=8), mode=MODES)
+@example(program=((SIN, ATTN), (3,)), sizes=[8], steps=[(8, float("nan")), (3, None)], mode="PIECEWISE")
 def test_poisoned_rows_never_reach_the_rows_of_later_calls(program, sizes, steps, mode):
     """Calls whose every other row is NaN or +-inf leave those rows in the static buffers; later (clean or poisoned)
     calls must give eager's values row for row: padding never mixes into real rows."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import pieceworks
@@ -43,6 +43,7 @@ class Counting(nn.Module):
 @S.gpu_settings(fraction=5)
 @given(mode=st.sampled_from(["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]), sizes=S.capture_sizes(16, max_count=4),
        lazy=st.booleans(), warmups=st.integers(1, 3), batches=st.lists(st.integers(1, 24), min_size=1, max_size=6))
+@example(mode="PIECEWISE", sizes=[4, 8], lazy=False, warmups=2, batches=[3, 8, 30])
 def test_inplace_writes_happen_once_per_call(mode, sizes, lazy, warmups, batches):
     torch._dynamo.reset()
     model = Counting().cuda()
