@@ -20,11 +20,13 @@ else
   selection='^(compile|host_overhead|dispatch)\.'
   echo "main: no CUDA: the CPU benchmarks (compile, host overhead, dispatch); GPU benchmarks need a GPU runner"
 fi
-export PIECEWORKS_BENCH_DETAILS=results/bench/$MACHINE
+export PIECEWORKS_BENCH_DETAILS=$PWD/results/bench/$MACHINE  # absolute: asv runs benchmarks in temporary folders
+mkdir -p "$PIECEWORKS_BENCH_DETAILS"
+"$PY" -c "import sys; sys.path.insert(0, 'suites'); from benchmarks import _shared; _shared.write_details('environment', {})"
 export PIECEWORKS_BENCH_DIR=${PIECEWORKS_BENCH_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/pieceworks-bench-XXXXXX")}
 status=0
 "$PY" -m asv run --python=same --set-commit-hash "$(git rev-parse HEAD)" --machine "$MACHINE" \
   --launch-method spawn --bench "$selection" "$@" || status=$?
 "$PY" -m pieceworks.harness.report --machine "$MACHINE"
-echo "main: results in results/asv/$MACHINE, report in $PIECEWORKS_BENCH_DETAILS/REPORT.md (asv exit status $status)"
+echo "main: results in results/asv/$MACHINE, report in results/bench/$MACHINE/REPORT.md (asv exit status $status)"
 exit "$status"

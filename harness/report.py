@@ -278,8 +278,8 @@ class Report:
                            "timed alone (graph replays, splitting ops called directly) with CUDA events; overhead = "
                            "forward − work (negative where host work overlaps GPU work). Wall = pytest-benchmark's "
                            "synchronised clock, 20 forwards a round.", "",
-                           "| device | mode | batch | pieces | forward µs | replays alone | splitting ops alone | "
-                           "overhead µs | per piece µs | wall µs |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                           "| device | mode | batch | pieces | forward µs | compiled pieces alone (graph replays) | "
+                           "splitting ops alone | overhead µs | per piece µs | wall µs |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
             for r in sorted(gpu_rows, key=lambda r: (str(r.get("device")), r["mode"], r.get("batch", 0))):
                 self.lines.append(
                     f"| {r.get('device')} | {r['mode']} | {r.get('batch', 4)} | {r['pieces']} | "
