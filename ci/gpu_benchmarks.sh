@@ -12,8 +12,8 @@
 # A deadline keeps the whole command inside one 10-minute device call: PIECEWORKS_DEADLINE_S (default 560) seconds
 # after the start, every step still to come is skipped (each asv step runs under `timeout` with what is left,
 # and asv saves a step's results only when the step ends), and what exists is packed. Steps, most wanted first:
-# latency ToyLlama (bf16, fp32), memory and capture, compile starts, latency SillyModel, pytest-benchmark host
-# overhead, CPU benchmarks, report. To finish a cut-short run: unpack results.tar.gz at the repository root and run
+# latency ToyLlama (bf16, fp32), memory and capture, compile starts, pytest-benchmark host overhead, latency
+# SillyModel, CPU benchmarks, report. To finish a cut-short run: unpack results.tar.gz at the repository root and run
 # again with PIECEWORKS_RESUME=1 (asv skips benchmarks that already have results for this commit).
 # Output in $OUT (default results/gpu-run): results.tar.gz (results/asv and results/bench/<machine>: details,
 # pytest-benchmark JSON, REPORT.md, plots), REPORT.md, gpu_benchmarks.log. In a tree copied without .git, set
@@ -108,14 +108,16 @@ step_asv() {  # step_asv MIN_SECONDS REGEX
 step_asv 120 '^latency\.ToyLlama'
 step_asv 60 '^memory\.'
 step_asv 60 '^compile\.'
-step_asv 40 '^latency\.Silly'
-if [ "$(( $(left) - 30 ))" -ge 40 ]; then
+if [ -n "${PIECEWORKS_RESUME:-}" ] && [ -s "$DETAILS/host_overhead.json" ]; then
+  say "pytest-benchmark host overhead: results exist (resume)"
+elif [ "$(( $(left) - 30 ))" -ge 40 ]; then
   say "pytest-benchmark: host overhead (GPU and CPU variants)"
   timeout "$(( $(left) - 30 ))" "$PY" -m pytest suites/test_host_overhead.py -q -p no:cacheprovider \
     --benchmark-json "$DETAILS/host_overhead.json" || fail $?
 else
   say "SKIPPED pytest-benchmark host overhead: too little time left"; fail 3
 fi
+step_asv 40 '^latency\.Silly'
 step_asv 20 '^(host_overhead|dispatch)\.'
 say "report"
 "$PY" -m pieceworks.harness.report --machine "$MACHINE" || fail $?
