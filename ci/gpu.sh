@@ -14,7 +14,8 @@
 #
 # --cpu: no preflight and no GPU tests: the same comparison of the CPU benchmarks (compile, cache, dispatch, host
 # overhead) on a machine without a GPU, e.g. to try the flow.
-# Environment: ci/setup.sh (the project venv; PIECEWORKS_WHEELHOUSE=DIR installs the pinned tools offline).
+# Environment: ci/setup.sh (the project venv; PIECEWORKS_WHEELHOUSE=DIR installs the pinned tools offline);
+# PIECEWORKS_PREFLIGHT_ARGS adds preflight options (a runner with locked clocks: "--expect-sm-mhz MHZ").
 # Writes to --out (default .gate/out): preflight.json, gpu-tests.log, bench.log, results.tar.gz (the rounds),
 # gate.txt, gate.md (PR comment), manifest.json.
 # Exit status: the gate's (0 pass, 1 regression, 2 incomplete), 75 when the preflight refuses a busy or
@@ -37,7 +38,7 @@ while [ $# -gt 0 ]; do
     --skip-tests) SKIP_TESTS=1; shift ;;
     --cpu) CPU=1; SKIP_TESTS=1; shift ;;
     --prepare-base) PREPARE=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die 64 "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -78,7 +79,8 @@ if [ "$CPU" = 1 ]; then
 else
   log "2/5 preflight"
   pre=0
-  "$PY" -m pieceworks.harness.preflight --out "$OUT/preflight.json" $ALLOW_BUSY || pre=$?
+  # shellcheck disable=SC2086 # PIECEWORKS_PREFLIGHT_ARGS: the runner's policy, e.g. "--expect-sm-mhz 1755"
+  "$PY" -m pieceworks.harness.preflight --out "$OUT/preflight.json" $ALLOW_BUSY ${PIECEWORKS_PREFLIGHT_ARGS:-} || pre=$?
   [ "$pre" -eq 0 ] || die "$pre" "preflight refused (exit $pre): no benchmarks on this GPU now (see $OUT/preflight.json)"
   MACHINE=$("$PY" -c 'import json, re, sys; g = json.load(open(sys.argv[1]))["gpu"]["name"]; print(re.sub(r"[^A-Za-z0-9._-]+", "-", g))' "$OUT/preflight.json")
 fi
@@ -96,7 +98,7 @@ fi
 log "4/5 benchmarks${BENCH:+ matching $BENCH}: base and head, $ROUNDS round(s), on $MACHINE"
 BASE_TREE=$(tree "$BASE" base)
 HEAD_TREE=$(tree "$HEAD_SPEC" head)
-rm -rf "$GATE/repo" "$GATE/results" "$GATE/rounds" "$GATE/html"
+rm -rf "$GATE/repo" "$GATE/results" "$GATE/rounds" "$GATE/html" "$GATE/bench"
 git init -q "$GATE/repo"
 git -C "$GATE/repo" symbolic-ref HEAD refs/heads/gate
 declare -A HASH TREE=([base]=$BASE_TREE [head]=$HEAD_TREE)
@@ -132,7 +134,11 @@ for round in $(seq 1 "$ROUNDS"); do
     log "round $round/$ROUNDS: $side (${TREE[$side]})"
     install_tree "${TREE[$side]}"
     echo "=== round $round: $side ${TREE[$side]} ===" >> "$OUT/bench.log"
-    (cd "$HEAD_TREE" && PYTHONUNBUFFERED=1 "$PY" -m asv run --config "$CONF" --python=same \
+    # Each side its own compile caches (pieceworks', Inductor's): the key covers graphs, config and software,
+    # not pieceworks' own code, so a shared cache would let head replay what base compiled.
+    mkdir -p "$GATE/bench/$side"
+    (cd "$HEAD_TREE" && PYTHONUNBUFFERED=1 PIECEWORKS_BENCH_DIR="$GATE/bench/$side" \
+      "$PY" -m asv run --config "$CONF" --python=same \
       --set-commit-hash "${HASH[$side]}" --machine "$MACHINE" --launch-method spawn --show-stderr \
       ${BENCH:+--bench "$BENCH"}) >> "$OUT/bench.log" 2>&1 \
       || log "asv reported failures for $side in round $round (the gate lists them; see bench.log)"

@@ -111,6 +111,7 @@ fi
 if [ -n "${PIECEWORKS_WHEELHOUSE:-}" ]; then
   PYTHON=$PY bash "$ROOT/ci/wheelhouse.sh" install "$PIECEWORKS_WHEELHOUSE" >&2
 else
+  "$PY" -c 'import tomllib' 2>/dev/null || "$PY" -c 'import tomli' 2>/dev/null || pip_install tomli  # Python 3.10
   reqs=$("$PY" - "$ROOT/pyproject.toml" ${PIECEWORKS_EXTRAS:-test} <<'PYEOF'
 import re, sys
 try:

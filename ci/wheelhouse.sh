@@ -101,7 +101,7 @@ PYEOF
     echo "wheelhouse: wheels in $DIR ($(du -sh "$DIR" | cut -f1))"
     ;;
   *)
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'
     exit 2
     ;;
 esac
