@@ -169,7 +169,10 @@ class CompiledModel:
         start = time.perf_counter()
         counters.num_dynamo_traces += 1
         try:
-            self._dynamo_fn(*trace_args)
+            # Data-dependent ops (`.item()`, `nonzero`) stay in the one graph: newer Dynamo implies this with
+            # fullgraph=True; saying it keeps every supported torch alike. Their pieces then run without CUDA graphs.
+            with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
+                self._dynamo_fn(*trace_args)
         except torch._dynamo.exc.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
             inner = getattr(exc, "inner_exception", None) or exc.__cause__
             if isinstance(inner, ConfigError):
