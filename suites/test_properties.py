@@ -246,7 +246,7 @@ def test_compile_dispatch_exact_size_then_range_else_clear_error(ends, sizes, ba
 def test_any_argument_mismatch_is_an_input_error_naming_the_argument(signature, data):
     """Compiled for one call, a call differing only in batch size runs and equals eager; a call differing in
     anything else (trailing sizes, rank, dtype, device, count, plain values, tensor vs value, disagreeing batch
-    sizes) raises InputError naming what differs, before anything runs. One compile, several mismatches."""
+    sizes) raises InputError naming what differs. One compile, several mismatches."""
     torch._dynamo.reset()
     module = S.SignatureModule()
     compiled = pieceworks.compile(module, CompilationConfig(compiler="eager", cudagraph_mode=CUDAGraphMode.NONE))
