@@ -205,3 +205,28 @@ def test_unsaveable_artifact_is_logged_not_fatal(tmp_path, caplog):
     assert "could not save" in caplog.text
     assert cache.read_index() == {}
     assert [f for f in os.listdir(cache.artifact_dir)] == []
+
+
+class _ReluThenAttention(torch.nn.Module):
+    def forward(self, x):
+        h = torch.relu(x)
+        out = torch.empty_like(h)
+        torch.ops.silly.attention(h, h, h, out)
+        return out
+
+
+def test_inductor_compile_config_reaches_the_generated_code(tmp_path):
+    """A non-empty `inductor_compile_config` is applied by Inductor, not only hashed into the key: Inductor's own
+    test switch `cpp.inject_relu_bug_TESTING_ONLY="accuracy"` makes its C++ relu compute `x + 1`, which shows in
+    the output."""
+    x = torch.linspace(-2, 2, 9)
+
+    def run(options):
+        torch._dynamo.reset()
+        config = CompilationConfig(splitting_ops=["silly::attention"], cache_dir=str(tmp_path),
+                                   inductor_compile_config=options, cudagraph_mode=pieceworks.CUDAGraphMode.NONE)
+        with counters.expect(num_inductor_compiles=1):
+            return pieceworks.compile(_ReluThenAttention(), config)(x).clone()
+
+    torch.testing.assert_close(run({}), 3 * torch.relu(x))
+    torch.testing.assert_close(run({"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}), 3 * (x + 1))
