@@ -61,13 +61,16 @@ def measure(model_name: str, dtype: str) -> dict:
         with torch.no_grad():
             for batch in BATCHES:
                 inputs = make_inputs(batch)
-                expected = model(*inputs).float()
-                got = built(*inputs).float()
-                error = float((got - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
-                timing = cuda_time_us(lambda: built(*inputs), warmup=20, reps=REPS)
-                results[(name, batch)] = {**timing, "max_rel_error": error}
+                try:
+                    expected = model(*inputs).float()
+                    got = built(*inputs).float()
+                    error = float((got - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
+                    timing = cuda_time_us(lambda: built(*inputs), warmup=20, reps=REPS)
+                    results[(name, batch)] = {**timing, "max_rel_error": error}
+                except Exception as exc:  # noqa: BLE001 - recorded as this entry's failure, the others go on
+                    results[(name, batch)] = {"error": f"{name} at batch {batch}: {type(exc).__name__}: {exc}"}
         _shared.progress(f"latency {model_name} {dtype}: {name} " + " ".join(
-            f"{b}:{results[(name, b)]['median_us']:.0f}us" for b in BATCHES))
+            f"{b}:{results[(name, b)].get('median_us', float('nan')):.0f}us" for b in BATCHES))
         del built
     _shared.release()
     if model_name == "toy_llama":  # after all timings: a profiler session leaves CUPTI loaded in the process
