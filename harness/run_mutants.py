@@ -51,7 +51,8 @@ TARGETS = {
         "suites/test_cache_atomicity.py::test_concurrent_writers_of_different_entries_lose_nothing",
     "index_written_in_place": "suites/test_cache_atomicity.py::test_a_writer_failing_anywhere_leaves_no_torn_file",
     "inductor_cache_not_carried": "suites/test_cache.py::test_warm_start_on_a_new_host_compiles_and_builds_nothing",
-    "backend_compilations_count_fresh_compiles": "suites/test_cache.py::test_identical_pieces_are_loaded_once",
+    "backend_compilations_count_fresh_compiles":
+        "suites/test_cache.py::test_warm_start_on_a_new_host_compiles_and_builds_nothing",
     "inductor_options_ignored": "suites/test_cache.py::test_inductor_compile_config_reaches_the_generated_code",
 }
 _POOL = "suites/test_pool_gpu.py::"
