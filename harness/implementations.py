@@ -118,15 +118,12 @@ class Pieceworks(Implementation):
         )
         compiled = pieceworks.compile(model, config)
         compiled(*make_inputs(min(3, max(capture_sizes))))  # trace and compile
-        order: list[int] = []
         start = time.perf_counter()
-        report = compiled.capture()
+        compiled.capture()
         seconds = time.perf_counter() - start
-        if report.get("graphs"):
-            order = sorted(capture_sizes, reverse=True)  # TODO(observable): read the order the runtime recorded
-        graph = compiled.graph
-        pool = graph.state.pool if graph is not None else None
-        return Built(compiled, capture_order=order or None, pool=pool, capture_seconds=seconds, owner=compiled)
+        runtime = compiled.runtime
+        return Built(compiled, capture_order=list(runtime.capture_order) or None, pool=runtime.pool.handle,
+                     capture_seconds=seconds, owner=compiled)
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {}

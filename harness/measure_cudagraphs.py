@@ -43,12 +43,12 @@ def _breakdown(piecewise: Any, config: models.ToyLlamaConfig, reps: int) -> dict
     q, k, v, out = (torch.randn(1, h, device="cuda") for _ in range(4))
     attention = torch.ops.silly.attention
     layers = config.num_layers
-    entries = [r.entries[1] for r in piecewise.graph.runners.values() if 1 in r.entries]
+    graphs = piecewise.runtime.replays[1].graphs  # the PIECEWISE plan of batch 1, in replay order
     return {
         f"{layers} splitting ops, eager": cuda_time_us(
             lambda: [attention(q, k, v, out) for _ in range(layers)], reps=reps)["median_us"],
-        f"{len(entries)} piece graph replays, back to back": cuda_time_us(
-            lambda: [e.graph.replay() for e in entries], reps=reps)["median_us"],
+        f"{len(graphs)} piece graph replays, back to back": cuda_time_us(
+            lambda: [g.replay() for g in graphs], reps=reps)["median_us"],
     }
 
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             compiled = _pieceworks(model, mode, sizes, cache)
             capture = compiled.capture()
             if mode is not CUDAGraphMode.NONE:
-                report[f"capture_{mode.name}"] = {**capture, "pool_mib": pool_bytes(compiled.graph.state.pool) / 2**20}
+                report[f"capture_{mode.name}"] = {**capture, "pool_mib": pool_bytes(compiled.runtime.pool.handle) / 2**20}
             variants[f"pieceworks {mode.name}"] = compiled
         for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):  # static compiles for the timed sizes
             compiled = _pieceworks(model, mode, sizes, cache, compile_sizes=batches)
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             variants[f"pieceworks {mode.name} +sizes"] = compiled
         largest_only = _pieceworks(model, CUDAGraphMode.PIECEWISE, [sizes[-1]], cache)
         largest_only.capture()
-        largest_mib = pool_bytes(largest_only.graph.state.pool) / 2**20
+        largest_mib = pool_bytes(largest_only.runtime.pool.handle) / 2**20
         del largest_only
         report["pool_largest_size_only_mib"] = largest_mib
         report["pool_ratio_all_sizes_vs_largest"] = report["capture_PIECEWISE"]["pool_mib"] / largest_mib

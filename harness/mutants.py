@@ -60,8 +60,8 @@ def _key_ignores_config(mp: pytest.MonkeyPatch) -> None:
 
 
 def _pad_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.api as api
     import pieceworks.dispatch as dispatch
+    import pieceworks.runtime as runtime
 
     def padded(sizes, batch):
         i = bisect.bisect_right(sizes, batch)
@@ -72,7 +72,7 @@ def _pad_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
         return sizes[i] if i < len(sizes) and sizes[i] == batch else (sizes[i - 1] if i > 0 else padded(sizes, batch))
 
     mp.setattr(dispatch, "padded_size", wrong)
-    mp.setattr(api, "padded_size", wrong)
+    mp.setattr(runtime, "padded_size", wrong)
 
 
 def _static_copy_misses_last_row(mp: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,7 @@ class BatchLocator:
     """
 
     def __init__(self, example_args: Sequence[Any], batch_symbols: set[str]) -> None:
+        self.symbols = set(batch_symbols)
         self.index: int | None = None
         self.dim: int | None = None  # None: the argument is the size itself
         for i, value in enumerate(example_args):

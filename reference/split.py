@@ -17,7 +17,8 @@ import operator
 
 import torch
 import torch.fx
-from torch.fx.passes.split_module import split_module
+
+from ._compat import example_value, op_identity, split_module
 
 __all__ = ["SplitItem", "split_graph", "op_names", "is_splitting_op"]
 
@@ -38,13 +39,11 @@ def op_names(target: object) -> set[str]:
     Dynamo records custom ops as overload packets (`torch.ops.ns.op`), which match `"ns::op"` and
     `"ns::op.default"`; an `OpOverload` matches `"ns::op"` and its own overload name.
     """
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        name = target._qualified_op_name
-        return {name, f"{name}.default"}
-    if isinstance(target, torch._ops.OpOverload):
-        packet = target._schema.name
-        return {packet, f"{packet}.{target._overloadname or 'default'}"}
-    return set()
+    identity = op_identity(target)
+    if identity is None:
+        return set()
+    name, overload = identity
+    return {name, f"{name}.{overload or 'default'}"}
 
 
 def is_splitting_op(node: torch.fx.Node, splitting_ops: set[str]) -> bool:
@@ -58,7 +57,7 @@ def decompose_sizes(gm: torch.fx.GraphModule) -> None:
         if not (node.op == "call_method" and node.target == "size" and len(node.args) == 1 and not node.kwargs):
             continue
         tensor = node.args[0]
-        value = tensor.meta.get("example_value")
+        value = example_value(tensor)
         if value is None:
             continue
         dims = []

@@ -54,8 +54,8 @@ class CacheMachine(RuleBasedStateMachine):
         compiled = pieceworks.compile(models.SillyModel(), config)
         x = torch.randn(6)
         self.result_ok = bool(torch.allclose(compiled(x), models.silly_model_expected(x)))
-        if compiled.graph.cache_dir is not None:
-            self.cache_dir = compiled.graph.cache_dir
+        if compiled.runtime.cache_dir is not None:
+            self.cache_dir = compiled.runtime.cache_dir
 
     @rule()
     def compile(self) -> None:

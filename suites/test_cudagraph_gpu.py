@@ -11,7 +11,8 @@ import torch.nn as nn
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
 from pieceworks.cudagraph import ReplayAddressError
-from pieceworks.graph import CUDAGraphMissingError
+from pieceworks.plan import ReplayPlan
+from pieceworks.runtime import CUDAGraphMissingError, Phase
 from pieceworks.harness import models
 from pieceworks.harness.checked import CheckedModel, OutputOverwrittenError
 
@@ -77,14 +78,15 @@ def test_capture_phase_closes(shared_cache, caplog):
     model, inputs = _make("silly")
     compiled = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache, compiler="eager")
     compiled.capture()
-    graph = compiled.graph
-    assert graph.capture_closed
+    runtime = compiled.runtime
+    assert runtime.phase is Phase.SERVING
     caplog.set_level("INFO", logger="pieceworks")
     with counters.expect(num_cudagraph_captured=0, num_backend_compilations=0, num_graphs_seen=0):
         for batch in BATCHES:
             x = inputs(batch)[0]
             torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
-    assert sorted(graph.piecewise_sizes) == SIZES
+    assert sorted(runtime.replays) == SIZES and runtime.capture_order == sorted(SIZES, reverse=True)
+    assert all(isinstance(plan, ReplayPlan) for plan in runtime.replays.values())
 
 
 def test_raw_backend_after_capture_raises_or_runs_without_graph(shared_cache):
@@ -100,8 +102,8 @@ def test_raw_backend_after_capture_raises_or_runs_without_graph(shared_cache):
         first = static[:5].clone()
         torch._dynamo.mark_dynamic(first, 0)
         fn(first)
-        graph = backend.graphs[0]
-        graph.capture(SIZES, lambda n: fn(static[:n]))
+        runtime = backend.runtimes[0]
+        runtime.capture(SIZES, lambda n: fn(static[:n]))
         torch.testing.assert_close(fn(static[:8]), models.silly_model_expected(static[:8]))
         if policy == "raise":
             with pytest.raises(CUDAGraphMissingError, match="batch size 3 has no CUDA graph"):
@@ -193,7 +195,7 @@ def test_no_pool_memory_left_after_the_model_is_deleted(shared_cache):
     compiled = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache)
     compiled.capture()
     compiled(*inputs(7))
-    pool = compiled.graph.state.pool
+    pool = compiled.runtime.pool.handle
     assert _pool_segments(pool), "the capture should have put segments in its pool"
     del compiled
     torch._dynamo.reset()

@@ -29,7 +29,7 @@ MODES = st.sampled_from([CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL, CUDAGraphM
 
 
 def _poison_padding(compiled, batch: int) -> None:
-    for buffer in compiled._static.buffers if compiled._static is not None else []:
+    for buffer in compiled.runtime.static.buffers if compiled.runtime.static is not None else []:
         if isinstance(buffer, torch.Tensor) and buffer.is_floating_point():
             buffer[batch:].fill_(float("nan"))
 
