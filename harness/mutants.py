@@ -103,6 +103,63 @@ def _load_without_checking(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(cache.CompileCache, "load", load)
 
 
+def _plan_ignores_moved_inputs(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.plan as plan
+
+    original = plan._replay_step
+    mp.setattr(plan, "_replay_step", lambda replay, moved: original(replay, []))
+
+
+def _plan_checks_no_caller_inputs(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.plan as plan
+
+    original = plan.ReplayPlan.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.cheap_checks = []
+
+    mp.setattr(plan.ReplayPlan, "__init__", init)
+
+
+def _rebinding(mp: pytest.MonkeyPatch, change: Callable) -> None:
+    import pieceworks.binding as binding
+    import pieceworks.runtime as runtime
+
+    original = binding.bind
+
+    def bind(model, placeholders, example_inputs, call_args, *rest):
+        found = original(model, placeholders, example_inputs, call_args, *rest)
+        if isinstance(found, binding.Binder):
+            found.sources = [change(kind, value, call_args) for kind, value in found.sources]
+        return found
+
+    mp.setattr(runtime, "bind", bind)
+
+
+def _parameters_bound_by_value(mp: pytest.MonkeyPatch) -> None:
+    _rebinding(mp, lambda kind, value, args: (kind, value.detach().clone()) if kind == 2 else (kind, value))
+
+
+def _batch_size_from_the_trace(mp: pytest.MonkeyPatch) -> None:
+    def change(kind, value, args):
+        return (2, next(a.shape[0] for a in args if hasattr(a, "shape"))) if kind == 1 else (kind, value)
+
+    _rebinding(mp, change)
+
+
+def _always_through_dynamo(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.runtime as runtime
+
+    mp.setattr(runtime, "bind", lambda *args: "mutant: never bound")
+
+
+def _outputs_flat(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.binding as binding
+
+    mp.setattr(binding.Binder, "outputs", lambda self, flat: flat)
+
+
 MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "split_loses_order": ("split_module without keep_original_order (properties 1, 2)", _split_loses_order),
     "getitem_to_next_piece": ("getitems of a splitting op go to the next piece (property 2)", _getitem_to_next_piece),
@@ -113,6 +170,16 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "static_copy_misses_last_row": ("the last real row is not copied into the static buffer (property 6)",
                                     _static_copy_misses_last_row),
     "load_without_checking": ("artifacts load without their SHA-256 check (properties 3, 7)", _load_without_checking),
+    "plan_ignores_moved_inputs": ("a replay plan never copies a splitting op's fresh output to the captured address "
+                                  "(test_runtime, test_cudagraph_gpu)", _plan_ignores_moved_inputs),
+    "plan_checks_no_caller_inputs": ("a replay plan checks no caller-owned input address (test_runtime)",
+                                     _plan_checks_no_caller_inputs),
+    "parameters_bound_by_value": ("direct calls bind copies of the parameters (test_runtime)",
+                                  _parameters_bound_by_value),
+    "batch_size_from_the_trace": ("direct calls pass the tracing call's batch size for SymInt inputs (test_runtime)",
+                                  _batch_size_from_the_trace),
+    "always_through_dynamo": ("every call goes through Dynamo (test_compile, test_runtime)", _always_through_dynamo),
+    "outputs_flat": ("direct calls return the graph's flat outputs (test_runtime)", _outputs_flat),
 }
 
 

@@ -127,7 +127,7 @@ class Runtime:
         # kept until start_serving has bound them (pieceworks.compile); a raw backend never binds
         self._example_inputs: list[Any] | None = list(example_inputs) if for_compile else None
         self._traced_output: Any = None
-        self._binder: Binder | None = None
+        self.binder: Binder | None = None  # how `serve` calls the graph directly; None: through Dynamo
         self._fallback: Callable[..., Any] | None = None
         self._mutated_args: list[int] = []
         self._flat_by_size: dict[int, list[Any]] = {}
@@ -218,16 +218,11 @@ class Runtime:
             log.info("pieceworks: calls go through Dynamo (%s)", found)
             self._fallback = fallback
         else:
-            self._binder = found
+            self.binder = found
         if self.mode is not CUDAGraphMode.NONE and self._capture_sizes:
             self.static = StaticInputs(trace_args, self._max_capture_size)
             if self.config.lazy_capture:
                 self.phase = Phase.SERVING
-
-    @property
-    def direct(self) -> bool:
-        """Whether `serve` calls the graph directly (True) or through Dynamo (False)."""
-        return self._binder is not None
 
     def serve(self, args: Sequence[Any], batch: int) -> Any:
         """One call of `pieceworks.compile`'s model with checked `args` of batch `batch`."""
@@ -239,12 +234,12 @@ class Runtime:
                 for i in self._mutated_args:
                     args[i].copy_(static.buffers[i][:batch])
                 return unpad(out, batch, n)
-        if self._binder is None:
+        if self.binder is None:
             return self._fallback(*args)
-        return self._binder.outputs(self.run(self._binder.inputs(args, batch), batch, static=False))
+        return self.binder.outputs(self.run(self.binder.inputs(args, batch), batch, static=False))
 
     def _call_static(self, static_args: list[Any], n: int) -> Any:
-        binder = self._binder
+        binder = self.binder
         if binder is None:
             return self._fallback(*static_args)
         flat = self._flat_by_size.get(n)

@@ -124,7 +124,7 @@ def test_after_the_first_call_no_call_enters_dynamo():
     """The compiled graph is called directly: a Dynamo reset (which drops every compiled frame) changes nothing."""
     compiled = pieceworks.compile(models.SillyModel(), eager_config())
     compiled(torch.randn(4))
-    assert compiled.runtime.direct
+    assert compiled.runtime.binder is not None
     torch._dynamo.reset()
     with counters.expect(num_dynamo_traces=0, num_graphs_seen=0, num_backend_compilations=0):
         for batch in [1, 4, 9]:
@@ -141,7 +141,7 @@ def test_unprovable_binding_calls_through_dynamo_and_a_retrace_is_refused(caplog
     caplog.set_level("INFO", logger="pieceworks")
     compiled = pieceworks.compile(ReturnsItsInput(), eager_config())
     compiled(torch.randn(4))
-    assert not compiled.runtime.direct
+    assert compiled.runtime.binder is None
     assert "calls go through Dynamo (the model's output holds values that are not graph outputs" in caplog.text
     x = torch.randn(3)
     doubled, same = compiled(x)
