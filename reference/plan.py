@@ -56,7 +56,8 @@ class ReplayPlan:
     """A recorded PIECEWISE forward pass of one batch size. `run(args, checks)` replays it; see the module doc."""
 
     def __init__(self, batch: int, steps: list[Step], num_slots: int, output: Any, cheap_checks: list[AddressCheck],
-                 all_checks: list[AddressCheck], graphs: list[Any], keep: list[torch.Tensor]) -> None:
+                 all_checks: list[AddressCheck], graphs: list[Any], eager_steps: list[int],
+                 keep: list[torch.Tensor]) -> None:
         self.batch = batch
         self.steps = steps
         self.num_slots = num_slots
@@ -67,6 +68,7 @@ class ReplayPlan:
         self.cheap_checks = cheap_checks
         self.all_checks = all_checks
         self.graphs = graphs  # the CUDA graphs, in replay order
+        self.eager_steps = eager_steps  # indices of `steps` that run eagerly (splitting ops, glue, uncapturable)
         self.keep = keep  # capture-time eager outputs the graphs read: owned here so their addresses stay valid
 
     def run(self, args: Sequence[Any], checks: Sequence[AddressCheck]) -> Any:
@@ -143,7 +145,22 @@ def _replay_step(replay: Callable[[], None], moved: list[tuple[int, torch.Tensor
     return run
 
 
-def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node, args: list) -> Callable[..., Any]:
+def _single_op(gm: torch.fx.GraphModule, used: bool) -> tuple[Callable[..., Any], list[int]] | None:
+    """`(op, positions)` when a splitting piece is one op on some of its inputs (attention is): the plan calls
+    `op(*[inputs[p] for p in positions])` directly, without the piece's FX frame. None otherwise."""
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(nodes) != 1 or nodes[0].op != "call_function" or nodes[0].kwargs:
+        return None
+    if not all(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in nodes[0].args):
+        return None
+    output = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    if used and output is not nodes[0]:
+        return None
+    return nodes[0].target, [placeholders.index(a) for a in nodes[0].args]
+
+
+def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node) -> Callable[..., Any]:
     if node.op == "call_module":
         module = getattr(split_gm, node.target)
         return module.forward if isinstance(module, torch.fx.GraphModule) else module
@@ -163,7 +180,7 @@ def record_plan(
     steps: list[Step] = []
     cheap: dict[int, AddressCheck] = {}
     every: dict[int, AddressCheck] = {}
-    graphs, keep = [], []
+    graphs, keep, eager = [], [], []
     num_slots = 0
     placeholder = 0
     outputs = output_refs = None
@@ -211,10 +228,18 @@ def record_plan(
             real[node] = operator.getitem(*call_args)
             refs[node] = _Ref(_CONST, _value(arg_refs[0], (), [])[node.args[1]])
             continue
-        fn = _callable(split_gm, node, call_args)
+        fn = _callable(split_gm, node)
+        module = getattr(split_gm, node.target) if node.op == "call_module" else None
+        op = _single_op(module, bool(node.users)) if isinstance(module, torch.fx.GraphModule) else None
+        if op is not None:
+            fn, positions = op
+            call_args = tuple(call_args[p] for p in positions)
+            arg_refs = [arg_refs[p] for p in positions]
         real[node] = fn(*call_args, **call_kwargs)
         refs[node] = _Ref(_SLOT, num_slots)
+        eager.append(len(steps))
         steps.append(_eager_step(fn, arg_refs, kwarg_refs, num_slots))
         num_slots += 1
-    plan = ReplayPlan(batch, steps, num_slots, output_refs, list(cheap.values()), list(every.values()), graphs, keep)
+    plan = ReplayPlan(batch, steps, num_slots, output_refs, list(cheap.values()), list(every.values()), graphs, eager,
+                      keep)
     return plan, outputs
