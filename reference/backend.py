@@ -149,7 +149,7 @@ def build_runtime(
         for size in config.compile_sizes:
             runnables[size] = compiler.get(item, fingerprint, size, static_args[size][item.submod_name])
         piece = CompiledPiece(
-            item.submod_name, item.graph_id, BatchLocator(fake_args, batch_symbols), runnables,
+            item.submod_name, BatchLocator(fake_args, batch_symbols), runnables,
             config.compile_sizes, config.ranges(),
         )
         specs.append(PieceSpec(item, piece, tuple(fake_args)))

@@ -22,7 +22,6 @@ __all__ = ["StaticInputs", "unpad"]
 
 class StaticInputs:
     def __init__(self, example_args: Sequence[Any], max_size: int) -> None:
-        self.max_size = max_size
         self.buffers: list[Any] = []
         for a in example_args:
             self.buffers.append(cycle_rows(a, max_size).contiguous() if isinstance(a, torch.Tensor) else a)

@@ -56,14 +56,12 @@ class CompiledPiece:
     def __init__(
         self,
         name: str,
-        graph_id: int,
         locate_batch: BatchLocator,
         runnables: dict[int | tuple[int, int], Callable[..., Any]],
         compile_sizes: Sequence[int],
         ranges: Sequence[tuple[int, int]],
     ) -> None:
         self.name = name
-        self.graph_id = graph_id
         self.locate_batch = locate_batch
         self.runnables = runnables
         self.compile_sizes = list(compile_sizes)

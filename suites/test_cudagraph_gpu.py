@@ -237,3 +237,42 @@ def test_graphs_survive_reduce_overhead_recording_in_the_same_process(shared_cac
         args = inputs(batch)
         torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
     torch.cuda.synchronize()
+
+
+class FreshSplitOutputs(nn.Module):
+    """silly::pair allocates its outputs anew on every call; the captured piece after it reads them."""
+
+    def forward(self, x):
+        a, b = torch.ops.silly.pair(x * 3)
+        return a * b + 1
+
+
+def test_fresh_splitting_outputs_are_copied_to_the_captured_address(shared_cache):
+    model = FreshSplitOutputs()
+    compiled = pieceworks.compile(model, CompilationConfig(
+        splitting_ops=["silly::pair"], compiler="eager", cudagraph_capture_sizes=SIZES))
+    compiled(torch.randn(3, device="cuda"))
+    with counters.expect(num_cudagraph_captured=2 * len(SIZES), num_cudagraph_uncapturable=0):
+        compiled.capture()
+    plan = compiled.runtime.replays[8]
+    assert isinstance(plan, ReplayPlan) and len(plan.graphs) == 2 and len(plan.keep) == 2
+    for batch in [1, 5, 8, 8, 32, 3]:
+        x = torch.randn(batch, device="cuda")
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_serving_calls_the_graph_directly_and_the_tracing_call_captures_nothing(shared_cache):
+    model, inputs = _make("toy_llama")
+    config = CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_capture_sizes=SIZES,
+                               lazy_capture=True)
+    compiled = pieceworks.compile(model, config)
+    with counters.expect(num_cudagraph_captured=0):
+        compiled(*inputs(3))  # traces with throw-away inputs: nothing captured from them
+    runtime = compiled.runtime
+    assert runtime.binder is not None and runtime.phase is Phase.SERVING
+    torch._dynamo.reset()  # no later call enters Dynamo
+    with counters.expect(num_dynamo_traces=0, num_backend_compilations=0):
+        for batch in [3, 3, 16, 1]:
+            args = inputs(batch)
+            torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
+    assert runtime.capture_order == [4, 16, 1]
