@@ -6,24 +6,35 @@ what the implementation claims, so a benchmark or property that needs a capabili
 applicable, with the reason, instead of failing or being skipped silently.
 
 Contract of `Built.__call__`: called like the model; outputs are valid until the next call (the CUDA-graph contract:
-clone what you keep); inference only. Built objects own their graphs and pools; dropping the last reference frees
-them (after `torch.cuda.synchronize()` and a gc). Not thread-safe.
+clone what you keep); inference only: call it under `torch.no_grad()`. Built objects own their graphs and pools;
+dropping the last reference frees them (after `torch.cuda.synchronize()` and a gc). Not thread-safe. Build one
+implementation of a model at a time: torch.compile-based adapters reset Dynamo when they build.
+
+Built in: `eager`; `inductor` (`torch.compile` defaults, no graphs); `reduce-overhead` (Inductor + CUDA-graph trees,
+one recording per size, no padding); `pieceworks-none|piecewise|full|full_and_piecewise`; `meta-pcg` (Meta's
+`piecewise-cuda-graphs`, the optional extra `pcg`: unavailable, with the reason, where it is not installed).
 
 Registry: `IMPLEMENTATIONS` maps a name to an `Implementation`; `resolve(spec)` takes a registered name or a
 `package.module:Attribute` path naming an `Implementation` instance or subclass, so users can point the harness at
-their own backend.
+their own backend; `load_user_implementations()` registers the paths listed in $PIECEWORKS_IMPLEMENTATIONS
+(comma-separated), which is how the benchmarks pick them up.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import importlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["Built", "Capabilities", "Implementation", "IMPLEMENTATIONS", "register", "resolve", "NotApplicable"]
+__all__ = [
+    "Built", "Capabilities", "Implementation", "IMPLEMENTATIONS", "register", "resolve", "load_user_implementations",
+    "NotApplicable",
+]
 
 InputsMaker = Callable[[int], tuple]
 
@@ -51,6 +62,7 @@ class Built:
     `capture_order`: batch sizes in the order their graphs were captured (None: not observable).
     `pool`: the graph memory pool handle (`torch.cuda.graph_pool_handle()`), for per-pool allocator bytes.
     `capture_seconds`: wall time of the capture phase. `owner`: whatever must stay alive while `fn` is used.
+    `capture_report`: the implementation's own account of its capture (pieceworks: `CompiledModel.capture()`).
     """
 
     fn: Callable[..., Any]
@@ -58,6 +70,7 @@ class Built:
     pool: Any = None
     capture_seconds: float | None = None
     owner: Any = None
+    capture_report: dict[str, Any] | None = None  # what the implementation itself reported about its capture
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
@@ -119,11 +132,171 @@ class Pieceworks(Implementation):
         compiled = pieceworks.compile(model, config)
         compiled(*make_inputs(min(3, max(capture_sizes))))  # trace and compile
         start = time.perf_counter()
-        compiled.capture()
+        report = compiled.capture()
         seconds = time.perf_counter() - start
         runtime = compiled.runtime
         return Built(compiled, capture_order=list(runtime.capture_order) or None, pool=runtime.pool.handle,
-                     capture_seconds=seconds, owner=compiled)
+                     capture_seconds=seconds, owner=compiled, capture_report=report)
+
+
+def _batch_of(args: Sequence[Any]) -> int:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.shape[0]
+    raise ValueError("no tensor argument: the harness reads the batch size from dim 0 of a tensor argument")
+
+
+def _cut(value: Any, batch: int, n: int) -> Any:
+    """`value` with every tensor whose dim 0 is the padded size `n` cut back to `batch` rows (tuples, lists too)."""
+    if isinstance(value, torch.Tensor):
+        return value[:batch] if value.dim() > 0 and value.shape[0] == n else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cut(v, batch, n) for v in value)
+    return value
+
+
+def _raise_recompile_limit(n: int) -> None:
+    """dynamic=False compiles once per batch size: let Dynamo keep `n` of them (its default limit is 8)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    if getattr(config, name) < n:
+        setattr(config, name, n)
+
+
+class Inductor(Implementation):
+    """`torch.compile(model)` with its defaults: Inductor, no CUDA graphs, Dynamo's automatic dynamic shapes.
+
+    `build` resets Dynamo (an earlier build of the same model with another backend must not serve this one) and
+    calls every given size once, so that compiles happen before anyone times the result.
+    """
+
+    name = "inductor"
+    capabilities = Capabilities()
+
+    def build(self, model, make_inputs, capture_sizes, splitting_ops):
+        torch._dynamo.reset()
+        compiled = torch.compile(model)
+        with torch.no_grad():
+            for n in sorted(set(capture_sizes)):
+                compiled(*make_inputs(n))
+        return Built(compiled, owner=compiled)
+
+
+class ReduceOverhead(Implementation):
+    """`torch.compile(model, mode="reduce-overhead", dynamic=False)`: Inductor plus CUDA-graph trees.
+
+    One compile and one recording per batch size, no padding: `build` records every given size (largest first,
+    three calls each: trees warm up before they record); a size not given compiles and records when first called.
+    The trees' pool is private to torch, so `Built.pool` is None.
+    """
+
+    name = "reduce-overhead"
+    capabilities = Capabilities(cuda_graphs=True, shared_pool=True, needs_cuda=True)
+
+    def build(self, model, make_inputs, capture_sizes, splitting_ops):
+        torch._dynamo.reset()
+        sizes = sorted(set(capture_sizes), reverse=True)
+        _raise_recompile_limit(len(sizes) + 2)
+        compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+        with torch.no_grad():
+            for n in sizes:
+                inputs = make_inputs(n)
+                for _ in range(3):
+                    compiled(*inputs)
+        torch.cuda.synchronize()
+        return Built(compiled, owner=compiled)
+
+
+class _NoGraphBreaks(torch.overrides.TorchFunctionMode):
+    """While active, every call of a splitting op goes through `no_graph` (Meta pcg's eager break)."""
+
+    def __init__(self, splitting_ops: Sequence[str], no_graph: Callable[..., Any]) -> None:
+        super().__init__()
+        from pieceworks.split import op_names
+
+        self.op_names = op_names
+        self.splitting_ops = set(splitting_ops)
+        self.no_graph = no_graph
+        self.breaks = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.op_names(func) & self.splitting_ops:
+            self.breaks += 1
+            return self.no_graph(func)(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+class MetaPCG(Implementation):
+    """Meta's `piecewise-cuda-graphs` (PyPI, pure Python): the eager model captured, per batch size, as a sequence of
+    CUDA graphs with the splitting ops run eagerly between them (its `no_graph`), all sizes in one pool, largest
+    first, on one side stream after a warm-up there. No compiler, no cache.
+
+    Serving mirrors pieceworks: a batch of b rows is copied into static buffers (one max-size buffer per tensor
+    argument; padded rows hold valid rows of earlier calls), the sequence of the smallest captured size >= b
+    replays, and its outputs are cut back to b rows; above the largest size the eager model runs. The splitting
+    ops must write into buffers they are given and return no CUDA tensor (pcg's rule); non-tensor arguments must
+    equal the example's.
+    """
+
+    name = "meta-pcg"
+    capabilities = Capabilities(cuda_graphs=True, padding=True, piecewise=True, shared_pool=True, needs_cuda=True)
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            import piecewise_cuda_graphs  # noqa: F401
+        except ImportError:
+            return ("meta-pcg needs Meta's piecewise-cuda-graphs (PyPI, pure Python), which is not installed. Fix: "
+                    "pip install 'pieceworks[pcg]' (or pip install piecewise-cuda-graphs)")
+        return super().unavailable_reason()
+
+    def build(self, model, make_inputs, capture_sizes, splitting_ops):
+        import time
+
+        import piecewise_cuda_graphs as pcg
+
+        sizes = sorted(set(capture_sizes), reverse=True)
+        static = [a.clone() if isinstance(a, torch.Tensor) else a for a in make_inputs(sizes[0])]
+
+        def views(n: int) -> list[Any]:
+            return [a[:n] if isinstance(a, torch.Tensor) else a for a in static]
+
+        stream = torch.cuda.Stream()
+        pool = torch.cuda.graph_pool_handle()
+        captured: dict[int, tuple[Any, Any]] = {}
+        start = time.perf_counter()
+        with torch.no_grad():
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # library workspaces are made on the stream that captures
+                for n in sizes:
+                    model(*views(n))
+            torch.cuda.current_stream().wait_stream(stream)
+            for n in sizes:
+                seq = pcg.CUDAGraphSequence(pool=pool)
+                breaks = _NoGraphBreaks(splitting_ops, pcg.no_graph)
+                with pcg.piecewise_graph(seq, stream=stream), breaks:
+                    out = model(*views(n))
+                if not breaks.breaks and splitting_ops:
+                    raise RuntimeError(f"meta-pcg: no call of {list(splitting_ops)} seen while capturing batch {n}")
+                captured[n] = (seq, out)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        ordered = sorted(captured)
+
+        def serve(*args: Any) -> Any:
+            batch = _batch_of(args)
+            i = bisect.bisect_left(ordered, batch)
+            if i == len(ordered):
+                return model(*args)
+            n = ordered[i]
+            for buffer, a in zip(static, args):
+                if isinstance(a, torch.Tensor):
+                    buffer[:batch].copy_(a)
+            seq, out = captured[n]
+            seq.replay()
+            return _cut(out, batch, n)
+
+        return Built(serve, capture_order=sizes, pool=pool, capture_seconds=seconds, owner=captured)
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {}
@@ -135,7 +308,10 @@ def register(impl: Implementation) -> Implementation:
     return impl
 
 
-for _impl in [Eager(), *(Pieceworks(m) for m in ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"))]:
+for _impl in [
+    Eager(), Inductor(), ReduceOverhead(), *(Pieceworks(m) for m in ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")),
+    MetaPCG(),
+]:
     register(_impl)
 
 
@@ -149,8 +325,44 @@ def resolve(spec: str) -> Implementation:
             f"'package.module:Adapter' for your own (a pieceworks.harness.implementations.Implementation)"
         )
     module_name, _, attr = spec.partition(":")
-    target = getattr(importlib.import_module(module_name), attr)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(
+            f"implementation {spec!r}: cannot import module {module_name!r} ({exc}). Fix: make it importable "
+            f"(installed, or its folder on PYTHONPATH) and write 'package.module:Adapter'"
+        ) from exc
+    try:
+        target = getattr(module, attr)
+    except AttributeError:
+        raise AttributeError(
+            f"implementation {spec!r}: module {module_name!r} has no attribute {attr!r}. Fix: name an Implementation "
+            f"instance or subclass defined there"
+        ) from None
     impl = target() if isinstance(target, type) else target
     if not isinstance(impl, Implementation):
         raise TypeError(f"{spec} is a {type(impl).__name__}, not a pieceworks.harness.implementations.Implementation")
     return impl
+
+
+USER_IMPLEMENTATIONS_ENV = "PIECEWORKS_IMPLEMENTATIONS"
+
+
+def load_user_implementations(specs: str | None = None) -> list[Implementation]:
+    """Resolve and register users' implementations: comma-separated `package.module:Attribute` paths in `specs`
+    (default: the environment variable PIECEWORKS_IMPLEMENTATIONS). Returns them, in order. Each registers under its
+    own `name` (replacing a built-in of the same name); a path that does not resolve raises, naming it.
+    """
+    if specs is None:
+        specs = os.environ.get(USER_IMPLEMENTATIONS_ENV, "")
+    found = []
+    for spec in (s.strip() for s in specs.split(",")):
+        if not spec:
+            continue
+        if ":" not in spec:
+            raise ValueError(
+                f"{USER_IMPLEMENTATIONS_ENV} entry {spec!r} is not a 'package.module:Adapter' path. Fix: write the "
+                f"module and the Implementation's name separated by ':'"
+            )
+        found.append(register(resolve(spec)))
+    return found

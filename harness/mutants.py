@@ -158,9 +158,65 @@ def _outputs_flat(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.binding as binding
 
     mp.setattr(binding.Binder, "outputs", lambda self, flat: flat)
+# ---- CI (issue 11): the benchmark gate and the preflight ----
+def _gate_ratio_inverted(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.verdicts as verdicts
+
+    mp.setattr(verdicts, "ratio_of", lambda base, head: 1.0 if base == head else base / head if head else float("inf"))
+
+
+def _gate_one_threshold_for_all(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.thresholds as thresholds
+
+    mp.setattr(thresholds.Rule, "threshold", lambda self, spread: max(0.10, self.noise_k * spread))
+
+
+def _gate_ignores_noise(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.thresholds as thresholds
+
+    mp.setattr(thresholds.Rule, "threshold", lambda self, spread: self.max_ratio - 1.0)
+
+
+def _gate_missing_is_ok(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate as gate
+    import pieceworks.gate.verdicts as verdicts
+
+    original = verdicts.compare
+
+    def without_missing(base, head, thresholds):
+        return [row for row in original(base, head, thresholds) if row.verdict != verdicts.MISSING]
+
+    mp.setattr(verdicts, "compare", without_missing)
+    mp.setattr(gate, "compare", without_missing)
+
+
+def _gate_failures_pass(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.verdicts as verdicts
+
+    mp.setattr(verdicts, "INCOMPLETE", verdicts.INCOMPLETE - {verdicts.FAILED_IN_HEAD})
+
+
+def _gate_improvements_fail(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.verdicts as verdicts
+
+    original = verdicts.judge
+
+    def judge(*args, **kwargs):
+        verdict, *rest = original(*args, **kwargs)
+        return (verdicts.REGRESSED if verdict == verdicts.IMPROVED else verdict, *rest)
+
+    mp.setattr(verdicts, "judge", judge)
 
 
 MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
+    "gate_ratio_inverted": ("the gate computes base / head: slower looks faster", _gate_ratio_inverted),
+    "gate_one_threshold_for_all": ("every metric gets the latency threshold (10%), pool bytes included",
+                                   _gate_one_threshold_for_all),
+    "gate_ignores_noise": ("the gate's threshold ignores the measured spread", _gate_ignores_noise),
+    "gate_missing_is_ok": ("benchmarks missing from head are left out of the table", _gate_missing_is_ok),
+    "gate_failures_pass": ("a benchmark that failed in head does not make the comparison incomplete",
+                           _gate_failures_pass),
+    "gate_improvements_fail": ("an improvement beyond the threshold fails like a regression", _gate_improvements_fail),
     "split_loses_order": ("split_module without keep_original_order (properties 1, 2)", _split_loses_order),
     "getitem_to_next_piece": ("getitems of a splitting op go to the next piece (property 2)", _getitem_to_next_piece),
     "index_without_checksum": ("the index's SHA-256 is not checked (property 3)", _index_without_checksum),

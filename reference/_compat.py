@@ -4,11 +4,13 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
 - `torch._inductor.standalone_compile(gm, args, *, dynamic_shapes=, options=)` and `CompiledArtifact.save/load`:
   the same keywords in 2.11-2.15 (2.13 adds `fake_mode`, `donate_graph_module`; unused here);
 - a node's FakeTensor: Dynamo writes `meta["example_value"]`, AOT/export passes `meta["val"]`; read either;
+- the dispatcher's op list `torch._C._dispatch_get_all_op_names` (for error messages; empty where absent);
 - op identity: `torch._ops.OpOverload` (`_schema`, `_overloadname`) and `OpOverloadPacket` (`_qualified_op_name`),
   unchanged over 2.11-2.15;
 - `torch.fx.passes.split_module.split_module(..., keep_original_order=)`: present in all; `tuple_return` only 2.13+
   (not used: a single-output piece returns a bare value and callers handle both);
-- the shape environment: a FakeTensor's `fake_mode`, and a SymInt's `str()` naming its expression.
+- the shape environment: a FakeTensor's `fake_mode`, a SymInt's `str()` naming its expression, and
+  `torch.fx.experimental.symbolic_shapes.free_unbacked_symbols` (same name and meaning in 2.11-2.15).
 
 A missing feature raises `TorchCompatError` once, at first use, naming the feature, the torch version and the fix;
 nothing here patches torch.
@@ -25,7 +27,7 @@ import torch.fx
 
 __all__ = [
     "TorchCompatError", "standalone_compile", "load_artifact", "example_value", "op_identity", "op_schema",
-    "split_module", "fake_mode_of", "symbol_name",
+    "split_module", "fake_mode_of", "symbol_name", "unbacked_symbols", "registered_ops",
 ]
 
 
@@ -107,3 +109,19 @@ def fake_mode_of(values: list[Any]) -> Any:
 def symbol_name(value: Any) -> str | None:
     """The expression of a SymInt as a string (`"s0"`), None for anything else."""
     return str(value) if isinstance(value, torch.SymInt) else None
+
+
+def unbacked_symbols(value: Any) -> set[str]:
+    """The names of the data-dependent (unbacked) symbols in a FakeTensor's sizes or a SymInt (`{"u0"}`)."""
+    try:
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    except ImportError:
+        raise _missing("torch.fx.experimental.symbolic_shapes.free_unbacked_symbols") from None
+    return {str(s) for s in free_unbacked_symbols(value)}
+
+
+def registered_ops() -> list[str]:
+    """Every op name the dispatcher knows ("ns::op.overload"), for error messages; empty where torch cannot list
+    them (then messages just list fewer candidates)."""
+    list_ops = getattr(torch._C, "_dispatch_get_all_op_names", None)
+    return list(list_ops()) if list_ops is not None else []

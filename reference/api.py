@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .backend import Backend
-from .config import CompilationConfig
+from .config import CompilationConfig, ConfigError
 from .counters import counters
 from .runtime import Runtime
 from .values import cycle_rows
@@ -89,12 +89,10 @@ class CompiledModel:
         if not callable(model):
             raise TypeError(f"pieceworks.compile needs a callable model (an nn.Module), got {type(model).__name__}")
         self.model = model
-        self.config = config if config is not None else CompilationConfig()
-        if not isinstance(self.config, CompilationConfig):
-            raise TypeError(
-                f"pieceworks.compile needs a pieceworks.CompilationConfig, got {type(self.config).__name__}"
-            )
-        self.backend = Backend(self.config, for_compile=True)
+        if config is not None and not isinstance(config, CompilationConfig):
+            raise TypeError(f"pieceworks.compile needs a pieceworks.CompilationConfig, got {type(config).__name__}")
+        self.backend = Backend(config, for_compile=True)
+        self.config = self.backend.config  # a frozen copy: `config` itself is frozen too (see CompilationConfig)
         CompiledModel._count += 1
         entry = _own_entry_point(model, f"pieceworks_model_{CompiledModel._count}")
         self._dynamo_fn = torch.compile(
@@ -167,7 +165,13 @@ class CompiledModel:
             trace_args.append(a)
         start = time.perf_counter()
         counters.num_dynamo_traces += 1
-        output = self._dynamo_fn(*trace_args)
+        try:
+            output = self._dynamo_fn(*trace_args)
+        except torch._dynamo.exc.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
+            inner = getattr(exc, "inner_exception", None) or exc.__cause__
+            if isinstance(inner, ConfigError):
+                raise inner from None
+            raise
         log.info("pieceworks: traced and compiled in %.3f s (batch %d)", time.perf_counter() - start, trace_batch)
         if len(self.backend.runtimes) != 1:
             raise RuntimeError(f"expected one Dynamo graph, got {len(self.backend.runtimes)}")

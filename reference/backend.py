@@ -8,6 +8,7 @@ No batch size seen later triggers a compile.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,14 +20,15 @@ import torch.fx
 from . import compiler as piece_compiler
 from ._compat import example_value, fake_mode_of
 from .cache import CompileCache, cache_key
-from .capturability import mutated_inputs
+from .capturability import data_dependent_sizes, mutated_inputs
 from .compiler import PieceCompiler, Target
 from .config import CompilationConfig
 from .counters import counters
 from .fingerprint import graph_fingerprint
+from .dispatch import find_range
 from .piece import BatchLocator, CompiledPiece
 from .runtime import PieceSpec, Runtime
-from .split import split_graph
+from .split import SplitItem, absent_splitting_ops, check_splitting_ops, op_names, split_graph
 from .values import cycle_rows
 
 __all__ = ["Backend", "build_runtime"]
@@ -38,7 +40,8 @@ class Backend:
     """A torch.compile backend: `torch.compile(model, backend=Backend(config), fullgraph=True)`.
 
     Each graph Dynamo hands over becomes a `Runtime`, kept in `runtimes` in arrival order. Dynamo's guards and
-    dynamic-shape marking are the caller's business here; `pieceworks.compile` takes care of both.
+    dynamic-shape marking are the caller's business here; `pieceworks.compile` takes care of both. `config` is
+    frozen and copied: later edits raise, and never reach the compiled graphs.
 
     `for_compile=True` (what `pieceworks.compile` uses): exactly one graph, and a second request to compile (after
     `torch._dynamo.reset()`) is refused; lazy capture waits for `Runtime.start_serving`, so the tracing call, which
@@ -46,7 +49,10 @@ class Backend:
     """
 
     def __init__(self, config: CompilationConfig | None = None, *, for_compile: bool = False) -> None:
-        self.config = config if config is not None else CompilationConfig()
+        if config is not None and not isinstance(config, CompilationConfig):
+            raise TypeError(f"pieceworks needs a pieceworks.CompilationConfig, got {type(config).__name__}")
+        # A copy of our own, read-only; the caller's config is frozen too, so that editing it raises (config.py).
+        self.config = copy.deepcopy(config.freeze()) if config is not None else CompilationConfig().freeze()
         self.runtimes: list[Runtime] = []
         self.for_compile = for_compile
 
@@ -60,6 +66,12 @@ class Backend:
         runtime = build_runtime(gm, example_inputs, self.config, for_compile=self.for_compile)
         self.runtimes.append(runtime)
         return runtime
+
+
+def _custom_ops(gm: torch.fx.GraphModule) -> list[str]:
+    """The non-aten ops `gm` calls ("ns::op"), to show next to splitting ops that match nothing."""
+    names = {min(op_names(n.target)) for n in gm.graph.nodes if n.op == "call_function" and op_names(n.target)}
+    return sorted(n for n in names if not n.startswith(("aten::", "prims::")))
 
 
 def _batch_symbols(fakes: Sequence[Any]) -> set[str]:
@@ -82,6 +94,28 @@ class _RecordPieceArgs(torch.fx.Interpreter):
         if target in self.names:
             self.args[target] = args
         return super().call_module(target, args, kwargs)
+
+
+def _traced_args(item: SplitItem) -> tuple:
+    """The FakeTensors/SymInts piece `item` received in Dynamo's trace: its placeholders' `example_value`s, which
+    `split_module` copies from the traced nodes.
+
+    Read, never recomputed: re-running the stitching module under the trace's fake mode would mint a fresh unbacked
+    symbol for every data-dependent size (`.item()`, `nonzero`, a splitting op whose fake impl calls
+    `new_dynamic_size()`) and leave it pending in the shared ShapeEnv, where the next `standalone_compile` fails
+    with `PendingUnbackedSymbolNotFound`.
+    """
+    args = []
+    for node in item.graph.graph.nodes:
+        if node.op == "placeholder":
+            value = example_value(node)
+            if value is None:
+                raise RuntimeError(
+                    f"pieceworks: input {node.name} of piece {item.submod_name} has no example value; pieceworks "
+                    f"needs a graph traced by Dynamo"
+                )
+            args.append(value)
+    return tuple(args)
 
 
 def _inputs_at_size(fakes: Sequence[Any], example_inputs: Sequence[Any], size: int) -> list[Any]:
@@ -110,6 +144,13 @@ def build_runtime(
     if fake_mode is None:
         raise RuntimeError("pieceworks needs a graph traced by Dynamo (placeholders carry FakeTensor example values)")
 
+    check_splitting_ops(config.splitting_ops)
+    absent = absent_splitting_ops(gm, config.splitting_ops)
+    if absent:
+        log.warning(
+            "pieceworks: splitting ops %s are registered but never called in the traced graph, so they split nothing "
+            "(the graph calls %s)", absent, _custom_ops(gm) or "no custom op",
+        )
     written = mutated_inputs(gm)
     cache = None
     if config.cache_active():
@@ -129,9 +170,6 @@ def build_runtime(
 
     start = time.perf_counter()
     names = {item.submod_name for item in compiled_items}
-    symbolic = _RecordPieceArgs(split_gm, names)
-    with fake_mode:
-        symbolic.run(*fakes)
     static_args = {}
     for size in config.compile_sizes:
         recorder = _RecordPieceArgs(split_gm, names)
@@ -141,13 +179,22 @@ def build_runtime(
     compiler = PieceCompiler(config, cache)
     specs = []
     for item in compiled_items:
-        fake_args = symbolic.args[item.submod_name]
+        fake_args = _traced_args(item)
         fingerprint = graph_fingerprint(item.graph, list(fake_args))
         runnables: dict[Target, Callable] = {}
         for lo_hi in config.ranges():
             runnables[lo_hi] = compiler.get(item, fingerprint, lo_hi, fake_args)
+        symbols = data_dependent_sizes(item.graph) if config.compile_sizes else []
+        if symbols:  # a static compile would bake in the sizes one call saw: the range code serves compile sizes
+            log.info(
+                "pieceworks: piece %s has data-dependent sizes (%s): compile_sizes %s are served by the code "
+                "compiled for their ranges", item.submod_name, ", ".join(symbols), config.compile_sizes,
+            )
         for size in config.compile_sizes:
-            runnables[size] = compiler.get(item, fingerprint, size, static_args[size][item.submod_name])
+            if symbols:
+                runnables[size] = runnables[find_range(config.ranges(), size)]
+            else:
+                runnables[size] = compiler.get(item, fingerprint, size, static_args[size][item.submod_name])
         piece = CompiledPiece(
             item.submod_name, BatchLocator(fake_args, batch_symbols), runnables,
             config.compile_sizes, config.ranges(),

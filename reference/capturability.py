@@ -15,10 +15,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from ._compat import example_value, op_identity, op_schema
+from ._compat import example_value, op_identity, op_schema, unbacked_symbols
 from .values import tensors_in
 
-__all__ = ["uncapturable_reason", "input_provenance", "mutated_inputs"]
+__all__ = ["uncapturable_reason", "input_provenance", "mutated_inputs", "data_dependent_sizes"]
 
 _SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "nonzero", "unique", "masked_select"}
 _SYNC_NAMES = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
@@ -97,6 +97,18 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> set[int]:
     return written
 
 
+def data_dependent_sizes(gm: torch.fx.GraphModule) -> list[str]:
+    """The data-dependent (unbacked) symbols in `gm`'s traced values, e.g. `u0` from `.item()`, `nonzero` or a
+    splitting op whose fake impl calls `new_dynamic_size()`; sorted, empty when every size is known from the batch.
+    A CUDA graph or a static compile would bake in the value one call saw."""
+    found = set()
+    for node in gm.graph.nodes:
+        value = example_value(node)
+        for v in tensors_in(value) or ([value] if isinstance(value, (torch.SymInt, torch.SymFloat)) else []):
+            found |= unbacked_symbols(v)
+    return sorted(found)
+
+
 def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any], moving_inputs: set[int]) -> str | None:
     """Why `gm` cannot be captured, naming the node; None if it can.
 
@@ -115,6 +127,9 @@ def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any], m
             node.op == "call_function" and name in _SYNC_NAMES
         ):
             return f"node {node.name} ({node.format_node()}) synchronises with the host"
+    symbols = data_dependent_sizes(gm)
+    if symbols:
+        return f"its sizes depend on data ({', '.join(symbols)}), which a CUDA graph would bake in"
     cuda_devices = {d for d in devices if d.type == "cuda"}
     if not cuda_devices:
         return "no CUDA tensors"

@@ -8,6 +8,7 @@ config is treated as read-only; `compute_hash()` digests exactly the fields that
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import hashlib
 import json
@@ -17,6 +18,7 @@ from typing import Any
 
 __all__ = ["CUDAGraphMode", "CompilationConfig", "ConfigError", "default_capture_sizes"]
 
+_CAPTURE_SIZES = "cudagraph_capture_sizes"  # vLLM's shorthand in compile_sizes
 _OP_NAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
 
 
@@ -47,16 +49,34 @@ class CUDAGraphMode(enum.Enum):
 
 
 def default_capture_sizes(max_size: int = 512) -> list[int]:
-    """vLLM's default capture sizes: 1, 2, 4, then every 8 below 256, then every 16 up to `max_size`.
+    """vLLM's default capture sizes: 1, 2, 4, then every 8 below 256, then every 16 up to `max_size`, and
+    `max_size` itself, so that the largest batch has a graph (`max_size=257` ends with 256, 257).
 
     With `max_size=512` these are the 51 sizes engines usually capture.
     """
     sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, max_size + 1, 16))
-    return [s for s in sizes if s <= max_size]
+    sizes = [s for s in sizes if s <= max_size]
+    return sizes if max_size in sizes else sizes + [max_size]
 
 
 def _fail(field: str, value: Any, problem: str, fix: str) -> None:
     raise ConfigError(f"CompilationConfig.{field}={value!r}: {problem}. Fix: {fix}.")
+
+
+def _check_inductor_keys(config: dict[str, Any]) -> None:
+    """Every key must be an Inductor config option (dotted for nested ones, e.g. "triton.cudagraphs")."""
+    if not config:
+        return
+    import torch._inductor.config as inductor_config
+
+    known = set(inductor_config.get_config_copy())
+    for key in config:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=3)
+            _fail(
+                "inductor_compile_config", config, f"{key!r} is not an Inductor config option",
+                f"use one of {close}" if close else "see torch._inductor.config for the options",
+            )
 
 
 def _check_int_list(field: str, value: Any) -> list[int]:
@@ -81,11 +101,16 @@ class CompilationConfig:
     `[e2+1, max_num_batched_tokens]`; each piece is compiled once per range with a symbolic batch size, and once
     per entry of `compile_sizes` for that static size. A batch size is served by its compile size if there is
     one, else by the range that holds it; a batch above `max_num_batched_tokens` is an error.
+    `compile_sizes` may contain "cudagraph_capture_sizes" (vLLM's shorthand): every capture size is compiled.
+
+    Read-only once compiled: `pieceworks.compile` and `Backend` work from a copy of their own and `freeze()` the
+    config they were given, so that setting a field afterwards raises `ConfigError` instead of changing a model
+    half-way (build another with `dataclasses.replace(config, ...)`; in-place edits of its lists reach no model).
     """
 
     splitting_ops: list[str] = dataclasses.field(default_factory=list)
     compile_ranges: list[int] = dataclasses.field(default_factory=list)
-    compile_sizes: list[int] = dataclasses.field(default_factory=list)
+    compile_sizes: list[int | str] = dataclasses.field(default_factory=list)
     max_num_batched_tokens: int = 8192
     cudagraph_mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE
     cudagraph_capture_sizes: list[int] | None = None
@@ -135,15 +160,6 @@ class CompilationConfig:
                 f"endpoint {self.compile_ranges[-1]} is above max_num_batched_tokens={top}",
                 "raise max_num_batched_tokens or lower the endpoint",
             )
-        self.compile_sizes = sorted(set(_check_int_list("compile_sizes", self.compile_sizes)))
-        outside = [s for s in self.compile_sizes if s > top]
-        if outside:
-            _fail(
-                "compile_sizes",
-                self.compile_sizes,
-                f"{outside} lie outside every compile range {self.ranges()}",
-                "raise max_num_batched_tokens or drop those sizes",
-            )
         if not isinstance(self.cudagraph_mode, CUDAGraphMode):
             if isinstance(self.cudagraph_mode, str) and self.cudagraph_mode.upper() in CUDAGraphMode.__members__:
                 self.cudagraph_mode = CUDAGraphMode[self.cudagraph_mode.upper()]
@@ -166,6 +182,23 @@ class CompilationConfig:
                 f"{above} are above the largest compile range {self.ranges()[-1]}",
                 "raise max_num_batched_tokens or drop those sizes",
             )
+        if not self.cudagraph_capture_sizes and self.cudagraph_mode is not CUDAGraphMode.NONE:
+            _fail(
+                "cudagraph_capture_sizes", sizes,
+                f"no size to capture, but cudagraph_mode={self.cudagraph_mode.name} captures graphs only for these "
+                f"sizes",
+                "list the batch sizes to capture, leave cudagraph_capture_sizes=None for vLLM's defaults, or set "
+                "cudagraph_mode=NONE",
+            )
+        self.compile_sizes = self._expand_compile_sizes()
+        outside = [s for s in self.compile_sizes if s > top]
+        if outside:
+            _fail(
+                "compile_sizes",
+                self.compile_sizes,
+                f"{outside} lie outside every compile range {self.ranges()}",
+                "raise max_num_batched_tokens or drop those sizes",
+            )
         if isinstance(self.cudagraph_num_warmups, bool) or not isinstance(self.cudagraph_num_warmups, int):
             _fail("cudagraph_num_warmups", self.cudagraph_num_warmups, "expected an int", "pass e.g. 1")
         if self.cudagraph_num_warmups < 0:
@@ -181,6 +214,7 @@ class CompilationConfig:
                 "expected a dict of Inductor config keys",
                 'pass e.g. {"max_autotune": False}',
             )
+        _check_inductor_keys(self.inductor_compile_config)
         try:
             json.dumps(self.inductor_compile_config, sort_keys=True)
         except TypeError:
@@ -197,6 +231,31 @@ class CompilationConfig:
                 _fail(flag, getattr(self, flag), "expected a bool", f"pass {flag}=True or False")
         if self.on_missing_graph not in ("eager", "raise"):
             _fail("on_missing_graph", self.on_missing_graph, "unknown policy", 'use "eager" or "raise"')
+
+    def _expand_compile_sizes(self) -> list[int]:
+        """`compile_sizes` as sorted ints; the entry "cudagraph_capture_sizes" stands for every capture size (vLLM)."""
+        sizes = self.compile_sizes
+        if isinstance(sizes, (list, tuple)) and _CAPTURE_SIZES in sizes:
+            sizes = [s for s in sizes if s != _CAPTURE_SIZES] + list(self.cudagraph_capture_sizes)
+        bad = [s for s in (sizes if isinstance(sizes, (list, tuple)) else []) if isinstance(s, str)]
+        if bad:
+            _fail("compile_sizes", self.compile_sizes, f"unknown entry {bad[0]!r}",
+                  f'list ints, or "{_CAPTURE_SIZES}" for every capture size')
+        return sorted(set(_check_int_list("compile_sizes", sizes)))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen"):
+            raise ConfigError(
+                f"CompilationConfig.{name}: this config was handed to pieceworks.compile or a Backend and is frozen, "
+                f"so that no compiled model changes under its user. Fix: build a new one, e.g. "
+                f"dataclasses.replace(config, {name}=...), and compile again."
+            )
+        object.__setattr__(self, name, value)
+
+    def freeze(self) -> CompilationConfig:
+        """Make this config read-only (setting a field raises `ConfigError`); returns it."""
+        object.__setattr__(self, "_frozen", True)
+        return self
 
     # ---- derived values -------------------------------------------------------------------------------------
     def ranges(self) -> list[tuple[int, int]]:

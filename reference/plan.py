@@ -57,7 +57,7 @@ class ReplayPlan:
 
     def __init__(self, batch: int, steps: list[Step], num_slots: int, output: Any, cheap_checks: list[AddressCheck],
                  all_checks: list[AddressCheck], graphs: list[Any], eager_steps: list[int],
-                 keep: list[torch.Tensor]) -> None:
+                 keep: list[torch.Tensor], step_names: list[str], graph_outputs: list[Any]) -> None:
         self.batch = batch
         self.steps = steps
         self.num_slots = num_slots
@@ -69,6 +69,8 @@ class ReplayPlan:
         self.all_checks = all_checks
         self.graphs = graphs  # the CUDA graphs, in replay order
         self.eager_steps = eager_steps  # indices of `steps` that run eagerly (splitting ops, glue, uncapturable)
+        self.step_names = step_names  # per step: the stitching-module node's target (a piece's name for pieces)
+        self.graph_outputs = graph_outputs  # per graph: the (non-owning) outputs a replay writes
         self.keep = keep  # capture-time eager outputs the graphs read: owned here so their addresses stay valid
 
     def run(self, args: Sequence[Any], checks: Sequence[AddressCheck]) -> Any:
@@ -180,7 +182,7 @@ def record_plan(
     steps: list[Step] = []
     cheap: dict[int, AddressCheck] = {}
     every: dict[int, AddressCheck] = {}
-    graphs, keep, eager = [], [], []
+    graphs, keep, eager, names, graph_outputs = [], [], [], [], []
     num_slots = 0
     placeholder = 0
     outputs = output_refs = None
@@ -221,8 +223,10 @@ def record_plan(
                     moved.append((ref.where, value))
                     keep.append(value)
             steps.append(_replay_step(graph.replay, moved))
+            names.append(str(node.target))
             graphs.append(graph)
             real[node], refs[node] = out, _Ref(_CONST, tree_map(non_owning_alias, out))
+            graph_outputs.append(refs[node].where)
             continue
         if node.op == "call_function" and node.target is operator.getitem and _is_constant(arg_refs[0]):
             real[node] = operator.getitem(*call_args)
@@ -238,8 +242,9 @@ def record_plan(
         real[node] = fn(*call_args, **call_kwargs)
         refs[node] = _Ref(_SLOT, num_slots)
         eager.append(len(steps))
+        names.append(str(node.target))
         steps.append(_eager_step(fn, arg_refs, kwarg_refs, num_slots))
         num_slots += 1
     plan = ReplayPlan(batch, steps, num_slots, output_refs, list(cheap.values()), list(every.values()), graphs, eager,
-                      keep)
+                      keep, names, graph_outputs)
     return plan, outputs

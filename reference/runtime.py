@@ -154,15 +154,19 @@ class Runtime:
         on_cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in example_inputs)
         if not torch.cuda.is_available() or not on_cuda:
             where = "CUDA is not available" if not torch.cuda.is_available() else "the graph's inputs are not on CUDA"
-            log.info("pieceworks: cudagraph_mode=%s but %s: running without CUDA graphs", mode.name, where)
+            log.warning(
+                "pieceworks: cudagraph_mode=%s but %s: running without CUDA graphs (set cudagraph_mode=NONE to "
+                "silence this)", mode.name, where,
+            )
             return CUDAGraphMode.NONE
         if mode.has_piecewise and not any(i.is_splitting_graph for i in self.items):
-            log.warning(
-                "pieceworks: cudagraph_mode=%s but no splitting op was found (splitting_ops=%s), so there are no "
-                "pieces to capture; %s", mode.name, self.config.splitting_ops,
-                "using FULL" if mode.has_full else "running without CUDA graphs (use FULL for one graph)",
+            # vLLM's behaviour: the graph is one piece, captured per size as PIECEWISE would (a FULL graph, in effect)
+            log.info(
+                "pieceworks: cudagraph_mode=%s and no splitting op in the graph (splitting_ops=%s): %s", mode.name,
+                self.config.splitting_ops,
+                "FULL covers it" if mode.has_full else "its one piece is captured per size, as a FULL graph would be",
             )
-            return CUDAGraphMode.FULL if mode.has_full else CUDAGraphMode.NONE
+            return CUDAGraphMode.FULL if mode.has_full else mode
         return mode
 
     def _graph_pieces(self, specs: Sequence[PieceSpec]) -> dict[str, GraphPiece]:

@@ -7,20 +7,27 @@ Rules (the behaviour engine authors know from vLLM):
 - a `getitem` stays with the node it unpacks, so a splitting op with several outputs never makes a cycle;
 - `x.size()` is decomposed into one `sym_size` per dimension first, because a `torch.Size` cannot cross a piece
   boundary;
+- a `sym_size` that binds a data-dependent (unbacked) size, e.g. of a splitting op's output made with
+  `new_dynamic_size()`, stays with the node that made the tensor and crosses boundaries as an argument: the
+  piece that reads the tensor reads the size from the piece that bound it (else `split_module` sees the size
+  bound after its first use and reports a cycle);
 - an empty `splitting_ops` gives one piece.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import operator
+from collections.abc import Sequence
 
 import torch
 import torch.fx
 
-from ._compat import example_value, op_identity, split_module
+from ._compat import example_value, op_identity, registered_ops, split_module, unbacked_symbols
+from .config import ConfigError
 
-__all__ = ["SplitItem", "split_graph", "op_names", "is_splitting_op"]
+__all__ = ["SplitItem", "split_graph", "op_names", "is_splitting_op", "check_splitting_ops", "absent_splitting_ops"]
 
 
 @dataclasses.dataclass
@@ -46,8 +53,73 @@ def op_names(target: object) -> set[str]:
     return {name, f"{name}.{overload or 'default'}"}
 
 
+def _registered_ops() -> list[str]:
+    """Every op packet registered with the dispatcher ("ns::op"); empty where torch cannot list them."""
+    return sorted({n.split(".", 1)[0] for n in registered_ops()})
+
+
+def _closest_first(name: str, candidates: list[str], limit: int = 12) -> str:
+    close = difflib.get_close_matches(name, candidates, n=max(len(candidates), 1), cutoff=0.6)
+    listed = close + [c for c in candidates if c not in close]
+    more = f" and {len(listed) - limit} more" if len(listed) > limit else ""
+    return ", ".join(listed[:limit]) + more
+
+
+def _unknown_op(name: str) -> str | None:
+    """Why `name` ("ns::op" or "ns::op.overload") names no registered op, or None when it does."""
+    namespace, _, rest = name.partition("::")
+    op, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, namespace), op, None)
+    if packet is not None and op_identity(packet) is not None and op_identity(packet)[1] is None:
+        if overload and overload not in packet.overloads():
+            return f"op {namespace}::{op} has no overload {overload!r}, only {sorted(packet.overloads())}"
+        return None
+    registered = _registered_ops()
+    in_namespace = [r for r in registered if r.startswith(f"{namespace}::")]
+    if in_namespace:
+        return (f"{name!r} names no registered op; namespace {namespace!r} has (closest first) "
+                f"{_closest_first(f'{namespace}::{op}', in_namespace)}")
+    namespaces = sorted({r.split("::", 1)[0] for r in registered})
+    close = difflib.get_close_matches(namespace, namespaces, n=3)
+    return f"{name!r} names no registered op: no op is registered in namespace {namespace!r}" + (
+        f" (close namespaces: {', '.join(close)})" if close else "")
+
+
+def check_splitting_ops(splitting_ops: Sequence[str]) -> None:
+    """Raise `ConfigError` for an entry of `splitting_ops` that names no registered op (or overload).
+
+    Checked when a graph is compiled, not when the config is built: by then the model has run its imports, so
+    every op it calls is registered, while a config may well be built before the module that registers its ops.
+    """
+    for name in splitting_ops:
+        problem = _unknown_op(name)
+        if problem is not None:
+            raise ConfigError(
+                f"CompilationConfig.splitting_ops={list(splitting_ops)!r}: {problem}. Fix: "
+                f"correct the name, or import the module that registers the op before the model's first call."
+            )
+
+
+def absent_splitting_ops(gm: torch.fx.GraphModule, splitting_ops: Sequence[str]) -> list[str]:
+    """The entries of `splitting_ops` that match no node of `gm`, in their order."""
+    seen = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            seen |= op_names(node.target)
+    return [name for name in splitting_ops if name not in seen]
+
+
 def is_splitting_op(node: torch.fx.Node, splitting_ops: set[str]) -> bool:
     return node.op == "call_function" and bool(op_names(node.target) & splitting_ops)
+
+
+def binds_unbacked_size(node: torch.fx.Node) -> bool:
+    """Whether `node` is a `sym_size` whose value is a data-dependent (unbacked) symbol, as Dynamo emits right
+    after `nonzero`, or after a custom op whose fake impl calls `new_dynamic_size()`."""
+    if not (node.op == "call_function" and node.target is torch.ops.aten.sym_size.int):
+        return False
+    value = example_value(node)
+    return isinstance(value, torch.SymInt) and bool(unbacked_symbols(value))
 
 
 def decompose_sizes(gm: torch.fx.GraphModule) -> None:
@@ -88,7 +160,8 @@ def _assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[d
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in piece_of:
+        unpacks = node.op == "call_function" and node.target is operator.getitem
+        if (unpacks or binds_unbacked_size(node)) and node.args[0] in piece_of:
             piece_of[node] = piece_of[node.args[0]]
             continue
         if is_splitting_op(node, splitting_ops):
@@ -108,12 +181,15 @@ def _assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[d
 def _recompute_sizes_in_consumers(gm: torch.fx.GraphModule, piece_of: dict) -> None:
     """Give every piece that reads a `sym_size` of another piece its own copy, placed just before its first use.
 
-    Then no compiled piece returns a SymInt, and node order (hence `keep_original_order`) is unchanged: the copy
-    reads the tensor, which crosses the boundary as any tensor does.
+    Then no compiled piece returns a SymInt of the batch, and node order (hence `keep_original_order`) is unchanged:
+    the copy reads the tensor, which crosses the boundary as any tensor does. A data-dependent size is not copied:
+    its first `sym_size` is where the symbol is bound, and it must come before every use.
     """
     graph = gm.graph
     for node in list(graph.nodes):
         if not (node.op == "call_function" and node.target is torch.ops.aten.sym_size.int):
+            continue
+        if binds_unbacked_size(node):
             continue
         by_piece: dict[int, list[torch.fx.Node]] = {}
         for user in node.users:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
 
 import pieceworks
 from pieceworks import CompilationConfig, ConfigError, CUDAGraphMode
+from pieceworks.harness import models
 
 
 @pytest.mark.parametrize(
@@ -28,7 +32,12 @@ from pieceworks import CompilationConfig, ConfigError, CUDAGraphMode
         ({"cudagraph_mode": "SOMETIMES"}, "cudagraph_mode", "unknown mode"),
         ({"compiler": "tvm"}, "compiler", '"inductor" or "eager"'),
         ({"cudagraph_num_warmups": -1}, "cudagraph_num_warmups", ">= 0"),
-        ({"inductor_compile_config": {"x": object()}}, "inductor_compile_config", "JSON"),
+        ({"inductor_compile_config": {"max_autotune": object()}}, "inductor_compile_config", "JSON"),
+        ({"inductor_compile_config": {"max_autotun": True}}, "inductor_compile_config",
+         "'max_autotun' is not an Inductor config option. Fix: use one of ['max_autotune'"),
+        ({"cudagraph_capture_sizes": []}, "cudagraph_capture_sizes", "cudagraph_mode=PIECEWISE"),
+        ({"cudagraph_capture_sizes": [], "cudagraph_mode": "FULL"}, "cudagraph_capture_sizes", "cudagraph_mode=FULL"),
+        ({"compile_sizes": ["capture_sizes"]}, "compile_sizes", '"cudagraph_capture_sizes" for every capture size'),
         ({"cache_enabled": "yes"}, "cache_enabled", "bool"),
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens", "positive"),
     ],
@@ -53,6 +62,52 @@ def test_default_capture_sizes_are_vllms_51():
     sizes = CompilationConfig().cudagraph_capture_sizes
     assert len(sizes) == 51 and sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 512
     assert CompilationConfig(max_num_batched_tokens=64).cudagraph_capture_sizes[-1] == 64
+
+
+@pytest.mark.parametrize("limit, tail", [(257, [248, 256, 257]), (100, [88, 96, 100]), (3, [1, 2, 3]),
+                                         (300, [272, 288, 300]), (4096, [480, 496, 512])])
+def test_default_capture_sizes_end_at_an_off_stride_token_limit(limit, tail):
+    """The largest batch the config allows (up to 512) has a graph, as in vLLM: 257 tokens -> ..., 256, 257."""
+    sizes = CompilationConfig(max_num_batched_tokens=limit).cudagraph_capture_sizes
+    assert sizes[-3:] == tail
+    assert sizes == sorted(set(sizes))
+
+
+def test_empty_capture_sizes_are_fine_without_graphs():
+    assert CompilationConfig(cudagraph_capture_sizes=[], cudagraph_mode="NONE").cudagraph_capture_sizes == []
+
+
+def test_compile_sizes_shorthand_expands_to_the_capture_sizes():
+    config = CompilationConfig(compile_sizes=["cudagraph_capture_sizes"], cudagraph_capture_sizes=[8, 1, 4])
+    assert config.compile_sizes == [1, 4, 8]
+    mixed = CompilationConfig(compile_sizes=[3, "cudagraph_capture_sizes"], max_num_batched_tokens=100)
+    assert mixed.compile_sizes == sorted({3, *mixed.cudagraph_capture_sizes}) and mixed.compile_sizes[-1] == 100
+    assert config.compute_hash() == CompilationConfig(compile_sizes=[1, 4, 8]).compute_hash()
+
+
+def test_inductor_config_keys_are_checked_at_construction():
+    assert CompilationConfig(inductor_compile_config={"max_autotune": False, "triton.cudagraphs": False})
+    with pytest.raises(ConfigError, match=r"'triton\.cudagrafs' is not an Inductor config option.*triton\.cudagraphs"):
+        CompilationConfig(inductor_compile_config={"triton.cudagrafs": False})
+
+
+def test_a_compiled_config_is_frozen_and_the_model_keeps_its_own_copy():
+    """Editing a config after compile() raises instead of changing a compiled model half-way; in-place edits of
+    its lists reach no model (the compiled model works from a copy)."""
+    config = CompilationConfig(splitting_ops=list(models.SPLITTING_OPS), compiler="eager")
+    compiled = pieceworks.compile(models.SillyModel(), config)
+    with pytest.raises(ConfigError, match=r"CompilationConfig\.compile_sizes: .*frozen.*dataclasses\.replace"):
+        config.compile_sizes = [4]
+    with pytest.raises(ConfigError, match="frozen"):
+        compiled.config.max_num_batched_tokens = 4
+    config.splitting_ops.clear()  # an in-place edit of the caller's config, before the first call
+    assert len(compiled.config.splitting_ops) == 2
+    x = torch.randn(5)
+    torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
+    assert len(compiled.runtime.items) == 5  # split as configured at compile(), not as edited later
+    again = dataclasses.replace(config, splitting_ops=["silly::attention"], compile_sizes=[4])
+    assert again.compile_sizes == [4]
+    again.max_num_batched_tokens = 4096  # a new config is not frozen until it is compiled
 
 
 def test_mode_accepts_names_and_has_vllm_values():

@@ -1,0 +1,182 @@
+"""Reading asv result sets: one result file, or a folder of rounds of one commit, with their benchmarks.json.
+
+asv 0.6 writes `<results_dir>/<machine>/<commit[:8]>-<env>.json`: `result_columns` names the columns of each row in
+`results`; the `result` column holds one value for a benchmark without parameters or one value per parameter
+combination, in `itertools.product(*params)` order; `null` means failed (the whole column `null`: all failed),
+`NaN` means skipped (`NotImplementedError` in setup). `stats_q_25` / `stats_q_75` are there for `time_` benchmarks.
+`<results_dir>/benchmarks.json` gives each benchmark's `unit`, `type` and `param_names`.
+
+A result set here is what one side of a comparison measured: one or more result files of the same commit, machine
+and environment (rounds of an interleaved run). Only the standard library is used: the gate runs anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import statistics
+from collections.abc import Iterator
+
+__all__ = ["FAILED", "SKIPPED", "Item", "ResultSet", "ResultSetError", "load_result_set"]
+
+FAILED = "failed"
+SKIPPED = "skipped"
+_NOT_RESULTS = {"machine.json", "benchmarks.json"}
+
+
+class ResultSetError(ValueError):
+    """A path that is not a usable asv result set; the message names the path and what to pass instead."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One benchmark at one parameter combination, over all rounds of a set.
+
+    `value` is the median over the rounds that measured it, or FAILED (some round failed) or SKIPPED (every round
+    skipped). `spread` is a relative half-width of the spread seen, 0.0 when nothing says how noisy it is: the
+    larger of asv's interquartile range ((q75 - q25) / 2 / median, per round) and the spread of the per-round
+    values (half the range for fewer than four rounds, else half the interquartile range, over the median).
+    """
+
+    benchmark: str
+    params: tuple[str, ...]
+    value: float | str
+    spread: float
+    rounds: int
+
+
+@dataclasses.dataclass
+class ResultSet:
+    label: str
+    commit: str
+    machine: str
+    env: str
+    files: list[str]
+    items: dict[tuple[str, tuple[str, ...]], Item]
+    meta: dict[str, dict]  # benchmarks.json entries by benchmark name (empty when not found)
+
+    def unit(self, benchmark: str) -> str | None:
+        return self.meta.get(benchmark, {}).get("unit")
+
+    def param_names(self, benchmark: str) -> list[str]:
+        return list(self.meta.get(benchmark, {}).get("param_names") or [])
+
+
+def _result_files(path: str, commit: str | None) -> list[str]:
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise ResultSetError(f"{path}: no such file or folder; pass an asv result file "
+                             "(<results_dir>/<machine>/<commit>-<env>.json) or a folder of them")
+    found = sorted(
+        os.path.join(root, name)
+        for root, _, names in os.walk(path)
+        for name in names
+        if name.endswith(".json") and name not in _NOT_RESULTS
+    )
+    if commit:
+        found = [f for f in found if os.path.basename(f).startswith(commit[:8])]
+    if not found:
+        raise ResultSetError(f"{path}: no asv result files" + (f" of commit {commit}" if commit else "")
+                             + " in it (asv writes <machine>/<commit[:8]>-<env>.json under its results_dir)")
+    return found
+
+
+def _load_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)  # asv writes NaN for skipped results; Python's json reads it
+    except (OSError, ValueError) as exc:
+        raise ResultSetError(f"{path}: not readable as JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ResultSetError(f"{path}: not an asv result file (top level is not an object)")
+    return data
+
+
+def _benchmarks_json(files: list[str]) -> dict[str, dict]:
+    """benchmarks.json beside the files, or one or two folders up (the asv results_dir)."""
+    for start in dict.fromkeys(os.path.dirname(os.path.abspath(f)) for f in files):
+        folder = start
+        for _ in range(3):
+            candidate = os.path.join(folder, "benchmarks.json")
+            if os.path.isfile(candidate):
+                data = _load_json(candidate)
+                return {k: v for k, v in data.items() if isinstance(v, dict)}
+            folder = os.path.dirname(folder)
+    return {}
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def _rows(path: str, data: dict) -> Iterator[tuple[str, tuple[str, ...], object, float]]:
+    """(benchmark, params, value, spread) for every parameter combination of every benchmark in one file."""
+    if data.get("version") != 2 or "result_columns" not in data or "results" not in data:
+        raise ResultSetError(f"{path}: not an asv 0.6 result file (needs version 2, result_columns, results); "
+                             "run `asv update` on older results")
+    columns = data["result_columns"]
+    for name, row in data["results"].items():
+        cells = dict(zip(columns, row))
+        params = cells.get("params") or []
+        combos = [tuple(c) for c in itertools.product(*params)] if params else [()]
+        values = cells.get("result")
+        if values is None:  # asv stores an all-failed benchmark as a single null
+            values = [None] * len(combos)
+        if len(values) != len(combos):
+            raise ResultSetError(f"{path}: {name} has {len(values)} results for {len(combos)} parameter combinations")
+        q25 = cells.get("stats_q_25") or [None] * len(combos)
+        q75 = cells.get("stats_q_75") or [None] * len(combos)
+        for combo, value, lo, hi in zip(combos, values, q25, q75):
+            spread = 0.0
+            if _is_number(value) and _is_number(lo) and _is_number(hi) and value:
+                spread = abs(hi - lo) / 2 / abs(value)
+            yield name, combo, value, spread
+
+
+def _round_spread(values: list[float]) -> float:
+    centre = statistics.median(values)
+    if len(values) < 2 or not centre:
+        return 0.0
+    if len(values) < 4:
+        return (max(values) - min(values)) / 2 / abs(centre)
+    q = statistics.quantiles(values, n=4)
+    return (q[2] - q[0]) / 2 / abs(centre)
+
+
+def load_result_set(spec: str, label: str | None = None) -> ResultSet:
+    """Load `PATH` or `PATH@COMMIT` (a results folder holding several commits: pick one by hash prefix).
+
+    All files of a set must come from one commit, machine and environment; anything else is a ResultSetError
+    naming them, since averaging different code or hardware would hide exactly what the gate looks for.
+    """
+    path, _, commit = spec.partition("@") if "@" in os.path.basename(spec) else (spec, "", "")
+    files = _result_files(path, commit or None)
+    loaded = [(f, _load_json(f)) for f in files]
+    identities = {(d.get("commit_hash"), (d.get("params") or {}).get("machine"), d.get("env_name")) for _, d in loaded}
+    if len(identities) != 1:
+        listing = ", ".join(sorted(f"{c[:8] if c else '?'} on {m} ({e})" for c, m, e in identities))
+        raise ResultSetError(f"{spec}: result files of more than one commit/machine/environment ({listing}); "
+                             "pass one file, a folder of one commit's rounds, or PATH@COMMIT")
+    (commit_hash, machine, env), = identities
+
+    per_item: dict[tuple[str, tuple[str, ...]], list[tuple[object, float]]] = {}
+    for f, data in loaded:
+        for name, combo, value, spread in _rows(f, data):
+            per_item.setdefault((name, combo), []).append((value, spread))
+
+    items = {}
+    for (name, combo), seen in per_item.items():
+        numbers = [v for v, _ in seen if _is_number(v)]
+        if any(v is None for v, _ in seen):
+            value: float | str = FAILED
+        elif not numbers:
+            value = SKIPPED
+        else:
+            value = float(statistics.median(numbers))
+        spread = max([s for _, s in seen] + [_round_spread(numbers) if numbers else 0.0])
+        items[(name, combo)] = Item(name, combo, value, spread, len(seen))
+    return ResultSet(label or spec, commit_hash or "", machine or "", env or "", files, items, _benchmarks_json(files))

@@ -1,0 +1,119 @@
+"""Judging head against base, item by item: the verdicts and the exit status they add up to.
+
+Every benchmark and parameter combination that base measured must be measured by head, or the comparison is
+incomplete (exit 2). Items base did not measure (new benchmarks, or ones base skipped or failed) are shown as
+`new` and never fail the gate: the base set defines what is guarded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .results import FAILED, SKIPPED, Item, ResultSet
+from .thresholds import Thresholds
+
+__all__ = ["Row", "compare", "exit_status", "INCOMPLETE", "REGRESSION"]
+
+# Verdicts. INCOMPLETE ones make the exit status 2, REGRESSION 1; the others are shown only.
+MISSING, FAILED_IN_HEAD, SKIPPED_IN_HEAD, TOO_NOISY, NO_RULE = "missing", "failed", "skipped in head", "too noisy", "no rule"
+REGRESSED, IMPROVED, OK, NEW, SKIPPED_BOTH, INFO = "regression", "improved", "ok", "new", "skipped", "info"
+INCOMPLETE = frozenset({MISSING, FAILED_IN_HEAD, SKIPPED_IN_HEAD, TOO_NOISY, NO_RULE})
+REGRESSION = frozenset({REGRESSED})
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    benchmark: str
+    params: str
+    base: float | str | None
+    head: float | str | None
+    ratio: float | None
+    threshold: float | None  # allowed relative increase, noise guard included
+    verdict: str
+    metric: str = ""
+    unit: str | None = None
+    note: str = ""
+
+
+def _params_text(names: list[str], combo: tuple[str, ...]) -> str:
+    if not combo:
+        return ""
+    names = names if len(names) == len(combo) else [f"p{i}" for i in range(len(combo))]
+    return ", ".join(f"{n}={v}" for n, v in zip(names, combo))
+
+
+def ratio_of(base: float, head: float) -> float:
+    """head / base, with 0 / 0 = 1 and x / 0 = inf: a count that was zero and no longer is has regressed."""
+    if base == 0:
+        return 1.0 if head == 0 else math.inf
+    return head / base
+
+
+def judge(base: Item, head: Item, thresholds: Thresholds, unit: str | None) -> tuple[str, float | None, float | None,
+                                                                                      str, str]:
+    """(verdict, ratio, threshold, metric, note) for an item both sides measured."""
+    rule = thresholds.rule_for(base.benchmark, unit)
+    if rule is None:
+        return NO_RULE, None, None, "", f"no rule in {thresholds.path} fits this benchmark (unit {unit}): add one"
+    ratio = ratio_of(base.value, head.value)
+    spread = max(base.spread, head.spread)
+    threshold = rule.threshold(spread)
+    note = f"widened by noise ({spread:.1%} spread)" if threshold > rule.max_ratio - 1.0 + 1e-12 else ""
+    if not rule.gate:
+        return INFO, ratio, None, rule.metric, note
+    if threshold > rule.max_noise:
+        return TOO_NOISY, ratio, threshold, rule.metric, (f"spread {spread:.1%} allows {threshold:.0%}, more than "
+                                                           f"max_noise {rule.max_noise:.0%}: rerun on a quiet GPU")
+    if abs(head.value - base.value) <= rule.abs_tolerance:
+        return OK, ratio, threshold, rule.metric, note
+    if ratio > 1.0 + threshold:
+        return REGRESSED, ratio, threshold, rule.metric, note
+    if ratio < 1.0 / (1.0 + threshold):
+        return IMPROVED, ratio, threshold, rule.metric, note
+    return OK, ratio, threshold, rule.metric, note
+
+
+def compare(base: ResultSet, head: ResultSet, thresholds: Thresholds) -> list[Row]:
+    rows = []
+    keys = list(base.items) + [k for k in head.items if k not in base.items]
+    for key in sorted(keys, key=lambda k: k[0]):  # by benchmark; parameters in asv's order
+        name, combo = key
+        b, h = base.items.get(key), head.items.get(key)
+        unit = base.unit(name) or head.unit(name)
+        params = _params_text(base.param_names(name) or head.param_names(name), combo)
+        bval = b.value if b else None
+        hval = h.value if h else None
+        cell = dict(benchmark=name, params=params, base=bval, head=hval, unit=unit)
+        if b is None or not isinstance(bval, float):
+            verdict = SKIPPED_BOTH if (bval == SKIPPED or b is None) and hval == SKIPPED else NEW
+            rows.append(Row(**cell, ratio=None, threshold=None, verdict=verdict,
+                            note="" if verdict == SKIPPED_BOTH else f"base {bval or 'absent'}: not guarded"))
+            continue
+        if h is None:
+            rows.append(Row(**cell, ratio=None, threshold=None, verdict=MISSING, note="base measured it; head has no result"))
+            continue
+        if hval == FAILED:
+            rows.append(Row(**cell, ratio=None, threshold=None, verdict=FAILED_IN_HEAD, note="see the asv log of head"))
+            continue
+        if hval == SKIPPED:
+            rows.append(Row(**cell, ratio=None, threshold=None, verdict=SKIPPED_IN_HEAD,
+                            note="base measured it; head skipped it (NotImplementedError in setup)"))
+            continue
+        verdict, ratio, threshold, metric, note = judge(b, h, thresholds, unit)
+        bver = base.meta.get(name, {}).get("version")
+        hver = head.meta.get(name, {}).get("version")
+        if bver and hver and bver != hver:
+            note = "; ".join(filter(None, [note, "benchmark code changed since base"]))
+        rows.append(Row(**cell, ratio=ratio, threshold=threshold, verdict=verdict, metric=metric, note=note))
+    return rows
+
+
+def exit_status(rows: list[Row]) -> int:
+    """2 if anything base measured could not be compared, else 1 if anything regressed, else 0."""
+    verdicts = {r.verdict for r in rows}
+    if verdicts & INCOMPLETE:
+        return 2
+    if verdicts & REGRESSION:
+        return 1
+    return 0
