@@ -186,7 +186,16 @@ def record_plan(
     num_slots = 0
     placeholder = 0
     outputs = output_refs = None
+    # Drop this run's values after their last use, as the stitching module's own code does, so that later pieces'
+    # captures can reuse the pool blocks of values that are dead by then.
+    last_use = {inp: node for node in split_gm.graph.nodes for inp in node.all_input_nodes}
+    previous = None
     for node in split_gm.graph.nodes:
+        if previous is not None:
+            for inp in previous.all_input_nodes:
+                if last_use[inp] is previous and previous.op != "output":
+                    real.pop(inp, None)
+        previous = node
         if node.op == "placeholder":
             real[node], refs[node] = args[placeholder], _Ref(_INPUT, placeholder)
             placeholder += 1
