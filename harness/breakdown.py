@@ -62,23 +62,10 @@ def _splitting_work(gm: torch.fx.GraphModule, args: tuple) -> Callable[[], Any]:
     return lambda: target(*call_args, **call_kwargs)
 
 
-def _compiled_work(installed: Any, args: tuple) -> tuple[Callable[[], Any], bool]:
-    """(the work alone, whether it is a graph replay) of a compiled piece as installed in the stitching module."""
-    piece = installed
-    entries = getattr(installed, "entries", None)  # a CUDAGraphRunner around the compiled piece
-    if entries is not None:
-        entry = entries.get(installed.locate_batch(args))
-        if entry is not None:
-            graph, outputs = entry.graph, entry.outputs
-
-            def replay() -> Any:
-                graph.replay()
-                return outputs
-
-            return replay, True
-        piece = installed.runnable
+def _compiled_work(piece: Any, args: tuple) -> Callable[[], Any]:
+    """A compiled piece's work alone: the code compiled for this batch size, without dispatch."""
     code = piece.runnable_for(piece.locate_batch(args)) if hasattr(piece, "runnable_for") else piece
-    return (lambda: code(*args)), False
+    return lambda: code(*args)
 
 
 def record(compiled: Any, args: Sequence[Any]) -> tuple[Any, list[PieceWork]]:
@@ -133,8 +120,7 @@ def record(compiled: Any, args: Sequence[Any]) -> tuple[Any, list[PieceWork]]:
         if item.is_splitting_graph:
             work.append(PieceWork(item.submod_name, True, False, _splitting_work(item.graph, a)))
         else:
-            run, replay = _compiled_work(installed[item.submod_name], a)
-            work.append(PieceWork(item.submod_name, False, replay, run))
+            work.append(PieceWork(item.submod_name, False, False, _compiled_work(installed[item.submod_name], a)))
     return out, work
 
 
@@ -143,7 +129,8 @@ def _plan_work(runtime: Any, plan: Any, n: int) -> list[PieceWork]:
     replays, its splitting ops and its eagerly run compiled pieces (glue steps such as getitem are no piece)."""
     flat = runtime.binder.inputs(runtime.static.views(n), n)
     slots = [None] * plan.num_slots
-    plan.run(flat, ())  # fills the slots that eager steps read
+    for step in plan.steps:  # one forward into `slots`: the values later eager steps read
+        step(flat, slots)
     splitting = {i.submod_name for i in runtime.items if i.is_splitting_graph}
     pieces = {i.submod_name for i in runtime.items}
     eager = set(plan.eager_steps)

@@ -158,6 +158,186 @@ def _outputs_flat(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.binding as binding
 
     mp.setattr(binding.Binder, "outputs", lambda self, flat: flat)
+
+
+# ---- harness power (issue 12): argument checks, pool and capture order, addresses, padding, writes, outputs ----
+def _arg_check_skips_dtype(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.api as api
+
+    original = api.CompiledModel._check
+
+    def check(self, args):
+        signature = self._signature
+        self._signature = [
+            (a.dtype, *want[1:]) if isinstance(a, torch.Tensor) and want[0] != "value" else want
+            for a, want in zip(args, signature)
+        ] + signature[len(args):]
+        try:
+            return original(self, args)
+        finally:
+            self._signature = signature
+
+    mp.setattr(api.CompiledModel, "_check", check)
+
+
+def _capture_smallest_first(mp: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    import pieceworks.runtime as runtime
+
+    mp.setattr(runtime, "sorted", lambda values, reverse=False, **kw: builtins.sorted(values, **kw), raising=False)
+
+
+def _capture_keeps_outputs(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.plan as plan
+    import pieceworks.runtime as runtime
+
+    for module in (runtime, plan):  # FULL graphs and replay plans own each size's outputs
+        mp.setattr(module, "non_owning_alias", lambda value: value)
+
+
+def _wrap_replays(mp: pytest.MonkeyPatch, wrap: Callable) -> None:
+    """`wrap(outputs, owner)` applied to what every replay (FULL graph or PIECEWISE plan) returns."""
+    import pieceworks.plan as plan
+    import pieceworks.runtime as runtime
+
+    for cls in (runtime.FullGraph, plan.ReplayPlan):
+        original = cls.run
+        mp.setattr(cls, "run", lambda self, args, checks, original=original: wrap(original(self, args, checks), self))
+
+
+def _replay_leaks_outputs(mp: pytest.MonkeyPatch) -> None:
+    from pieceworks.values import tensors_in
+
+    def leak(out, owner):
+        owner.__dict__.setdefault("_history", []).append([t.clone() for t in tensors_in(out)])
+        return out
+
+    _wrap_replays(mp, leak)
+
+
+def _checks_parameters_not_split_outputs(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.plan as plan
+    import pieceworks.runtime as runtime
+
+    def swap(replay):  # check what only debug mode checks (parameters), not what can move
+        replay.cheap_checks = [c for c in replay.all_checks if c not in replay.cheap_checks]
+        return replay
+
+    record, full = runtime.record_plan, runtime.Runtime._full_graph
+
+    def record_swapped(*args):
+        found, outputs = record(*args)
+        return swap(found), outputs
+
+    mp.setattr(runtime, "record_plan", record_swapped)
+    mp.setattr(runtime.Runtime, "_full_graph", lambda self, *a: swap(full(self, *a)))
+    original = plan._replay_step
+    mp.setattr(plan, "_replay_step", lambda replay, moved: original(replay, []))  # fresh split outputs: unchecked
+
+
+def _unpad_with(cut: Callable) -> Callable:
+    import torch
+
+    def unpad(value, batch, n):
+        if isinstance(value, torch.Tensor):
+            return cut(value, batch, n) if value.dim() > 0 and value.shape[0] == n else value
+        if isinstance(value, (tuple, list)):
+            return type(value)(unpad(v, batch, n) for v in value)
+        return value
+
+    return unpad
+
+
+def _unpad_top_level_only(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.runtime as runtime
+
+    def unpad(value, batch, n):
+        if isinstance(value, (tuple, list)):
+            return type(value)(v[:batch] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
+                               for v in value)
+        return value[:batch] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == n else value
+
+    mp.setattr(runtime, "unpad", unpad)
+
+
+def _unpad_keeps_the_tail(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.runtime as runtime
+
+    mp.setattr(runtime, "unpad", _unpad_with(lambda t, batch, n: t[n - batch:]))
+
+
+def _outputs_alias_freed_memory(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.runtime as runtime
+    from pieceworks.cudagraph import non_owning_alias
+
+    mp.setattr(runtime, "unpad", _unpad_with(lambda t, batch, n: non_owning_alias(t[:batch].clone())))
+
+
+def _replay_copies_outputs(mp: pytest.MonkeyPatch) -> None:
+    from pieceworks.values import tree_map
+
+    _wrap_replays(mp, lambda out, owner: tree_map(lambda v: v.clone() if hasattr(v, "clone") else v, out))
+
+
+def _static_buffers_uninitialised(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.padding as padding
+
+    def init(self, example_args, max_size):
+        self.buffers = []
+        for a in example_args:
+            if isinstance(a, torch.Tensor):
+                buffer = torch.empty((max_size, *a.shape[1:]), dtype=a.dtype, device=a.device)
+                buffer.view(torch.uint8).fill_(0x7F)  # what a reused block may hold: huge ids and floats
+                buffer[: a.shape[0]].copy_(a)
+                a = buffer
+            self.buffers.append(a)
+        self._views = {}
+
+    mp.setattr(padding.StaticInputs, "__init__", init)
+
+
+def _no_copy_back_of_inplace_writes(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.runtime as runtime
+
+    original = runtime.Runtime.start_serving
+
+    def start_serving(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self._mutated_args = []
+
+    mp.setattr(runtime.Runtime, "start_serving", start_serving)
+
+
+def _warmup_writes_twice(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.cudagraph as cudagraph
+
+    original = cudagraph.CapturePool.capture
+    # nothing saved before the warm-ups, nothing put back before the capture
+    mp.setattr(cudagraph.CapturePool, "capture", lambda self, fn, args, mutated: original(self, fn, args, []))
+
+
+def _capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.cudagraph as cudagraph
+
+    original = cudagraph.CapturePool.capture
+
+    def capture(self, fn, args, mutated):
+        snapshot = [a.clone() if isinstance(a, torch.nn.Parameter) else a for a in args]
+        self.__dict__.setdefault("_snapshots", []).append(snapshot)  # graphs read these copies from now on
+        return original(self, fn, snapshot, mutated)
+
+    mp.setattr(cudagraph.CapturePool, "capture", capture)
+
+
 # ---- CI (issue 11): the benchmark gate and the preflight ----
 def _gate_ratio_inverted(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
@@ -208,7 +388,227 @@ def _gate_improvements_fail(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(verdicts, "judge", judge)
 
 
+def _ignore_preflight_check(mp: pytest.MonkeyPatch, check: str) -> None:
+    import dataclasses
+
+    import pieceworks.harness.preflight as preflight
+
+    original = preflight.assess
+
+    def assess(readings, limits):
+        return [dataclasses.replace(f, ok=True) if f.check == check else f for f in original(readings, limits)]
+
+    mp.setattr(preflight, "assess", assess)
+
+
+def _preflight_ignores_other_processes(mp: pytest.MonkeyPatch) -> None:
+    _ignore_preflight_check(mp, "other processes")
+
+
+def _preflight_ignores_the_clock(mp: pytest.MonkeyPatch) -> None:
+    _ignore_preflight_check(mp, "SM clock under load")
+
+
+# ---- the reference core where users break it (issue 7: items 1, 3, 4, 6, 11, 12, 13, 15) ----
+def _piece_args_from_a_fake_rerun(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.backend as backend
+
+    original = backend._traced_args
+
+    def rerun(item):  # what the backend did before: derive piece arguments by running under the trace's fake mode
+        args = original(item)
+        fake_mode = next(a.fake_mode for a in args if hasattr(a, "fake_mode"))
+        with fake_mode:
+            torch.fx.Interpreter(item.graph).run(*args)
+        return args
+
+    mp.setattr(backend, "_traced_args", rerun)
+
+
+def _unbacked_size_bound_in_its_reader(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.split as split
+
+    mp.setattr(split, "binds_unbacked_size", lambda node: False)
+
+
+def _static_compiles_of_data_dependent_pieces(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.backend as backend
+
+    mp.setattr(backend, "data_dependent_sizes", lambda gm: [])
+
+
+def _data_dependent_pieces_captured(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.capturability as capturability
+
+    mp.setattr(capturability, "data_dependent_sizes", lambda gm: [])
+
+
+def _splitting_ops_unchecked(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.backend as backend
+
+    mp.setattr(backend, "check_splitting_ops", lambda ops: None)
+
+
+def _absent_splitting_ops_silent(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.backend as backend
+
+    mp.setattr(backend, "absent_splitting_ops", lambda gm, ops: [])
+
+
+def _inductor_keys_unchecked(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    mp.setattr(config, "_check_inductor_keys", lambda keys: None)
+
+
+def _config_not_frozen(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    mp.setattr(config.CompilationConfig, "freeze", lambda self: self)
+
+
+def _config_shared_not_copied(mp: pytest.MonkeyPatch) -> None:
+    import types
+
+    import pieceworks.backend as backend
+
+    mp.setattr(backend, "copy", types.SimpleNamespace(deepcopy=lambda value: value))
+
+
+def _capture_sizes_stop_below_the_limit(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    def sizes(max_size=512):
+        return [s for s in [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)] if s <= max_size]
+
+    mp.setattr(config, "default_capture_sizes", sizes)
+
+
+def _empty_capture_sizes_accepted(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    mp.setattr(config, "_check_something_to_capture", lambda mode, sizes: None)
+
+
+def _compile_sizes_shorthand_unknown(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.config as config
+
+    mp.setattr(config.CompilationConfig, "_expand_compile_sizes",
+               lambda self: sorted(set(config._check_int_list("compile_sizes", self.compile_sizes))))
+
+
+def _unsplit_piecewise_runs_without_graphs(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.runtime as runtime
+
+    original = runtime.Runtime._effective_mode
+
+    def effective(self, mode, example_inputs):
+        chosen = original(self, mode, example_inputs)
+        split = any(i.is_splitting_graph for i in self.items)
+        return runtime.CUDAGraphMode.NONE if chosen is runtime.CUDAGraphMode.PIECEWISE and not split else chosen
+
+    mp.setattr(runtime.Runtime, "_effective_mode", effective)
+
+
+def _graph_mode_dropped_quietly(mp: pytest.MonkeyPatch) -> None:
+    import types
+
+    import pieceworks.runtime as runtime
+
+    log = runtime.log
+    mp.setattr(runtime, "log", types.SimpleNamespace(info=log.info, warning=log.info, debug=log.debug,
+                                                     error=log.error))
+
+
+# ---- benchmarks (issue 8): the implementation registry and the host-overhead breakdown ----
+def _resolve_returns_the_class(mp: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    import pieceworks.harness.implementations as impls
+
+    original = impls.resolve
+
+    def resolve(spec):
+        if spec not in impls.IMPLEMENTATIONS and ":" in spec:
+            module, _, attr = spec.partition(":")
+            return getattr(importlib.import_module(module), attr)  # a subclass comes back uninstantiated
+        return original(spec)
+
+    mp.setattr(impls, "resolve", resolve)
+
+
+def _user_implementations_not_registered(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.implementations as impls
+
+    mp.setattr(impls, "register", lambda impl: impl)
+
+
+def _pcg_always_available(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.implementations as impls
+
+    mp.setattr(impls.MetaPCG, "unavailable_reason", impls.Implementation.unavailable_reason)
+
+
+def _pcg_pads_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
+    import types
+
+    import pieceworks.harness.implementations as impls
+
+    below = types.SimpleNamespace(bisect_left=lambda a, x: max(bisect.bisect_left(a, x) - 1, 0))
+    mp.setattr(impls, "bisect", below)
+
+
+def _breakdown_drops_splitting_ops(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.breakdown as breakdown
+
+    original = breakdown.record
+
+    def record(compiled, args):
+        out, work = original(compiled, args)
+        return out, [w for w in work if not w.splitting]
+
+    mp.setattr(breakdown, "record", record)
+
+
 MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
+    "resolve_returns_the_class": ("resolve('module:Subclass') returns the class, not an instance",
+                                  _resolve_returns_the_class),
+    "user_implementations_not_registered": ("load_user_implementations resolves but registers nothing",
+                                            _user_implementations_not_registered),
+    "pcg_always_available": ("Meta pcg's adapter claims to be available without the package", _pcg_always_available),
+    "pcg_pads_to_the_size_below": ("Meta pcg's adapter replays the captured size below the batch",
+                                   _pcg_pads_to_the_size_below),
+    "breakdown_drops_splitting_ops": ("the host-overhead breakdown leaves the splitting pieces out",
+                                      _breakdown_drops_splitting_ops),
+    "piece_args_from_a_fake_rerun": ("piece arguments are re-derived under the fake mode, leaving unbacked symbols "
+                                     "pending (issue 7.1)", _piece_args_from_a_fake_rerun),
+    "unbacked_size_bound_in_its_reader": ("a splitting op's data-dependent size is bound in the piece that reads it "
+                                          "(issue 7.1)", _unbacked_size_bound_in_its_reader),
+    "static_compiles_of_data_dependent_pieces": ("pieces with data-dependent sizes get static compiles (issue 7.1)",
+                                                 _static_compiles_of_data_dependent_pieces),
+    "data_dependent_pieces_captured": ("pieces with data-dependent sizes are captured in CUDA graphs (issue 7.1)",
+                                       _data_dependent_pieces_captured),
+    "splitting_ops_unchecked": ("splitting ops naming no registered op are accepted (issue 7.3)",
+                                _splitting_ops_unchecked),
+    "absent_splitting_ops_silent": ("splitting ops the graph never calls go unreported (issue 7.3)",
+                                    _absent_splitting_ops_silent),
+    "inductor_keys_unchecked": ("unknown inductor_compile_config keys are accepted (issue 7.4)",
+                                _inductor_keys_unchecked),
+    "config_not_frozen": ("a compiled config can still be edited (issue 7.6)", _config_not_frozen),
+    "config_shared_not_copied": ("compiled models use the caller's config object itself (issue 7.6)",
+                                 _config_shared_not_copied),
+    "capture_sizes_stop_below_the_limit": ("default capture sizes end at the stride step below an off-stride "
+                                           "max_num_batched_tokens (issue 7.12)", _capture_sizes_stop_below_the_limit),
+    "empty_capture_sizes_accepted": ("a graph mode with no capture size is accepted (issue 7.13)",
+                                     _empty_capture_sizes_accepted),
+    "compile_sizes_shorthand_unknown": ('compile_sizes=["cudagraph_capture_sizes"] is rejected (issue 7.13)',
+                                        _compile_sizes_shorthand_unknown),
+    "unsplit_piecewise_runs_without_graphs": ("PIECEWISE on a graph with no splitting op captures nothing "
+                                              "(issue 7.11)", _unsplit_piecewise_runs_without_graphs),
+    "graph_mode_dropped_quietly": ("a graph mode that becomes NONE is logged at INFO (issue 7.15)",
+                                   _graph_mode_dropped_quietly),
     "gate_ratio_inverted": ("the gate computes base / head: slower looks faster", _gate_ratio_inverted),
     "gate_one_threshold_for_all": ("every metric gets the latency threshold (10%), pool bytes included",
                                    _gate_one_threshold_for_all),
@@ -217,6 +617,9 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "gate_failures_pass": ("a benchmark that failed in head does not make the comparison incomplete",
                            _gate_failures_pass),
     "gate_improvements_fail": ("an improvement beyond the threshold fails like a regression", _gate_improvements_fail),
+    "preflight_ignores_other_processes": ("the preflight reads other processes on the GPU but lets them pass",
+                                          _preflight_ignores_other_processes),
+    "preflight_ignores_the_clock": ("the preflight lets a GPU held below its clock pass", _preflight_ignores_the_clock),
     "split_loses_order": ("split_module without keep_original_order (properties 1, 2)", _split_loses_order),
     "getitem_to_next_piece": ("getitems of a splitting op go to the next piece (property 2)", _getitem_to_next_piece),
     "index_without_checksum": ("the index's SHA-256 is not checked (property 3)", _index_without_checksum),
@@ -236,6 +639,26 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
                                   _batch_size_from_the_trace),
     "always_through_dynamo": ("every call goes through Dynamo (test_compile, test_runtime)", _always_through_dynamo),
     "outputs_flat": ("direct calls return the graph's flat outputs (test_runtime)", _outputs_flat),
+    "arg_check_skips_dtype": ("call-time argument checks ignore dtypes (property 10)", _arg_check_skips_dtype),
+    "capture_smallest_first": ("the capture phase captures the smallest size first", _capture_smallest_first),
+    "capture_keeps_outputs": ("graph runners keep owning references to each size's capture outputs",
+                              _capture_keeps_outputs),
+    "replay_leaks_outputs": ("every replay keeps a copy of its outputs", _replay_leaks_outputs),
+    "checks_parameters_not_split_outputs": ("the replay address check reads parameters instead of caller inputs "
+                                            "and splitting-op outputs", _checks_parameters_not_split_outputs),
+    "unpad_top_level_only": ("padded outputs are cut back only at the top level, not in nested structures",
+                             _unpad_top_level_only),
+    "unpad_keeps_the_tail": ("padded outputs are cut back to their last rows instead of their first",
+                             _unpad_keeps_the_tail),
+    "outputs_alias_freed_memory": ("outputs view a freed copy instead of graph memory", _outputs_alias_freed_memory),
+    "replay_copies_outputs": ("replays return copies of the graph's outputs", _replay_copies_outputs),
+    "static_buffers_uninitialised": ("static input buffers come from torch.empty: padded rows hold garbage",
+                                     _static_buffers_uninitialised),
+    "no_copy_back_of_inplace_writes": ("in-place writes to arguments are not copied back from the static buffers",
+                                       _no_copy_back_of_inplace_writes),
+    "warmup_writes_twice": ("inputs written in place are not restored after the warm-ups", _warmup_writes_twice),
+    "capture_snapshots_weights": ("captured graphs read copies of the parameters taken at capture",
+                                  _capture_snapshots_weights),
 }
 
 

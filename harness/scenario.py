@@ -102,5 +102,63 @@ def run_scenario(*args: str, env: dict[str, str] | None = None, timeout: float =
     return report
 
 
+# ---- one test case in a process of its own: for GPU cases whose failure can poison the process ---------------
+class CaseError(AssertionError):
+    """A case run by `run_case` failed, crashed or timed out in its child process; the message has its output."""
+
+
+_RESULT_MARK = "pieceworks-case-result: "
+
+
+def run_case(target: str, kwargs: dict[str, Any] | None = None, timeout: float = 120) -> Any:
+    """Call `target(**kwargs)` in a fresh interpreter; return what it returned (JSON in, JSON out).
+
+    `target` is "path/to/file.py:function" or "package.module:function". For cases whose failure can be a sticky
+    CUDA error (a device-side assert from an out-of-bounds gather, an illegal address): it poisons the CUDA context
+    for the rest of its process, so run in this process it would fail every later test too, or crash pytest. In a
+    child, only the child dies, and the calling test fails with `CaseError` (an AssertionError) carrying the child's
+    exit status and the end of its output, the CUDA error included. A case that outlives `timeout` is killed and
+    fails the same way. The mutant named by $PIECEWORKS_MUTANT (`pytest --pieceworks-mutant` sets it) is applied in
+    the child before the case is imported.
+    """
+    cmd = [sys.executable, "-c", "from pieceworks.harness.scenario import _case_child; _case_child()", target]
+    try:
+        proc = subprocess.run(cmd, input=json.dumps(kwargs or {}), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = [x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (exc.stderr, exc.stdout)]
+        raise CaseError(f"case {target} did not finish in {timeout:g} s (killed); output:\n{out[0][-4000:]}"
+                        f"{out[1][-1000:]}") from None
+    results = [line for line in proc.stdout.splitlines() if line.startswith(_RESULT_MARK)]
+    if proc.returncode != 0 or not results:
+        raise CaseError(f"case {target}({kwargs}) failed in its own process (exit status {proc.returncode}):\n"
+                        f"{proc.stderr[-6000:]}{proc.stdout[-1000:]}")
+    return json.loads(results[-1][len(_RESULT_MARK):])
+
+
+def _case_child() -> None:
+    """The child side of `run_case`: apply the mutant, import the target, call it, print its result."""
+    import importlib
+    import importlib.util
+
+    target = sys.argv[1]
+    kwargs = json.loads(sys.stdin.read() or "{}")
+    mutant = os.environ.get("PIECEWORKS_MUTANT")
+    if mutant:
+        import pytest
+
+        from .mutants import apply
+
+        apply(mutant, pytest.MonkeyPatch())
+    where, _, name = target.rpartition(":")
+    if where.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(f"pieceworks_case_{os.path.basename(where)[:-3]}", where)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    result = getattr(module, name)(**kwargs)
+    print(_RESULT_MARK + json.dumps(result), flush=True)
+
+
 if __name__ == "__main__":
     main()

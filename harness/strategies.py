@@ -7,7 +7,10 @@
   `ProgramModule(program)` is an `nn.Module` that Dynamo traces into one graph with a symbolic batch dimension.
 - `capture_sizes()`, `compile_ranges()`, `batch_sequences()`: size sets and serving sequences.
 - `index_entries()`, `corruptions()`: cache index contents and byte-level damage.
-- `register_profiles()`: the `ci`, `dev` and `nightly` profiles.
+- `signatures()`, `mismatches()`: call signatures (tensors of any dtype, rank and trailing sizes; plain values) and
+  one way to break each, for argument-check properties.
+- `output_structures()`: nested tuples, lists and dicts of a program's values, for output-unpadding properties.
+- `register_profiles()`: the `ci`, `dev` and `nightly` profiles; `gpu_settings()`: a GPU property's settings.
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ __all__ = [
     "index_entries",
     "corruptions",
     "register_profiles",
+    "gpu_settings",
+    "signatures",
+    "signature_args",
+    "mismatches",
+    "SignatureModule",
+    "output_structures",
+    "StructureModule",
     "value_count",
     "with_extra_output",
 ]
@@ -70,6 +80,9 @@ def programs(draw: Any, max_len: int = 10, splitting: tuple[str, ...] = SPLITTIN
         elif kind == "pair":
             program.append(("pair", draw(pick)))
             n_values += 1  # two outputs
+        n_values += 1
+    if not program:  # only in-place writes were drawn and none had a target: a model must compute something
+        program.append(("unary", "sin", 0))
         n_values += 1
     outputs = draw(st.lists(st.integers(0, n_values - 1), min_size=1, max_size=3, unique=True))
     return tuple(program), tuple(outputs)
@@ -230,3 +243,165 @@ def register_profiles() -> None:
                               phases=[Phase.explicit, Phase.reuse, Phase.generate], **common)
     default = "ci" if os.environ.get("CI") else "dev"
     settings.load_profile(os.environ.get("PIECEWORKS_HYPOTHESIS_PROFILE", default))
+
+
+def gpu_settings(fraction: int = 3, **overrides: Any) -> settings:
+    """Settings for a GPU property: `1/fraction` of the loaded profile's examples (at least 3), and no shrinking.
+
+    Each example traces, compiles and captures a model, and so would each shrink step: shrinking a failure on the GPU
+    outlasts any sensible test timeout. A GPU property reports the first failing example as found, with its seed
+    (`print_blob`), and stops. Reproduce and shrink it on a developer's GPU with
+    `PIECEWORKS_GPU_SHRINK=1 pytest ... --hypothesis-seed N`.
+    """
+    phases = list(Phase) if os.environ.get("PIECEWORKS_GPU_SHRINK") else [Phase.explicit, Phase.reuse, Phase.generate]
+    base = dict(max_examples=max(3, settings.default.max_examples // fraction), phases=phases, deadline=None,
+                report_multiple_bugs=False)
+    return settings(settings.default, **{**base, **overrides})
+
+
+# ---- call signatures, for argument checks ---------------------------------------------------------------------
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool)
+_values = st.one_of(st.integers(-3, 3), st.floats(-2, 2, allow_nan=False, width=32), st.booleans(),
+                    st.sampled_from(["mean", "sum"]), st.none())
+
+
+def signatures(max_args: int = 4) -> st.SearchStrategy[tuple]:
+    """A call signature: a tuple of ("tensor", dtype name, trailing sizes) and ("value", v); at least one tensor."""
+    tensor = st.tuples(st.just("tensor"), st.sampled_from([str(d).removeprefix("torch.") for d in _DTYPES]),
+                       st.lists(st.integers(1, 3), max_size=2).map(tuple))
+    value = st.tuples(st.just("value"), _values)
+    return st.lists(st.one_of(tensor, value), min_size=1, max_size=max_args).filter(
+        lambda sig: any(spec[0] == "tensor" for spec in sig)).map(tuple)
+
+
+def signature_args(signature: tuple, batch: int, seed: int = 0) -> list[Any]:
+    """Arguments of `signature` at batch size `batch` (dim 0 of every tensor), values from `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    args = []
+    for spec in signature:
+        if spec[0] == "value":
+            args.append(spec[1])
+            continue
+        dtype = getattr(torch, spec[1])
+        data = torch.randn(batch, *spec[2], generator=gen) * 3
+        args.append(data > 0 if dtype is torch.bool else data.to(dtype))
+    return args
+
+
+class SignatureModule(nn.Module):
+    """Takes any `signatures()` call: the row sums of every tensor, scaled by the numeric values. Output [B]."""
+
+    def forward(self, *args: Any) -> torch.Tensor:
+        total = None
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                rows = a.to(torch.float32).reshape(a.shape[0], -1).sum(-1)
+                total = rows if total is None else total + rows
+        for a in args:
+            if isinstance(a, (int, float)) and not isinstance(a, bool):
+                total = total * (1 + a)
+            elif a is True:
+                total = total.neg()
+        return total
+
+
+_MISMATCHES = ("trailing", "rank", "dtype", "device", "count", "value", "kind", "batch")
+
+
+def mismatches(signature: tuple) -> st.SearchStrategy[tuple]:
+    """One way a call can differ from `signature` other than its batch size: (kind, argument index, detail).
+
+    kinds: "trailing" (a trailing size), "rank" (one more or one fewer dimension), "dtype", "device" (meta),
+    "count" (one argument fewer or more), "value" (a plain value changed), "kind" (a tensor where a value was, or the
+    reverse), "batch" (one tensor's dim 0 differs from the others').
+    """
+    tensors = [i for i, spec in enumerate(signature) if spec[0] == "tensor"]
+    values = [i for i, spec in enumerate(signature) if spec[0] == "value"]
+    options = [st.tuples(st.just("dtype"), st.sampled_from(tensors), st.sampled_from(_DTYPES)),
+               st.tuples(st.just("device"), st.sampled_from(tensors), st.just("meta")),
+               st.tuples(st.just("rank"), st.sampled_from(tensors), st.booleans()),
+               st.tuples(st.just("count"), st.just(len(signature)), st.booleans()),
+               st.tuples(st.just("kind"), st.integers(0, len(signature) - 1), st.just(None))]
+    with_trailing = [i for i in tensors if signature[i][2]]
+    if with_trailing:
+        options.append(st.tuples(st.just("trailing"), st.sampled_from(with_trailing), st.integers(1, 2)))
+    if values:
+        options.append(st.tuples(st.just("value"), st.sampled_from(values), _values))
+    if len(tensors) > 1:
+        options.append(st.tuples(st.just("batch"), st.sampled_from(tensors[1:]), st.integers(1, 2)))
+    return st.one_of(options)
+
+
+def apply_mismatch(args: list[Any], mismatch: tuple) -> list[Any] | None:
+    """`args` changed by `mismatch`; None when the draw changes nothing (same dtype, same value)."""
+    kind, i, detail = mismatch
+    args = list(args)
+    if kind == "count":
+        return args[:-1] if detail and len(args) > 1 else args + [args[0]] if detail else args + [1]
+    a = args[i] if i < len(args) else None
+    if kind == "dtype":
+        if a.dtype == detail:
+            return None
+        args[i] = a.to(detail)
+    elif kind == "device":
+        args[i] = a.to("meta")
+    elif kind == "rank":
+        args[i] = a.unsqueeze(-1) if detail or a.dim() == 1 else a.sum(-1)
+    elif kind == "trailing":
+        args[i] = torch.cat([a] * (detail + 1), dim=-1)
+    elif kind == "value":
+        if type(detail) is type(a) and detail == a:
+            return None
+        if detail == a:  # equal values of another type (1 vs 1.0 vs True): a case of its own, not this one
+            return None
+        args[i] = detail
+    elif kind == "kind":
+        batch = next(t.shape[0] for t in args if isinstance(t, torch.Tensor))
+        args[i] = 1 if isinstance(a, torch.Tensor) else torch.ones(batch)
+    elif kind == "batch":
+        args[i] = torch.cat([a] * (detail + 1), dim=0)
+    return args
+
+
+# ---- output structures, for unpadding -------------------------------------------------------------------------
+def output_structures(max_leaves: int = 6, dicts: bool = False, unbatched: bool = False) -> st.SearchStrategy[Any]:
+    """A nested structure of tuples and lists (and dicts if `dicts`) whose leaves are ("value", k): the k-th value of
+    a program, a [B, HIDDEN] tensor (k taken modulo the program's value count); and if `unbatched`, ("weight",): a
+    tensor without a batch dimension, of shape [HIDDEN], which no unpadding may cut."""
+    leaf = st.tuples(st.just("value"), st.integers(0, 63))
+    if unbatched:
+        leaf = st.one_of(leaf, st.just(("weight",)))
+
+    def nest(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+        options = [st.lists(children, min_size=1, max_size=3).map(tuple), st.lists(children, min_size=1, max_size=3)]
+        if dicts:
+            options.append(st.dictionaries(st.sampled_from("abc"), children, min_size=1, max_size=3))
+        return st.one_of(options)
+
+    return st.recursive(leaf, nest, max_leaves=max_leaves).filter(lambda s: isinstance(s, (tuple, list, dict)))
+
+
+class StructureModule(nn.Module):
+    """A `ProgramModule` whose outputs are arranged in `structure` (see `output_structures`)."""
+
+    def __init__(self, program: tuple, structure: Any, seed: int = 0) -> None:
+        super().__init__()
+        instructions, _ = program
+        self.count = value_count(instructions)
+        self.program = ProgramModule((instructions, tuple(range(self.count))), seed)
+        self.structure = structure
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+        values = self.program(x, y)
+        return self._build(self.structure, values)
+
+    def _build(self, node: Any, values: tuple) -> Any:
+        if isinstance(node, dict):
+            return {k: self._build(v, values) for k, v in node.items()}
+        if isinstance(node, list):
+            return [self._build(v, values) for v in node]
+        if node[0] == "value":  # a leaf (a tuple whose first item is its kind)
+            return values[node[1] % self.count] * 1.0
+        if node[0] == "weight":
+            return self.program.weight[0, 0] * 1.0
+        return tuple(self._build(v, values) for v in node)

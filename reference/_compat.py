@@ -9,6 +9,8 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
   unchanged over 2.11-2.15;
 - `torch.fx.passes.split_module.split_module(..., keep_original_order=)`: present in all; `tuple_return` only 2.13+
   (not used: a single-output piece returns a bare value and callers handle both);
+- Dynamo's `torch._dynamo.config.patch(capture_scalar_outputs=, capture_dynamic_output_shape_ops=)`: both flags
+  in 2.11-2.15 (newer Dynamo implies them under fullgraph=True; setting them keeps every version alike);
 - the shape environment: a FakeTensor's `fake_mode`, a SymInt's `str()` naming its expression, and
   `torch.fx.experimental.symbolic_shapes.free_unbacked_symbols` (same name and meaning in 2.11-2.15).
 
@@ -27,7 +29,7 @@ import torch.fx
 
 __all__ = [
     "TorchCompatError", "standalone_compile", "load_artifact", "example_value", "op_identity", "op_schema",
-    "split_module", "fake_mode_of", "symbol_name", "unbacked_symbols", "registered_ops",
+    "split_module", "data_dependent_tracing", "fake_mode_of", "symbol_name", "unbacked_symbols", "registered_ops",
 ]
 
 
@@ -99,6 +101,14 @@ def _load_split_module() -> Callable[..., torch.fx.GraphModule]:
 
 
 split_module = _load_split_module()
+
+
+def data_dependent_tracing() -> Any:
+    """A context in which Dynamo keeps data-dependent ops (`.item()`, `nonzero`) in its graph instead of breaking."""
+    config = getattr(getattr(torch, "_dynamo", None), "config", None)
+    if config is None or not hasattr(config, "capture_dynamic_output_shape_ops"):
+        raise _missing("torch._dynamo.config.capture_dynamic_output_shape_ops")
+    return config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True)
 
 
 def fake_mode_of(values: list[Any]) -> Any:

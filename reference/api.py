@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from . import _compat
 from .backend import Backend
 from .config import CompilationConfig, ConfigError
 from .counters import counters
@@ -166,7 +167,10 @@ class CompiledModel:
         start = time.perf_counter()
         counters.num_dynamo_traces += 1
         try:
-            output = self._dynamo_fn(*trace_args)
+            # Data-dependent ops (`.item()`, `nonzero`) stay in the one graph (see _compat.data_dependent_tracing);
+            # their pieces then run without CUDA graphs.
+            with _compat.data_dependent_tracing():
+                output = self._dynamo_fn(*trace_args)
         except torch._dynamo.exc.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
             inner = getattr(exc, "inner_exception", None) or exc.__cause__
             if isinstance(inner, ConfigError):

@@ -152,11 +152,7 @@ def build_runtime(
             "(the graph calls %s)", absent, _custom_ops(gm) or "no custom op",
         )
     written = mutated_inputs(gm)
-    cache = None
-    if config.cache_active():
-        factors = piece_compiler.cache_factors(gm, fakes, config)
-        cache = CompileCache(config.resolved_cache_dir(), cache_key(factors), factors)
-        log.info("pieceworks compile cache: %s", cache.directory)
+    cache = piece_compiler.open_cache(gm, fakes, config)  # None: off, unusable or unkeyable (logged)
 
     start = time.perf_counter()
     split_gm, items = split_graph(gm, config.splitting_ops)

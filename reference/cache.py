@@ -1,9 +1,12 @@
 """The on-disk compile cache.
 
-Layout: `<cache_dir>/<key>/` where `key` digests everything that changes compiled code (the traced graph with its
-input metadata, the config hash, the torch/Triton/Python build and the GPU) and nothing that varies per run. Inside:
-`index.json` maps an entry name (`range:1-8192|<piece fingerprint>` or `size:4|<piece fingerprint>`) to an
-artifact file and its SHA-256; `artifacts/` holds the files; `factors.json` records the key's inputs for people.
+Layout: `<root>/<key>/` where `key` digests everything that changes compiled code (the traced graph with its
+input metadata, the config hash, the effective Inductor configuration, the torch/Triton/Python build and the GPU)
+and nothing that varies per run. Inside: `index.json` maps an entry name (`range:1-8192|<piece fingerprint>` or
+`size:4|<piece fingerprint>`) to an artifact file, its SHA-256 and size, and the claim of the piece it was
+compiled for; `artifacts/` holds the files; `locks/` one lock file per entry; `factors.json` records the key's
+inputs for people. `<root>/inductor/` is Inductor's own cache while pieceworks compiles and loads (see
+`CompileCache.inductor_dir`), so that copying `<root>` to another machine carries the built kernels too.
 
 Contracts:
 - every file is written to a temporary name in the same folder, fsynced and renamed: a reader sees the old file or
@@ -11,33 +14,49 @@ Contracts:
 - writers take an exclusive `flock` on `index.lock` to install an artifact and merge the index (read, update,
   write), so concurrent processes never lose each other's entries or pair an index hash with another file;
   readers take a shared lock while they check and load;
+- `entry_lock(name)`: processes that miss the same entry take turns on that entry's lock, so one compiles and
+  stores it while the others wait and then load it (N cold processes cost about one cold compile);
 - the index is JSON, read with `json.loads` (no eval, no pickle), with a SHA-256 over its entries; an index that
   does not parse or does not match its digest is logged and treated as empty;
-- an artifact whose bytes do not match the index's SHA-256 (truncated, garbled, overwritten) is never loaded: it is
-  logged with its path and the caller recompiles. An artifact that fails to load (another torch build) likewise.
+- an entry is loaded only if it names the file derived from its own name and claims the same piece (graph
+  fingerprint, compile target, input metadata) as the caller; an artifact whose bytes do not match the index's
+  SHA-256 (truncated, garbled, overwritten) is never loaded. Either is logged with its path and the caller
+  recompiles. An artifact that fails to load (another torch build) likewise;
+- a broken location never kills a model: a directory that cannot be created or written at all gives one WARNING
+  (path, reason, `PIECEWORKS_DISABLE_CACHE`) and `CompileCache.open` returns None (run uncached); a read-only
+  cache loads what is valid and compiles the rest in memory (one WARNING); a file where the cache expects a
+  folder, or a folder where it expects a file, inside the key directory is logged as corrupt and replaced.
 POSIX only (`fcntl`). Safe across processes; one `CompileCache` object is not meant to be shared by threads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .counters import counters
 
 __all__ = ["CompileCache", "CacheIndexError", "atomic_write", "cache_key", "parse_index", "serialize_index",
-           "INDEX_VERSION"]
+           "artifact_stem", "INDEX_VERSION", "CLAIM_FIELDS"]
 
 log = logging.getLogger("pieceworks")
 
 INDEX_VERSION = 1
+# What an entry says about the piece it was compiled for; a load for another piece is refused.
+CLAIM_FIELDS = ("graph", "target", "inputs")
+_REQUIRED = {"file", "sha256", "bytes"}
+_STALE_TEMP_S = 3600.0  # temporary files older than this are a dead writer's leftovers
+_warned: set[tuple[str, str]] = set()  # (kind, path): one warning per broken location per process
 
 
 class CacheIndexError(ValueError):
@@ -50,6 +69,14 @@ def cache_key(factors: dict[str, str]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
+def artifact_stem(name: str) -> str:
+    """How the artifact files of entry `name` begin (derived from the name, so entries cannot trade files).
+    A file is `<stem>-<first 16 hex digits of its SHA-256>.bin`: a new version of an entry never overwrites the
+    file the index still names, so a writer dying between installing a file and updating the index leaves the
+    old entry intact."""
+    return hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
 def _entries_digest(entries: dict[str, dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -58,6 +85,21 @@ def serialize_index(entries: dict[str, dict[str, Any]]) -> bytes:
     """The index file's bytes: JSON with the entries and a SHA-256 over them (so no edit goes unnoticed)."""
     doc = {"version": INDEX_VERSION, "entries": entries, "sha256": _entries_digest(entries)}
     return json.dumps(doc, sort_keys=True, indent=1).encode()
+
+
+def _well_formed(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and _REQUIRED <= set(entry) <= _REQUIRED | set(CLAIM_FIELDS)
+        and isinstance(entry["file"], str)
+        and isinstance(entry["sha256"], str)
+        and isinstance(entry["bytes"], int)
+        and not isinstance(entry["bytes"], bool)
+        and all(isinstance(entry[k], str) for k in CLAIM_FIELDS if k in entry)
+        and os.path.basename(entry["file"]) == entry["file"]
+        and entry["file"] not in ("", ".", "..")
+        and not entry["file"].startswith(".")
+    )
 
 
 def parse_index(data: bytes) -> dict[str, dict[str, Any]]:
@@ -70,21 +112,20 @@ def parse_index(data: bytes) -> dict[str, dict[str, Any]]:
         raise CacheIndexError(f"not a version-{INDEX_VERSION} pieceworks index")
     entries = doc["entries"]
     for name, entry in entries.items():
-        if not (
-            isinstance(entry, dict)
-            and set(entry) == {"file", "sha256", "bytes"}
-            and isinstance(entry["file"], str)
-            and isinstance(entry["sha256"], str)
-            and isinstance(entry["bytes"], int)
-            and not isinstance(entry["bytes"], bool)
-            and os.path.basename(entry["file"]) == entry["file"]
-            and entry["file"] not in ("", ".", "..")
-            and not entry["file"].startswith(".")
-        ):
+        if not _well_formed(entry):
             raise CacheIndexError(f"entry {name!r} is malformed: {entry!r}")
     if doc.get("sha256") != _entries_digest(entries):
         raise CacheIndexError("its entries do not match its SHA-256 (edited or garbled)")
     return entries
+
+
+def _fsync_dir(folder: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def atomic_write(path: str, data: bytes) -> None:
@@ -101,6 +142,7 @@ def atomic_write(path: str, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    _fsync_dir(folder)
 
 
 def _sha256_file(path: str) -> tuple[str, int]:
@@ -113,27 +155,164 @@ def _sha256_file(path: str) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc.strerror or exc}" if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+
+
+def _warn_once(kind: str, path: str, message: str, *args: Any) -> None:
+    if (kind, path) not in _warned:
+        _warned.add((kind, path))
+        log.warning(message, *args)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
 class CompileCache:
-    """Artifacts of one (graph, config, environment) key under `root`."""
+    """Artifacts of one (graph, config, environment) key under `root`.
+
+    `CompileCache(root, key)` raises `OSError` when the key directory cannot be created; `CompileCache.open`
+    turns that into one WARNING and None. `writable` is False for a cache that can be read but not written.
+    """
 
     def __init__(self, root: str, key: str, factors: dict[str, str] | None = None) -> None:
-        self.directory = os.path.join(root, key)
+        self.root = os.path.abspath(os.fspath(root))
+        self.directory = os.path.join(self.root, key)
         self.artifact_dir = os.path.join(self.directory, "artifacts")
+        self.lock_dir = os.path.join(self.directory, "locks")
         self.index_path = os.path.join(self.directory, "index.json")
-        os.makedirs(self.artifact_dir, exist_ok=True)
+        self.lock_path = os.path.join(self.directory, "index.lock")
+        self.writable = True
+        os.makedirs(self.root, exist_ok=True)
+        if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
+            self._replace_corrupt(self.directory, "a file where the cache folder belongs")
+        if not os.path.isdir(self.directory):
+            os.mkdir(self.directory)
+        try:
+            self._repair_and_prepare(factors)
+        except OSError as exc:
+            self._read_only(exc)
+
+    @classmethod
+    def open(cls, root: str, key: str, factors: dict[str, str] | None = None) -> CompileCache | None:
+        """The cache, or None (after one WARNING naming the path and the reason) if it cannot be used at all."""
+        try:
+            return cls(root, key, factors)
+        except OSError as exc:
+            path = os.path.join(os.path.abspath(os.fspath(root)), key)
+            _warn_once(
+                "unusable", path,
+                "pieceworks compile cache %s is unusable (%s); compiling without the cache. Fix: point "
+                "CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR at a writable folder, or set "
+                "PIECEWORKS_DISABLE_CACHE=1 to run uncached without this warning", path, _reason(exc),
+            )
+            return None
+
+    # ---- set-up ---------------------------------------------------------------------------------------------
+    def _repair_and_prepare(self, factors: dict[str, str] | None) -> None:
+        fd, probe = tempfile.mkstemp(dir=self.directory, prefix=".tmp-probe-")  # read-only: raises here
+        os.close(fd)
+        os.unlink(probe)
+        for folder in (self.artifact_dir, self.lock_dir):
+            if os.path.lexists(folder) and not os.path.isdir(folder):
+                self._replace_corrupt(folder, "a file where a folder belongs")
+            os.makedirs(folder, exist_ok=True)
         factors_path = os.path.join(self.directory, "factors.json")
+        for path in (self.index_path, self.lock_path, factors_path):
+            if os.path.isdir(path) and not os.path.islink(path):
+                self._replace_corrupt(path, "a folder where a file belongs")
+        self._remove_stale_temporaries()
         if factors and not os.path.exists(factors_path):
             atomic_write(factors_path, json.dumps(factors, sort_keys=True, indent=1).encode())
 
+    def _replace_corrupt(self, path: str, what: str) -> None:
+        log.warning("pieceworks cache: %s is %s (a corrupt cache); removing it, its entries will be recompiled",
+                    path, what)
+        _remove(path)
+
+    def _remove_stale_temporaries(self) -> None:
+        now = time.time()
+        for folder in (self.directory, self.artifact_dir):
+            for name in os.listdir(folder):
+                path = os.path.join(folder, name)
+                if name.startswith(".tmp-"):
+                    with contextlib.suppress(OSError):
+                        if now - os.lstat(path).st_mtime > _STALE_TEMP_S:
+                            _remove(path)
+
+    def _read_only(self, exc: BaseException) -> None:
+        self.writable = False
+        _warn_once(
+            "read-only", self.directory,
+            "pieceworks compile cache %s cannot be written (%s): loading the valid artifacts it holds and compiling "
+            "the rest in memory, without saving them. Fix: make it writable, point CompilationConfig.cache_dir or "
+            "PIECEWORKS_CACHE_DIR elsewhere, or set PIECEWORKS_DISABLE_CACHE=1", self.directory, _reason(exc),
+        )
+
+    @property
+    def inductor_dir(self) -> str | None:
+        """Where Inductor's own cache lives while pieceworks compiles and loads: `<root>/inductor`, so that the
+        pieceworks cache carries the kernels a warm start would otherwise rebuild (C++ libraries on CPU). None
+        when the cache is read-only (Inductor must write) or `TORCHINDUCTOR_CACHE_DIR` names a folder of the
+        user's choosing (it wins, as in SGLang)."""
+        if not self.writable or _user_chose_inductor_dir():
+            return None
+        return os.path.join(self.root, "inductor")
+
+    # ---- locks ----------------------------------------------------------------------------------------------
+    def _lock_fd(self, path: str) -> int | None:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            pass
+        try:  # a read-only cache: a shared lock still keeps us from reading half of another writer's update
+            return os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+
     @contextlib.contextmanager
     def _locked(self, exclusive: bool) -> Iterator[None]:
-        with open(os.path.join(self.directory, "index.lock"), "a+b") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+        fd = self._lock_fd(self.lock_path)
+        if fd is None:
+            if exclusive:
+                raise OSError(errno.EACCES, "cannot open the index lock", self.lock_path)
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
+    @contextlib.contextmanager
+    def entry_lock(self, name: str) -> Iterator[bool]:
+        """Hold entry `name`'s exclusive lock across processes (while compiling and storing it). Yields whether
+        another process held it first (then it has probably stored the entry: look again). A no-op when the cache
+        is read-only."""
+        if not self.writable:
+            yield False
+            return
+        fd = self._lock_fd(os.path.join(self.lock_dir, artifact_stem(name) + ".lock"))
+        if fd is None:
+            yield False
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                waited = False
+            except BlockingIOError:
+                log.info("pieceworks cache: another process is compiling %s; waiting for it", name)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                waited = True
+            yield waited
+        finally:
+            os.close(fd)
+
+    # ---- reading --------------------------------------------------------------------------------------------
     def read_index(self) -> dict[str, dict[str, Any]]:
         """The index's entries; `{}` (logged) when the file is missing or unreadable."""
         try:
@@ -141,23 +320,42 @@ class CompileCache:
                 data = f.read()
         except FileNotFoundError:
             return {}
+        except OSError as exc:
+            log.warning("pieceworks cache index %s cannot be read (%s); ignoring it and recompiling", self.index_path,
+                        _reason(exc))
+            return {}
         try:
             return parse_index(data)
         except CacheIndexError as exc:
             log.warning("pieceworks cache index %s is unreadable (%s); ignoring it and recompiling", self.index_path, exc)
             return {}
 
-    def load(self, name: str, loader: Callable[[str], Any]) -> Any | None:
-        """Return `loader(path)` for entry `name`, or None (a miss) when absent, corrupt or unloadable."""
+    def lookup(self, name: str) -> dict[str, Any] | None:
+        """Entry `name` as the index has it now (unchecked), or None."""
+        with self._locked(exclusive=False):
+            return self.read_index().get(name)
+
+    def load(self, name: str, loader: Callable[[str], Any], claim: dict[str, str] | None = None) -> Any | None:
+        """Return `loader(path)` for entry `name`, or None (a miss) when absent, corrupt or unloadable.
+
+        `claim` (see CLAIM_FIELDS): what the caller's piece is; an entry claiming anything else is corrupt.
+        """
         with self._locked(exclusive=False):
             entry = self.read_index().get(name)
             if entry is None:
                 return None
             path = os.path.join(self.artifact_dir, entry["file"])
+            if claim is not None:
+                wrong = {k: (entry.get(k), v) for k, v in claim.items() if entry.get(k) != v}
+                if wrong:
+                    said = ", ".join(f"{k}={got!r} (this piece: {want!r})" for k, (got, want) in sorted(wrong.items()))
+                    return self._reject(path, f"was stored for another piece: {said}")
+            if not entry["file"].startswith(artifact_stem(name) + "-"):
+                return self._reject(path, f"is not the file of entry {name!r} (swapped index entries)")
             try:
                 sha, size = _sha256_file(path)
             except OSError as exc:
-                return self._reject(path, f"cannot be read ({exc})")
+                return self._reject(path, f"cannot be read ({_reason(exc)})")
             if (sha, size) != (entry["sha256"], entry["bytes"]):
                 return self._reject(
                     path, f"has {size} bytes with SHA-256 {sha[:12]}…, the index says {entry['bytes']} bytes "
@@ -175,11 +373,21 @@ class CompileCache:
         log.warning("pieceworks cache artifact %s %s; not loading it, recompiling", path, why)
         return None
 
-    def store(self, name: str, save: Callable[[str], None]) -> bool:
-        """Save an artifact with `save(tmp_path)` and record it as entry `name`. False (logged) if `save` fails."""
-        fd, tmp = tempfile.mkstemp(dir=self.artifact_dir, prefix=".tmp-")
-        os.close(fd)
-        os.unlink(tmp)  # CompiledArtifact.save writes the path itself
+    # ---- writing --------------------------------------------------------------------------------------------
+    def store(self, name: str, save: Callable[[str], None], claim: dict[str, str] | None = None) -> bool:
+        """Save an artifact with `save(tmp_path)` and record it as entry `name` with `claim`.
+
+        False (logged) if `save` fails or the cache cannot be written; the caller runs what it compiled anyway.
+        """
+        if not self.writable:
+            return False
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.artifact_dir, prefix=".tmp-")
+            os.close(fd)
+            os.unlink(tmp)  # CompiledArtifact.save writes the path itself
+        except OSError as exc:
+            self._read_only(exc)
+            return False
         try:
             save(tmp)
             with open(tmp, "rb") as f:
@@ -188,15 +396,48 @@ class CompileCache:
         except Exception as exc:  # noqa: BLE001 - an unsaveable artifact still runs; it just is not cached
             log.warning("pieceworks could not save the artifact for %s (%s: %s); it will be recompiled next time",
                         name, type(exc).__name__, exc)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            with contextlib.suppress(OSError):
+                _remove(tmp)
             return False
-        file = hashlib.sha256(name.encode()).hexdigest()[:32] + ".bin"
-        with self._locked(exclusive=True):
-            os.replace(tmp, os.path.join(self.artifact_dir, file))
-            entries = self.read_index()
-            entries[name] = {"file": file, "sha256": sha, "bytes": size}
-            atomic_write(self.index_path, serialize_index(entries))
+        stem = artifact_stem(name)
+        file = f"{stem}-{sha[:16]}.bin"
+        try:
+            with self._locked(exclusive=True):
+                os.replace(tmp, os.path.join(self.artifact_dir, file))
+                entries = self.read_index()
+                entries[name] = {"file": file, "sha256": sha, "bytes": size, **(claim or {})}
+                atomic_write(self.index_path, serialize_index(entries))
+                for old in os.listdir(self.artifact_dir):  # earlier versions, and files of writers that died
+                    if old.startswith(stem) and old != file:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(os.path.join(self.artifact_dir, old))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            self._read_only(exc)
+            return False
         counters.num_compiled_artifacts_saved += 1
         counters.num_cache_entries_updated += 1
         return True
+
+
+def _user_chose_inductor_dir() -> bool:
+    """Whether TORCHINDUCTOR_CACHE_DIR names a folder other than Inductor's default (Inductor writes its default
+    into the environment itself once it has used it, so "set" alone does not mean "chosen")."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not chosen:
+        return False
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # layout of another torch: only the folder's name is known
+        return os.path.basename(os.path.normpath(chosen)) != f"torchinductor_{_user()}"
+    return os.path.abspath(chosen) != os.path.abspath(default_cache_dir())
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001
+        return "unknown_user"

@@ -79,6 +79,16 @@ def _check_inductor_keys(config: dict[str, Any]) -> None:
             )
 
 
+def _check_something_to_capture(mode: CUDAGraphMode, capture_sizes: list[int]) -> None:
+    if not capture_sizes and mode is not CUDAGraphMode.NONE:
+        _fail(
+            "cudagraph_capture_sizes", capture_sizes,
+            f"no size to capture, but cudagraph_mode={mode.name} captures graphs only for these sizes",
+            "list the batch sizes to capture, leave cudagraph_capture_sizes=None for vLLM's defaults, or set "
+            "cudagraph_mode=NONE",
+        )
+
+
 def _check_int_list(field: str, value: Any) -> list[int]:
     if not isinstance(value, (list, tuple)) or not all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
@@ -182,14 +192,7 @@ class CompilationConfig:
                 f"{above} are above the largest compile range {self.ranges()[-1]}",
                 "raise max_num_batched_tokens or drop those sizes",
             )
-        if not self.cudagraph_capture_sizes and self.cudagraph_mode is not CUDAGraphMode.NONE:
-            _fail(
-                "cudagraph_capture_sizes", sizes,
-                f"no size to capture, but cudagraph_mode={self.cudagraph_mode.name} captures graphs only for these "
-                f"sizes",
-                "list the batch sizes to capture, leave cudagraph_capture_sizes=None for vLLM's defaults, or set "
-                "cudagraph_mode=NONE",
-            )
+        _check_something_to_capture(self.cudagraph_mode, self.cudagraph_capture_sizes)
         self.compile_sizes = self._expand_compile_sizes()
         outside = [s for s in self.compile_sizes if s > top]
         if outside:

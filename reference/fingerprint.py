@@ -3,12 +3,17 @@
 A fingerprint names what determines compiled code and nothing that varies per run: node names, file paths,
 process ids and times never enter it. Two pieces with the same fingerprint compute the same function of their
 positional inputs, so one compiled artifact serves both. Equal inputs give equal digests in any process.
+
+- `graph_fingerprint`: a graph's ops, wiring, constants, attribute contents and input metadata;
+- `software_factors` / `environment_factors`: the torch build, CUDA/HIP, Triton, Python, CPU architecture, GPU;
+- `inductor_config_factors`: the effective global Inductor and functorch configuration.
 """
 
 from __future__ import annotations
 
-import functools
+import enum
 import hashlib
+import json
 import platform
 from typing import Any
 
@@ -17,7 +22,8 @@ import torch.fx
 
 from ._compat import op_identity
 
-__all__ = ["graph_fingerprint", "environment_factors", "digest"]
+__all__ = ["graph_fingerprint", "describe_value", "environment_factors", "software_factors", "inductor_config_factors",
+           "UnkeyableConfigError", "digest"]
 
 
 def digest(*parts: str) -> str:
@@ -59,6 +65,11 @@ def _tensor_digest(t: torch.Tensor) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _constant(value: Any) -> str:
+    """A constant argument, as code sees it: `x * 2` and `x * 3` are different code, so they never share."""
+    return repr(value)
+
+
 def graph_fingerprint(gm: torch.fx.GraphModule, example_args: list[Any] | None = None) -> str:
     """Digest of `gm`'s structure: ops, wiring, constants, attribute contents and input metadata.
 
@@ -77,7 +88,7 @@ def graph_fingerprint(gm: torch.fx.GraphModule, example_args: list[Any] | None =
             return "{" + ",".join(f"{k}:{arg(v)}" for k, v in sorted(a.items(), key=lambda kv: str(kv[0]))) + "}"
         if isinstance(a, torch.Tensor):
             return f"tensor:{_tensor_digest(a)}"
-        return repr(a)
+        return _constant(a)
 
     lines = []
     placeholder_index = 0
@@ -99,24 +110,95 @@ def graph_fingerprint(gm: torch.fx.GraphModule, example_args: list[Any] | None =
     return digest(*lines)
 
 
-@functools.cache
-def environment_factors() -> str:
-    """Everything outside the graph and config that changes compiled code: torch build, Triton, Python, device."""
-    parts = [
-        f"torch={torch.__version__}",
-        f"git={getattr(torch.version, 'git_version', '')}",
-        f"cuda={torch.version.cuda}",
-        f"hip={getattr(torch.version, 'hip', None)}",
-        f"python={platform.python_version()}",
-        f"machine={platform.machine()}",
-    ]
+def software_factors() -> dict[str, str]:
+    """The software and hardware that compiled code depends on, read afresh on every call: the torch build
+    (version and git hash), CUDA/HIP, Triton, Python, the CPU architecture and the current GPU (name and
+    compute capability). Equal in every process of one installation on one machine type."""
+    factors = {
+        "torch": torch.__version__,
+        "git": str(getattr(torch.version, "git_version", "")),
+        "cuda": str(torch.version.cuda),
+        "hip": str(getattr(torch.version, "hip", None)),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "triton": "none",
+        "gpu": "none",
+    }
     try:
         import triton
 
-        parts.append(f"triton={triton.__version__}")
+        factors["triton"] = str(triton.__version__)
     except Exception:  # noqa: BLE001 - Triton is optional on CPU builds
-        parts.append("triton=none")
+        pass
     if torch.cuda.is_available():
         index = torch.cuda.current_device()
-        parts.append(f"gpu={torch.cuda.get_device_name(index)}|sm={torch.cuda.get_device_capability(index)}")
-    return ";".join(parts)
+        factors["gpu"] = f"{torch.cuda.get_device_name(index)}|sm={torch.cuda.get_device_capability(index)}"
+    return factors
+
+
+def environment_factors() -> str:
+    """`software_factors()` as one string (the cache key's "environment" factor)."""
+    return ";".join(f"{name}={value}" for name, value in sorted(software_factors().items()))
+
+
+class UnkeyableConfigError(ValueError):
+    """The global Inductor configuration holds a value whose effect on code cannot be digested (a custom graph
+    pass without `uuid()`). Artifacts compiled under it cannot be cached safely. The message names the entry."""
+
+
+# Inductor config entries that hold graph passes (callables). Inductor's own cache keys them by `uuid()` (see
+# torch._inductor.custom_graph_pass.CustomGraphPass) and refuses to cache a pass without one; so do we.
+_CUSTOM_PASSES = ("pre_grad_custom_pass", "joint_custom_pre_pass", "joint_custom_post_pass",
+                  "post_grad_custom_pre_pass", "post_grad_custom_post_pass", "_pre_fusion_custom_pass")
+
+
+def _portable(value: Any, where: str) -> Any:
+    """A JSON-able stand-in for a config value that is the same in every process, or UnkeyableConfigError."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_portable(v, where) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_portable(v, where) for v in value), key=repr)
+    if isinstance(value, dict):
+        return {str(k): _portable(v, where) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if callable(getattr(value, "uuid", None)):
+        return f"uuid:{value.uuid()}"
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__qualname__}.{value.name}"
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    raise UnkeyableConfigError(
+        f"{where} holds {type(value).__name__} {value!r}, whose effect on compiled code cannot be digested"
+    )
+
+
+def inductor_config_factors() -> str:
+    """Digest of the effective global Inductor and functorch (AOTAutograd) configuration.
+
+    What Inductor itself keys its FX-graph cache on: each module's `save_config_portable()`, which leaves out
+    what cannot change code (`trace.*` debug output, `cutlass_dir` paths, `compile_threads`,
+    `worker_start_method`, the cache switches, private `_` entries), plus custom graph passes by their `uuid()`.
+    Equal configurations give equal digests in any process; a custom pass without `uuid()` raises
+    `UnkeyableConfigError` (the caller compiles without the cache).
+    """
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    doc: dict[str, Any] = {}
+    for name, module in (("inductor", inductor_config), ("functorch", functorch_config)):
+        for key, value in module.save_config_portable().items():
+            doc[f"{name}.{key}"] = _portable(value, f"torch._{name}.config.{key}")
+    for key in _CUSTOM_PASSES:
+        value = getattr(inductor_config, key, None)
+        if value is None:
+            continue
+        if not callable(getattr(value, "uuid", None)):
+            raise UnkeyableConfigError(
+                f"torch._inductor.config.{key} is {value!r}, which has no uuid(); make it a "
+                f"torch._inductor.custom_graph_pass.CustomGraphPass so that its version can enter the cache key"
+            )
+        doc[f"inductor.{key}"] = f"uuid:{value.uuid()}"
+    return digest(json.dumps(doc, sort_keys=True, separators=(",", ":")))

@@ -7,14 +7,16 @@ torch; `standalone_compile` and `CompiledArtifact.save/load` are reached through
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.fx
 
 from . import _compat
 
-__all__ = ["compile_inductor", "compile_eager", "save_artifact", "load_artifact", "returns_tuple"]
+__all__ = ["compile_inductor", "compile_eager", "save_artifact", "load_artifact", "returns_tuple", "inductor_cache_dir"]
 
 
 def returns_tuple(gm: torch.fx.GraphModule) -> bool:
@@ -83,3 +85,22 @@ def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
     """Load an artifact saved by `save_artifact`. Raises on any problem (wrong torch build, bad bytes)."""
     artifact = _compat.load_artifact(path)
     return _adapt_outputs(artifact, returns_tuple(gm))
+
+
+@contextlib.contextmanager
+def inductor_cache_dir(path: str | None) -> Iterator[None]:
+    """Point Inductor's on-disk cache (`TORCHINDUCTOR_CACHE_DIR`, read by Inductor whenever it needs the folder)
+    at `path` for the block, then restore the variable. `None`: leave it alone. Not thread-safe (the environment
+    is process-wide), like the rest of a compile."""
+    if path is None:
+        yield
+        return
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before

@@ -314,6 +314,15 @@ class Runtime:
         finally:
             self.phase = Phase.SERVING if lazy else Phase.CAPTURING
 
+    def reset(self) -> None:
+        """Drop every graph and plan: the next capture phase (or, with `lazy_capture`, each size's next call)
+        captures again, into a fresh pool; the old one is freed with its graphs. Earlier outputs become invalid."""
+        if self.pool.handle is not None:
+            torch.cuda.synchronize()
+            self.pool.handle = torch.cuda.graph_pool_handle()  # same stream and warm-up MemPool (cuBLAS workspaces)
+        for kept in (self.replays, self.capture_order, self._attempted, self._warned):
+            kept.clear()
+
     def _full_graph(self, batch: int, graph: Any, out: Any, args: Sequence[Any]) -> FullGraph:
         every, cheap = [], []
         for i, (node, a) in enumerate(zip(self.placeholders, args)):

@@ -1,9 +1,12 @@
-"""The compile cache: warm starts in new processes, corruption, concurrent writers, keys, the index format."""
+"""The compile cache: warm starts in new processes (on a new host too), corruption, swapped entries, concurrent cold
+processes, keys, the index format, and Inductor options that really reach the compiler."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,9 +23,15 @@ pytestmark = pytest.mark.inductor
 
 
 def _artifacts(cache_dir):
-    (key_dir,) = [os.path.join(cache_dir, d) for d in os.listdir(cache_dir)]
+    (key_dir,) = [os.path.join(cache_dir, d) for d in os.listdir(cache_dir) if d != "inductor"]
     index = parse_index(open(os.path.join(key_dir, "index.json"), "rb").read())
     return key_dir, index
+
+
+def _libraries(folder):
+    """Every shared library under `folder` (the kernels and ISA probes Inductor builds on a CPU)."""
+    return {os.path.relpath(os.path.join(d, f), folder) for d, _, files in os.walk(folder) for f in files
+            if f.endswith(".so")}
 
 
 def _compile_silly(cache_dir, **kwargs):
@@ -34,23 +43,38 @@ def _compile_silly(cache_dir, **kwargs):
     return compiled
 
 
-def test_warm_start_in_a_new_process_compiles_nothing(tmp_path):
-    args = ["--model", "toy_llama", "--layers", "2", "--cache-dir", str(tmp_path), "--batches", "1,5,70"]
-    cold = run_scenario(*args)
-    warm = run_scenario(*args)
-    assert cold["counters"]["num_inductor_compiles"] == 3  # first, middle and last piece, one range
-    assert cold["counters"]["num_compiled_artifacts_saved"] == 3
-    assert warm["counters"]["num_inductor_compiles"] == 0
-    assert warm["counters"]["num_compiled_artifacts_loaded"] == 3
-    assert warm["cache_dir"] == cold["cache_dir"]
-    assert cold["max_rel_error"] < 1e-5 and warm["max_rel_error"] < 1e-5
+def test_warm_start_on_a_new_host_compiles_and_builds_nothing(tmp_path):
+    """Cold in one process; then the cache directory copied elsewhere (another host) and a new process with an empty
+    Inductor cache of its own: nothing compiled, and no kernel library built, since the cache carries them."""
+    tmp_cold, tmp_warm = tmp_path / "tmp-cold", tmp_path / "tmp-warm"
+    tmp_cold.mkdir(), tmp_warm.mkdir()
+
+    def run(root, tmp):  # TMPDIR moves Inductor's default cache folder; TORCHINDUCTOR_CACHE_DIR left unset
+        return run_scenario("--model", "silly", "--cache-dir", str(root), "--batches", "1,5,70",
+                            env={"TMPDIR": str(tmp)}, unset=("TORCHINDUCTOR_CACHE_DIR",))
+
+    cold = run(tmp_path / "cache", tmp_cold)
+    shutil.copytree(tmp_path / "cache", tmp_path / "copied")
+    carried = _libraries(tmp_path / "copied")
+    warm = run(tmp_path / "copied", tmp_warm)
+    assert cold["counters"]["num_inductor_compiles"] == 3 and cold["counters"]["num_compiled_artifacts_saved"] == 3
+    assert warm["counters"]["num_inductor_compiles"] == 0 and warm["counters"]["num_compiled_artifacts_loaded"] == 3
+    assert cold["counters"]["num_backend_compilations"] == warm["counters"]["num_backend_compilations"] == 3
+    assert os.path.basename(warm["cache_dir"]) == os.path.basename(cold["cache_dir"])
+    assert carried, "the cold run left no kernel library in the pieceworks cache"
+    assert _libraries(tmp_path / "copied") == carried, "the warm start rebuilt kernels the cache carries"
+    assert _libraries(tmp_warm) == set(), "the warm start built libraries outside the cache"
+    assert cold["max_rel_error"] < 1e-6 and warm["max_rel_error"] < 1e-6
 
 
 def test_identical_pieces_are_loaded_once(tmp_path):
     args = ["--model", "toy_llama", "--layers", "6", "--cache-dir", str(tmp_path), "--batches", "3"]
-    run_scenario(*args)
+    cold = run_scenario(*args)["counters"]
     warm = run_scenario(*args)["counters"]
     assert warm["num_compiled_artifacts_loaded"] == 3 and warm["num_shared_piece_compiles"] == 7 - 3
+    # vLLM's meaning: one backend compilation per compiled piece and compile target, cold or warm
+    assert cold["num_backend_compilations"] == warm["num_backend_compilations"] == 7
+    assert cold["num_inductor_compiles"] == 3 and warm["num_inductor_compiles"] == 0
 
 
 def _torch_key() -> bytes:
@@ -85,8 +109,6 @@ def test_corrupt_artifact_is_reported_and_recompiled(tmp_path, caplog, how):
     path = os.path.join(key_dir, "artifacts", entry["file"])
     data = _corrupt(path, how)
     if how == "other_build":  # consistent index, so that only the loader can object
-        import hashlib
-
         index[name] = {**entry, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
         open(os.path.join(key_dir, "index.json"), "wb").write(serialize_index(index))
     caplog.set_level("WARNING", logger="pieceworks")
@@ -127,34 +149,31 @@ def test_cache_key_changes_with_config_not_with_path(tmp_path):
     assert os.path.basename(a) == os.path.basename(b)
     assert os.path.basename(a) != os.path.basename(c)
     factors = json.load(open(os.path.join(a, "factors.json")))
-    assert set(factors) == {"environment", "config", "graph"}
+    assert set(factors) == {"environment", "config", "inductor", "graph"}
     assert str(tmp_path) not in json.dumps(factors)
 
 
-CONCURRENT_WRITER = """
-import sys, torch, pieceworks
-from pieceworks.harness import models
-config = pieceworks.CompilationConfig(splitting_ops=models.SPLITTING_OPS, cache_dir=sys.argv[1])
-out = pieceworks.compile(models.SillyModel(), config)(torch.zeros(4))
-assert torch.equal(out, torch.full((4,), 19.0)), out
-print(pieceworks.counters.num_inductor_compiles, pieceworks.counters.num_compiled_artifacts_loaded)
-"""
-
-
 @pytest.mark.slow
-def test_concurrent_writers_leave_a_consistent_cache(tmp_path):
+def test_concurrent_cold_processes_share_the_work(tmp_path):
+    """4 processes start one model on one empty cache at once: each entry is compiled by one of them (under that
+    entry's lock) and loaded by the others; nothing is lost, torn or left behind."""
     procs = [
-        subprocess.Popen([sys.executable, "-c", CONCURRENT_WRITER, str(tmp_path)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-        for _ in range(3)
+        subprocess.Popen([sys.executable, "-m", "pieceworks.harness.scenario", "--model", "silly", "--cache-dir",
+                          str(tmp_path), "--batches", "4,9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
     ]
+    reports = []
     for proc in procs:
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    assert all(r["max_rel_error"] < 1e-6 for r in reports)
+    compiles = sum(r["counters"]["num_inductor_compiles"] for r in reports)
+    loads = sum(r["counters"]["num_compiled_artifacts_loaded"] for r in reports)
+    assert (compiles, loads) == (3, 3 * 3), f"4 cold processes compiled {compiles} pieces and loaded {loads}"
+    assert sum(r["counters"]["num_cache_artifacts_rejected"] for r in reports) == 0
     key_dir, index = _artifacts(tmp_path)
     assert len(index) == 3
-    import hashlib
-
     for entry in index.values():
         data = open(os.path.join(key_dir, "artifacts", entry["file"]), "rb").read()
         assert hashlib.sha256(data).hexdigest() == entry["sha256"]
@@ -186,3 +205,28 @@ def test_unsaveable_artifact_is_logged_not_fatal(tmp_path, caplog):
     assert "could not save" in caplog.text
     assert cache.read_index() == {}
     assert [f for f in os.listdir(cache.artifact_dir)] == []
+
+
+class _ReluThenAttention(torch.nn.Module):
+    def forward(self, x):
+        h = torch.relu(x)
+        out = torch.empty_like(h)
+        torch.ops.silly.attention(h, h, h, out)
+        return out
+
+
+def test_inductor_compile_config_reaches_the_generated_code(tmp_path):
+    """A non-empty `inductor_compile_config` is applied by Inductor, not only hashed into the key: Inductor's own
+    test switch `cpp.inject_relu_bug_TESTING_ONLY="accuracy"` makes its C++ relu compute `x + 1`, which shows in
+    the output."""
+    x = torch.linspace(-2, 2, 9)
+
+    def run(options):
+        torch._dynamo.reset()
+        config = CompilationConfig(splitting_ops=["silly::attention"], cache_dir=str(tmp_path),
+                                   inductor_compile_config=options, cudagraph_mode=pieceworks.CUDAGraphMode.NONE)
+        with counters.expect(num_inductor_compiles=1):
+            return pieceworks.compile(_ReluThenAttention(), config)(x).clone()
+
+    torch.testing.assert_close(run({}), 3 * torch.relu(x))
+    torch.testing.assert_close(run({"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}), 3 * (x + 1))

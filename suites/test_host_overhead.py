@@ -8,7 +8,7 @@ report, never asserted. What is asserted is what makes the subtraction valid: th
 the forward, in order, as graph replays where graphs exist, and redoing it recomputes the forward's output; and
 nothing compiles, traces or captures while it is timed.
 
-- CPU (runs everywhere, quickly): eager compiler, mode NONE, a tiny ToyLlama; host clock.
+- CPU (runs everywhere, quickly): eager compiler, mode NONE, a tiny ToyLlama; host clock, torch on one thread.
 - GPU (`-m gpu`): Inductor, PIECEWISE and FULL, ToyLlama 12 layers in bfloat16 at batch 1, 64 and 256, vLLM's 51
   capture sizes; CUDA events for the breakdown, and pytest-benchmark's own timer waits for the GPU
   (`timing.synchronized_clock`), 20 forwards per round.
@@ -39,8 +39,17 @@ def _output_like(value, out: torch.Tensor) -> torch.Tensor:
     return next(v for v in values if isinstance(v, torch.Tensor) and v.shape[1:] == out.shape[1:] and v.dtype == out.dtype)
 
 
+@pytest.fixture
+def one_thread():
+    """Host overhead, not the thread pool's: torch on one thread while the CPU variant is timed."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.benchmark(group="host overhead, CPU (eager compiler, mode NONE, ToyLlama 2 layers hidden 16)")
-def test_host_overhead_cpu(benchmark):
+def test_host_overhead_cpu(benchmark, one_thread):
     config = models.ToyLlamaConfig(hidden_size=16, mlp_size=32, vocab_size=16, num_layers=2)
     torch.manual_seed(0)
     model = models.ToyLlama(config)

@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head", required=True, help="asv result set of the change under test")
     parser.add_argument("--thresholds", default=DEFAULT_PATH, help="rules file (default: %(default)s)")
     parser.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown (PR comment)")
+    parser.add_argument("--base-label", help="how the report names base (default: its path)")
+    parser.add_argument("--head-label", help="how the report names head (default: its path)")
     args = parser.parse_args(argv)
     try:
         thresholds = load_thresholds(args.thresholds)
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gate: {summary(rows, status)}")
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as f:
-            f.write(markdown(rows, status, args.base, args.head))
+            f.write(markdown(rows, status, args.base_label or args.base, args.head_label or args.head))
     return status
 
 

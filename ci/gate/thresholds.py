@@ -11,6 +11,8 @@ lists any) fit a benchmark judges it. Fields of a rule:
   larger, when that exceeds `max_ratio - 1` (0: no noise guard).
 - `max_noise`: a spread-widened threshold above this means the measurement cannot judge a change: the item
   fails as too noisy (exit 2) instead of passing anything.
+- `iqr_from`: the benchmark (same class, same parameters) that reports this one's interquartile range in the same
+  unit, e.g. "track_iqr_us" beside "track_median_us"; its relative half-width joins the measured spread.
 - `gate`: false to show a metric without judging it.
 
 A benchmark that no rule fits is an error, so that a new benchmark gets a threshold on purpose.
@@ -26,7 +28,7 @@ import os
 __all__ = ["Rule", "Thresholds", "ThresholdsError", "DEFAULT_PATH", "load_thresholds"]
 
 DEFAULT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "thresholds.json")
-_FIELDS = {"metric", "match", "units", "max_ratio", "abs_tolerance", "noise_k", "max_noise", "gate", "about"}
+_FIELDS = {"metric", "match", "units", "max_ratio", "abs_tolerance", "noise_k", "max_noise", "gate", "iqr_from", "about"}
 
 
 class ThresholdsError(ValueError):
@@ -43,6 +45,7 @@ class Rule:
     noise_k: float = 0.0
     max_noise: float = float("inf")
     gate: bool = True
+    iqr_from: str | None = None
 
     def fits(self, benchmark: str, unit: str | None) -> bool:
         if self.units and unit not in self.units:
@@ -85,8 +88,11 @@ def _rule(path: str, index: int, raw: object) -> Rule:
             numbers[field] = float(value)
     if numbers.get("max_ratio", 1.1) < 1.0:
         raise ThresholdsError(f"{where}: max_ratio {numbers['max_ratio']} < 1 would fail an unchanged benchmark")
+    iqr_from = raw.get("iqr_from")
+    if iqr_from is not None and (not isinstance(iqr_from, str) or "." in iqr_from):
+        raise ThresholdsError(f'{where}: iqr_from names a method of the same class, e.g. "track_iqr_us"')
     return Rule(metric=raw["metric"], match=tuple(match), units=tuple(units), gate=bool(raw.get("gate", True)),
-                **numbers)
+                iqr_from=iqr_from, **numbers)
 
 
 def load_thresholds(path: str = DEFAULT_PATH) -> Thresholds:

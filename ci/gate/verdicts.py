@@ -11,7 +11,7 @@ import dataclasses
 import math
 
 from .results import FAILED, SKIPPED, Item, ResultSet
-from .thresholds import Thresholds
+from .thresholds import Rule, Thresholds
 
 __all__ = ["Row", "compare", "exit_status", "INCOMPLETE", "REGRESSION"]
 
@@ -50,14 +50,26 @@ def ratio_of(base: float, head: float) -> float:
     return head / base
 
 
-def judge(base: Item, head: Item, thresholds: Thresholds, unit: str | None) -> tuple[str, float | None, float | None,
-                                                                                      str, str]:
+def iqr_spread(results: ResultSet, item: Item, rule: Rule) -> float:
+    """Relative half-width of the IQR that a companion benchmark (rule.iqr_from) reports for this item, else 0."""
+    if not rule.iqr_from or not isinstance(item.value, float) or not item.value:
+        return 0.0
+    companion = results.items.get((item.benchmark.rsplit(".", 1)[0] + "." + rule.iqr_from, item.params))
+    if companion is None or not isinstance(companion.value, float):
+        return 0.0
+    return abs(companion.value) / 2 / abs(item.value)
+
+
+def judge(base: Item, head: Item, thresholds: Thresholds, unit: str | None, base_set: ResultSet | None = None,
+          head_set: ResultSet | None = None) -> tuple[str, float | None, float | None, str, str]:
     """(verdict, ratio, threshold, metric, note) for an item both sides measured."""
     rule = thresholds.rule_for(base.benchmark, unit)
     if rule is None:
         return NO_RULE, None, None, "", f"no rule in {thresholds.path} fits this benchmark (unit {unit}): add one"
     ratio = ratio_of(base.value, head.value)
-    spread = max(base.spread, head.spread)
+    spread = max(base.spread, head.spread,
+                 iqr_spread(base_set, base, rule) if base_set else 0.0,
+                 iqr_spread(head_set, head, rule) if head_set else 0.0)
     threshold = rule.threshold(spread)
     note = f"widened by noise ({spread:.1%} spread)" if threshold > rule.max_ratio - 1.0 + 1e-12 else ""
     if not rule.gate:
@@ -100,7 +112,7 @@ def compare(base: ResultSet, head: ResultSet, thresholds: Thresholds) -> list[Ro
             rows.append(Row(**cell, ratio=None, threshold=None, verdict=SKIPPED_IN_HEAD,
                             note="base measured it; head skipped it (NotImplementedError in setup)"))
             continue
-        verdict, ratio, threshold, metric, note = judge(b, h, thresholds, unit)
+        verdict, ratio, threshold, metric, note = judge(b, h, thresholds, unit, base, head)
         bver = base.meta.get(name, {}).get("version")
         hver = head.meta.get(name, {}).get("version")
         if bver and hver and bver != hver:

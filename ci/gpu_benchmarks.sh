@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The whole GPU benchmark run in one command: asv (latency, memory and capture, compile starts, CPU host overhead,
+# dispatch), the pytest-benchmark host-overhead suite and the report, packed for committing.
+#
+#   OUT=<folder to bring back> bash ci/gpu_benchmarks.sh
+#
+# Offline (the lent H100): carry asv's and piecewise-cuda-graphs' wheels in .whl/, made here with
+#   python3 -m pip download -d .whl asv==0.6.6 piecewise-cuda-graphs==0.1.0 --python-version 3.12 \
+#     --only-binary=:all: --platform manylinux2014_x86_64 --platform any
+# (installed from there when asv is missing). torch, Triton, matplotlib, nvidia-ml-py and pytest-benchmark must be
+# installed already.
+# A deadline keeps the whole command inside one 10-minute device call: PIECEWORKS_DEADLINE_S (default 560) seconds
+# after the start, every step still to come is skipped (each asv step runs under `timeout` with what is left,
+# and asv saves a step's results only when the step ends), and what exists is packed. Steps, most wanted first:
+# latency ToyLlama (bf16, fp32), memory and capture, compile starts, pytest-benchmark host overhead, latency
+# SillyModel, CPU benchmarks, report. To finish a cut-short run: unpack results.tar.gz at the repository root and run
+# again with PIECEWORKS_RESUME=1 (asv skips benchmarks that already have results for this commit).
+# Output in $OUT (default results/gpu-run): results.tar.gz (results/asv and results/bench/<machine>: details,
+# pytest-benchmark JSON, REPORT.md, plots), REPORT.md, gpu_benchmarks.log. In a tree copied without .git, set
+# PIECEWORKS_COMMIT to the commit it is (asv gets a throw-away repository; results are stored under that commit).
+# ASV_LAUNCH_METHOD overrides spawn. Exit status: 0, else the first failing step's.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+START=$SECONDS
+DEADLINE=${PIECEWORKS_DEADLINE_S:-560}
+PY=${PYTHON:-python3}
+OUT=${OUT:-results/gpu-run}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/gpu_benchmarks.log") 2>&1
+export PYTHONUNBUFFERED=1
+say() { echo "[gpu_benchmarks +$((SECONDS - START))s] $*"; }
+status=0
+fail() { [ "$status" -ne 0 ] || status=$1; }
+
+if ! "$PY" -c "import asv" 2>/dev/null; then
+  [ -d .whl ] || { say "asv is not installed and there is no .whl/ folder to install it from"; exit 2; }
+  say "installing asv and piecewise-cuda-graphs from .whl/ (offline)"
+  "$PY" -m pip install -q --no-index --find-links .whl asv piecewise-cuda-graphs || exit 2
+fi
+if ! "$PY" -c "import pieceworks" 2>/dev/null; then
+  say "installing pieceworks (editable, no dependencies)"
+  "$PY" -m pip install -q --no-deps --no-build-isolation -e . || exit 2
+fi
+
+MACHINE=${PIECEWORKS_MACHINE:-$("$PY" - <<'PYEOF'
+import re, socket, torch
+name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu-" + socket.gethostname()
+print(re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"))
+PYEOF
+)}
+"$PY" -m asv machine --yes --machine "$MACHINE" >/dev/null || exit 2
+
+COMMIT=$(git rev-parse HEAD 2>/dev/null) || COMMIT=
+RENAME_TO=
+if [ -z "$COMMIT" ]; then
+  [ -n "${PIECEWORKS_COMMIT:-}" ] || { say "not a git checkout: set PIECEWORKS_COMMIT=<the commit this tree is>"; exit 2; }
+  say "no git repository here: a throw-away one for asv; results go under $PIECEWORKS_COMMIT"
+  git -c init.defaultBranch=main init -q . &&
+    git -c user.name=bench -c user.email=bench@localhost commit -q --allow-empty -m "benchmark run" || exit 2
+  COMMIT=$(git rev-parse HEAD)
+  RENAME_TO=$PIECEWORKS_COMMIT
+fi
+
+export PIECEWORKS_BENCH_DIR=${PIECEWORKS_BENCH_DIR:-$(mktemp -d /tmp/pieceworks-bench-XXXXXX)}
+DETAILS=results/bench/$MACHINE
+mkdir -p "$DETAILS"
+export PIECEWORKS_BENCH_DETAILS=$PWD/$DETAILS  # absolute: asv runs benchmarks in temporary folders
+"$PY" -c "import sys; sys.path.insert(0, 'suites'); from benchmarks import _shared; _shared.write_details('environment', {})" &&
+  cat "$DETAILS/environment.json"
+
+left() { echo $((DEADLINE - (SECONDS - START))); }
+rename_results() {  # rename_results FROM_COMMIT TO_COMMIT: move asv's result file, merging into one there
+  "$PY" - "$MACHINE" "$1" "$2" <<'PYEOF'
+import glob, json, os, sys
+machine, old, new = sys.argv[1:]
+for path in glob.glob(f"results/asv/{machine}/{old[:8]}-*.json"):
+    doc = json.load(open(path))
+    doc["commit_hash"] = new
+    target = os.path.join(os.path.dirname(path), new[:8] + os.path.basename(path)[8:])
+    if os.path.exists(target):  # an earlier step's results, already moved
+        earlier = json.load(open(target))
+        earlier["results"].update(doc["results"])
+        earlier["durations"].update(doc.get("durations", {}))
+        doc = earlier
+    json.dump(doc, open(target, "w"))
+    os.remove(path)
+PYEOF
+}
+pack() {
+  [ -z "$RENAME_TO" ] || rename_results "$COMMIT" "$RENAME_TO"
+  tar czf "$OUT/results.tar.gz" results/asv "$DETAILS" 2>/dev/null
+}
+[ -z "$RENAME_TO" ] || [ -z "${PIECEWORKS_RESUME:-}" ] || rename_results "$RENAME_TO" "$COMMIT"  # resume: asv's view
+step_asv() {  # step_asv MIN_SECONDS REGEX
+  local budget
+  budget=$(( $(left) - 30 ))  # 30 s kept for the report and packing
+  if [ "$budget" -lt "$1" ]; then say "SKIPPED asv '$2': ${budget}s left before the deadline, it needs ~$1s"; fail 3; return; fi
+  say "asv run --bench '$2' (machine $MACHINE, at most ${budget}s)"
+  timeout "$budget" "$PY" -m asv run --python=same --set-commit-hash "$COMMIT" --machine "$MACHINE" \
+    --launch-method "${ASV_LAUNCH_METHOD:-spawn}" --show-stderr ${PIECEWORKS_RESUME:+--skip-existing-successful} \
+    --bench "$2"
+  local rc=$?
+  [ "$rc" -ne 124 ] || say "TIMED OUT: asv '$2' did not finish before the deadline; its results are lost"
+  [ "$rc" -eq 0 ] || fail "$rc"
+  pack
+}
+
+step_asv 120 '^latency\.ToyLlama'
+step_asv 60 '^memory\.'
+step_asv 60 '^compile\.'
+if [ -n "${PIECEWORKS_RESUME:-}" ] && [ -s "$DETAILS/host_overhead.json" ]; then
+  say "pytest-benchmark host overhead: results exist (resume)"
+elif [ "$(( $(left) - 30 ))" -ge 40 ]; then
+  say "pytest-benchmark: host overhead (GPU and CPU variants)"
+  timeout "$(( $(left) - 30 ))" "$PY" -m pytest suites/test_host_overhead.py -q -p no:cacheprovider \
+    --benchmark-json "$DETAILS/host_overhead.json" || fail $?
+else
+  say "SKIPPED pytest-benchmark host overhead: too little time left"; fail 3
+fi
+step_asv 40 '^latency\.Silly'
+step_asv 20 '^(host_overhead|dispatch)\.'
+say "report"
+"$PY" -m pieceworks.harness.report --machine "$MACHINE" || fail $?
+cp "$DETAILS/REPORT.md" "$OUT/REPORT.md" 2>/dev/null
+pack
+[ -z "$RENAME_TO" ] || rm -rf .git
+say "packed $OUT/results.tar.gz ($(du -h "$OUT/results.tar.gz" | cut -f1)); exit status $status"
+exit "$status"

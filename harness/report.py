@@ -1,0 +1,422 @@
+"""The benchmark report: tables, target verdicts and PNG plots, regenerated from committed result files.
+
+`python -m pieceworks.harness.report --machine NAME` reads
+- asv's results for that machine (`results/asv/NAME/<commit>-<env>.json`, the newest unless `--commit`), with
+  `results/asv/benchmarks.json` for units;
+- the details the suites wrote beside them (`results/bench/NAME/*.json`: environment, skip reasons, errors
+  against eager, kernel profiles);
+- pytest-benchmark's JSON of the host-overhead suite (`results/bench/NAME/host_overhead.json`), if present;
+and writes `results/bench/NAME/REPORT.md` and `results/bench/NAME/plots/*.png` (matplotlib; without it, the
+tables only). Every ratio is computed from numbers of the same run. Nothing is measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import glob
+import json
+import math
+import os
+import sys
+from typing import Any
+
+__all__ = ["load_asv", "main"]
+
+TARGETS = {
+    "piecewise_vs_pcg": 0.9, "full_vs_reduce_overhead": 1.02, "pool_51_vs_largest": 1.05, "capture_51_s": 1.0,
+    "warm_vs_cold": 0.10, "overhead_per_piece_us": 2.0,
+}
+LIBRARY_DOMINATES = 0.5  # a library kernel family above this share of GPU time dominates the batch size
+
+
+def load_asv(results_dir: str, machine: str, commit: str | None = None) -> tuple[dict[str, dict], dict[str, Any]]:
+    """{benchmark name: {params tuple: value}} of one asv result file, and that file's header fields."""
+    files = [f for f in glob.glob(os.path.join(results_dir, machine, "*.json")) if not f.endswith("machine.json")]
+    if commit:
+        files = [f for f in files if os.path.basename(f).startswith(commit[:8])]
+    if not files:
+        raise FileNotFoundError(f"no asv results for machine {machine!r} in {results_dir}"
+                                + (f" at commit {commit}" if commit else "") + ": run the benchmarks first")
+    docs = [json.load(open(f)) for f in files]
+    doc = max(docs, key=lambda d: max((r[3] for r in d["results"].values() if len(r) > 3 and r[3]), default=0))
+    columns = doc["result_columns"]
+    table: dict[str, dict] = {}
+    for name, row in doc["results"].items():
+        row = dict(zip(columns, row))
+        values = row["result"] if isinstance(row["result"], list) else [row["result"]]
+        params = [[ast.literal_eval(p) for p in ps] for ps in row.get("params") or []]
+        keys = _product(params) if params else [()]
+        table[name] = {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+                       for k, v in zip(keys, values)}
+    header = {k: doc.get(k) for k in ("commit_hash", "date", "params", "python", "env_name")}
+    return table, header
+
+
+def _product(params: list[list[Any]]) -> list[tuple]:
+    keys: list[tuple] = [()]
+    for values in params:
+        keys = [k + (v,) for k in keys for v in values]
+    return keys
+
+
+def _details(folder: str) -> dict[str, Any]:
+    found = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        name = os.path.splitext(os.path.basename(path))[0]
+        with open(path) as f:
+            found[name] = json.load(f)
+    return found
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _verdict(ok: bool | None) -> str:
+    return "not measured" if ok is None else ("met" if ok else "**missed**")
+
+
+class Report:
+    """Builds the Markdown lines and the plots from one machine's result files."""
+
+    def __init__(self, asv: dict[str, dict], header: dict[str, Any], details: dict[str, Any]) -> None:
+        self.asv, self.header, self.details = asv, header, details
+        self.lines: list[str] = []
+        self.targets: list[tuple[str, str, str, str]] = []
+        self.plots: list[tuple[str, Any]] = []
+
+    def value(self, name: str, *key: Any) -> Any:
+        return self.asv.get(name, {}).get(tuple(key))
+
+    # ---- latency --------------------------------------------------------------------------------------------
+    def latency(self) -> None:
+        classes = [("ToyLlamaBfloat16", "toy_llama", "bfloat16"), ("ToyLlamaFloat32", "toy_llama", "float32"),
+                   ("SillyBfloat16", "silly", "bfloat16"), ("SillyFloat32", "silly", "float32")]
+        self.lines += ["## Latency", "",
+                       "Median µs per forward (CUDA events, 200 samples after 20 warm-up calls), IQR in brackets; "
+                       "every number of a table comes from one process. Ratios: PIECEWISE / Meta pcg and FULL / "
+                       "reduce-overhead, from the same table.", ""]
+        worst: dict[str, list] = {"pcg": [], "ro": []}
+        for cls, model, dtype in classes:
+            name = f"latency.{cls}.track_median_us"
+            if name not in self.asv:
+                continue
+            iqr = self.asv.get(f"latency.{cls}.track_iqr_us", {})
+            impls = sorted({k[0] for k in self.asv[name]}, key=list(dict.fromkeys(k[0] for k in self.asv[name])).index)
+            batches = sorted({k[1] for k in self.asv[name]})
+            present = [i for i in impls if any(self.asv[name].get((i, b)) is not None for b in batches)]
+            if not present:
+                self.lines += [f"{model} {dtype}: not measured here ({self._skip_reason(f'latency_{model}_{dtype}')})",
+                               ""]
+                continue
+            self.lines += [f"### {model}, {dtype}", "",
+                           "| batch | " + " | ".join(present) + " | PIECEWISE / pcg | FULL / reduce-overhead |",
+                           "|---:|" + "---:|" * (len(present) + 2)]
+            series: dict[str, list] = {i: [] for i in present}
+            for b in batches:
+                cells = []
+                for i in present:
+                    med, spread = self.asv[name].get((i, b)), iqr.get((i, b))
+                    series[i].append(med)
+                    cells.append("n/a" if med is None else f"{med:.0f} ({_fmt(spread, 0)})")
+                pw, pcg = self.asv[name].get(("pieceworks-piecewise", b)), self.asv[name].get(("meta-pcg", b))
+                full, ro = self.asv[name].get(("pieceworks-full", b)), self.asv[name].get(("reduce-overhead", b))
+                r1 = pw / pcg if pw and pcg else None
+                r2 = full / ro if full and ro else None
+                if model == "toy_llama":
+                    worst["pcg"].append((r1, dtype, b))
+                    worst["ro"].append((r2, dtype, b))
+                self.lines.append(f"| {b} | " + " | ".join(cells) + f" | {_fmt(r1, 2)}× | {_fmt(r2, 2)}× |")
+            self.lines.append("")
+            self.plots.append((f"latency_{model}_{dtype}.png", (f"{model}, {dtype}: latency vs batch", batches, series)))
+        self._latency_targets(worst)
+        self._profiles()
+
+    def _latency_targets(self, worst: dict[str, list]) -> None:
+        for key, label, limit, what in (
+            ("pcg", "PIECEWISE ≤ 0.9× Meta pcg, every batch, both dtypes (ToyLlama)", TARGETS["piecewise_vs_pcg"],
+             ("pieceworks-piecewise", "meta-pcg")),
+            ("ro", "FULL ≤ 1.02× reduce-overhead, every batch, both dtypes (ToyLlama)",
+             TARGETS["full_vs_reduce_overhead"], ("pieceworks-full", "reduce-overhead")),
+        ):
+            ratios = [(r, d, b) for r, d, b in worst[key] if r is not None]
+            if not ratios:
+                self.targets.append((label, "n/a", _verdict(None), ""))
+                continue
+            misses = [(r, d, b) for r, d, b in ratios if r > limit]
+            measured = ", ".join(f"{d} b{b}: {r:.2f}×" for r, d, b in ratios)
+            note = "; ".join(self._profile_note(d, b, what) for _, d, b in sorted(misses, reverse=True)[:3])
+            self.targets.append((label, measured, _verdict(not misses), note))
+
+    def _profile_note(self, dtype: str, batch: int, impls: tuple[str, str]) -> str:
+        profiles = self.details.get(f"latency_toy_llama_{dtype}", {}).get("profiles", {})
+        entries = self.details.get(f"latency_toy_llama_{dtype}", {}).get("entries", {})
+        parts = []
+        for impl in (impls[0], impls[1], "eager"):
+            prof = profiles.get(f"{impl}|{batch}")
+            med = entries.get(f"{impl}|{batch}", {}).get("median_us")
+            if not prof or not prof.get("top"):
+                continue
+            top = prof["top"][0]
+            busy = prof["device_us_per_call"] / med if med else None
+            parts.append(f"{impl}: kernels {prof['device_us_per_call']:.0f} µs of {_fmt(med, 0)} µs"
+                         f" (GPU busy {_fmt(busy and 100 * busy, 0)}%), top {top['kind']} kernel "
+                         f"{top['us_per_call']:.0f} µs/forward ({100 * top['share']:.0f}%)")
+            break
+        return f"{dtype} b{batch}: " + ("; ".join(parts) if parts else "no profile recorded")
+
+    def _profiles(self) -> None:
+        rows = []
+        for dtype in ("bfloat16", "float32"):
+            profiles = self.details.get(f"latency_toy_llama_{dtype}", {}).get("profiles", {})
+            for key, prof in sorted(profiles.items(), key=lambda kv: (kv[0].split("|")[0], int(kv[0].split("|")[1]))):
+                impl, batch = key.split("|")
+                if not prof.get("top"):
+                    continue
+                top = prof["top"][0]
+                dominated = prof["library_share"] >= LIBRARY_DOMINATES
+                rows.append(f"| {dtype} | {impl} | {batch} | {prof['device_us_per_call']:.0f} | "
+                            f"{100 * prof['library_share']:.0f}%{' (library dominates)' if dominated else ''} | "
+                            f"`{top['name'][:70]}` {top['us_per_call'] / max(top['calls_per_call'], 1):.1f} µs × "
+                            f"{top['calls_per_call']:.0f} |")
+        if rows:
+            self.lines += ["### Kernel profiles (torch.profiler, once per size; ToyLlama)", "",
+                           "GPU kernel µs per forward, the share of library GEMM/GEMV kernels (cuBLAS, cuBLASLt, "
+                           f"CUTLASS; ≥ {100 * LIBRARY_DOMINATES:.0f}% = the library, not the implementation, "
+                           "dominates that size), and the top kernel (µs per call × calls per forward).", "",
+                           "| dtype | implementation | batch | kernel µs | library share | top kernel |",
+                           "|---|---|---:|---:|---:|---|", *rows, ""]
+
+    # ---- memory and capture ---------------------------------------------------------------------------------
+    def memory(self) -> None:
+        base = "memory.CaptureMemory."
+        if self.value(base + "track_pool_mib", "PIECEWISE", 1) is None and \
+                self.value(base + "track_pool_mib", "FULL", 1) is None:
+            self.lines += ["## Memory and capture", "", f"Not measured here ({self._skip_reason('memory')}).", ""]
+            for label in ("pool for 51 sizes ≤ 1.05× the largest size alone", "capture of 51 sizes ≤ 1 s"):
+                self.targets.append((label, "n/a", _verdict(None), ""))
+            return
+        nvml = self.details.get("memory", {}).get("nvml", "")
+        self.lines += ["## Memory and capture (ToyLlama 12 layers, bfloat16)", "",
+                       "n sizes = the largest n of vLLM's 51 capture sizes (n = 1: 512 alone). One pool: one model "
+                       "capturing all n. Unshared: one model per size, each its own pool, all alive. MiB.",
+                       f"NVML: {nvml}", "",
+                       "| mode | sizes | pool | reserved Δ | NVML used Δ | unshared pool | unshared reserved Δ | "
+                       "unshared NVML Δ | capture s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        series = {}
+        for mode in ("PIECEWISE", "FULL"):
+            series[mode] = {}
+            for n in (1, 8, 51):
+                v = {k: self.value(base + f"track_{k}", mode, n) for k in (
+                    "pool_mib", "reserved_delta_mib", "nvml_used_delta_mib", "unshared_pool_mib",
+                    "unshared_reserved_delta_mib", "unshared_nvml_used_delta_mib", "capture_seconds")}
+                series[mode][n] = v
+                self.lines.append(f"| {mode} | {n} | " + " | ".join(_fmt(x, 2 if k == "capture_seconds" else 1)
+                                                                       for k, x in v.items()) + " |")
+        self.lines.append("")
+        pool_ratios = {m: (s[51]["pool_mib"] / s[1]["pool_mib"]) if s[51]["pool_mib"] and s[1]["pool_mib"] else None
+                       for m, s in series.items()}
+        ok = all(r is not None and r <= TARGETS["pool_51_vs_largest"] for r in pool_ratios.values())
+        self.targets.append(("pool for 51 sizes ≤ 1.05× the largest size alone",
+                             ", ".join(f"{m}: {_fmt(r, 3)}×" for m, r in pool_ratios.items()), _verdict(ok), ""))
+        captures = {m: s[51]["capture_seconds"] for m, s in series.items()}
+        ok = all(c is not None and c <= TARGETS["capture_51_s"] for c in captures.values())
+        self.targets.append(("capture of 51 sizes ≤ 1 s", ", ".join(f"{m}: {_fmt(c, 2)} s" for m, c in captures.items()),
+                             _verdict(ok), ""))
+        self.plots.append(("pool_vs_sizes.png", series))
+
+    # ---- compile --------------------------------------------------------------------------------------------
+    def compile(self) -> None:
+        base = "compile.CompileStart."
+        starts = ("cold", "warm", "warm_new_host")
+        rows = {s: {k: self.value(base + f"track_{k}", s) for k in (
+            "first_call_seconds", "process_seconds", "inductor_compiles", "artifacts_loaded")} for s in starts}
+        device = self.details.get("compile", {}).get("device", "?")
+        self.lines += ["## Compile: cold, warm, warm on a new host", ""]
+        if rows["cold"]["first_call_seconds"] is None:
+            self.lines += ["Not measured here.", ""]
+            self.targets.append(("warm start: 0 Inductor compiles, ≤ 10% of cold (also new host)", "n/a",
+                                 _verdict(None), ""))
+            return
+        cold = rows["cold"]["first_call_seconds"]
+        self.lines += [f"ToyLlama 12 layers on {device}, each start a fresh process; first call = trace + compile or "
+                       "load.", "", "| start | first call s | vs cold | process s | Inductor compiles | artifacts "
+                       "loaded |", "|---|---:|---:|---:|---:|---:|"]
+        for s in starts:
+            r = rows[s]
+            ratio = r["first_call_seconds"] / cold if r["first_call_seconds"] is not None and cold else None
+            self.lines.append(f"| {s} | {_fmt(r['first_call_seconds'], 2)} | {_fmt(ratio, 2)} | "
+                              f"{_fmt(r['process_seconds'], 1)} | {_fmt(r['inductor_compiles'], 0)} | "
+                              f"{_fmt(r['artifacts_loaded'], 0)} |")
+        self.lines.append("")
+        verdicts, measured = [], []
+        for s in ("warm", "warm_new_host"):
+            r = rows[s]
+            ratio = r["first_call_seconds"] / cold if r["first_call_seconds"] is not None else None
+            verdicts.append(r["inductor_compiles"] == 0 and ratio is not None and ratio <= TARGETS["warm_vs_cold"])
+            measured.append(f"{s}: {_fmt(ratio, 2)}× cold, {_fmt(r['inductor_compiles'], 0)} compiles")
+        self.targets.append((f"warm start: 0 Inductor compiles, ≤ 10% of cold (also new host; {device})",
+                             "; ".join(measured), _verdict(all(verdicts)), ""))
+        self.plots.append(("compile_starts.png", rows))
+
+    # ---- host overhead --------------------------------------------------------------------------------------
+    def host_overhead(self, pytest_benchmark: dict | None) -> None:
+        self.lines += ["## Host overhead of the runtime", ""]
+        gpu_rows = []
+        for bench in (pytest_benchmark or {}).get("benchmarks", []):
+            info = bench.get("extra_info", {})
+            if "mode" not in info:
+                continue
+            gpu_rows.append(info | {"wall_us": bench["stats"]["median"] * 1e6, "test": bench["name"]})
+        if gpu_rows:
+            self.lines += ["pytest-benchmark (`suites/test_host_overhead.py`): forward and the pieces' own work "
+                           "timed alone (graph replays, splitting ops called directly) with CUDA events; overhead = "
+                           "forward − work (negative where host work overlaps GPU work). Wall = pytest-benchmark's "
+                           "synchronised clock, 20 forwards a round.", "",
+                           "| device | mode | batch | pieces | forward µs | compiled pieces alone (graph replays) | "
+                           "splitting ops alone | overhead µs | per piece µs | wall µs |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            for r in sorted(gpu_rows, key=lambda r: (str(r.get("device")), r["mode"], r.get("batch", 0))):
+                self.lines.append(
+                    f"| {r.get('device')} | {r['mode']} | {r.get('batch', 4)} | {r['pieces']} | "
+                    f"{r['forward_us']:.1f} | {r['compiled_pieces_alone_us']:.1f} | {r['splitting_ops_alone_us']:.1f}"
+                    f" | {r['overhead_us']:.1f} | {r['overhead_per_piece_us']:.2f} | {r['wall_us']:.1f} |")
+            self.lines.append("")
+        piecewise = [r for r in gpu_rows if r["mode"] == "PIECEWISE" and r.get("device") != "cpu"]
+        if piecewise:
+            ok = all(r["overhead_per_piece_us"] <= TARGETS["overhead_per_piece_us"] for r in piecewise)
+            self.targets.append(("host overhead ≤ 2 µs per piece (PIECEWISE, GPU)", ", ".join(
+                f"b{r['batch']}: {r['overhead_per_piece_us']:.2f} µs" for r in sorted(piecewise, key=lambda r: r["batch"])),
+                _verdict(ok), ""))
+        else:
+            self.targets.append(("host overhead ≤ 2 µs per piece (PIECEWISE, GPU)", "n/a", _verdict(None), ""))
+        base = "host_overhead.HostOverheadCPU."
+        cpu = {m: {k: self.value(base + f"track_{k}", m) for k in ("forward_us", "overhead_per_forward_us",
+                                                                    "overhead_per_piece_us")} for m in ("tiny", "toy_llama")}
+        if any(v["forward_us"] is not None for v in cpu.values()):
+            self.lines += ["asv, CPU (eager compiler, mode NONE, torch on one thread, host clock): µs.", "",
+                           "| model | forward | overhead per forward | per piece |", "|---|---:|---:|---:|"]
+            for m, v in cpu.items():
+                self.lines.append(f"| {m} | {_fmt(v['forward_us'])} | {_fmt(v['overhead_per_forward_us'])} | "
+                                  f"{_fmt(v['overhead_per_piece_us'], 2)} |")
+            self.lines.append("")
+
+    def dispatch(self) -> None:
+        rows = [(n.split(".")[-1], v.get(())) for n, v in self.asv.items() if n.startswith("dispatch.")]
+        if rows:
+            self.lines += ["## Dispatch (CPU, per sweep of 600 batch sizes)", "", "| benchmark | µs |", "|---|---:|"]
+            self.lines += [f"| {n} | {_fmt(v and v * 1e6)} |" for n, v in sorted(rows)] + [""]
+
+    def _skip_reason(self, detail: str) -> str:
+        return self.details.get(detail, {}).get("skip") or "no CUDA on this machine, or not run"
+
+    # ---- assembly -------------------------------------------------------------------------------------------
+    def render(self, machine: str, pytest_benchmark: dict | None) -> str:
+        self.latency()
+        self.memory()
+        self.compile()
+        self.host_overhead(pytest_benchmark)
+        self.dispatch()
+        env = next((d["environment"] for d in self.details.values() if "environment" in d), {})
+        head = [f"# Benchmark report: {machine}", "",
+                "Generated by `python -m pieceworks.harness.report` from the committed result files; no number "
+                "is edited by hand.", "",
+                f"- device: {env.get('device', '?')} (driver {env.get('driver')}, CUDA {env.get('cuda')})",
+                f"- torch {env.get('torch')}, Triton {env.get('triton')}, Python {env.get('python')}",
+                f"- run: {env.get('date', '?')}, commit {str(self.header.get('commit_hash'))[:12]}, asv machine "
+                f"`{machine}` ({(self.header.get('params') or {}).get('cpu', '?')})", "",
+                "## Targets (ratios from one run; reported, never asserted)", "",
+                "| target | measured | verdict | where the time goes (misses) |", "|---|---|---|---|"]
+        head += [f"| {t} | {m} | {v} | {n} |" for t, m, v, n in self.targets] + [""]
+        skips = self._skips()
+        tail = ["## Skipped and failed entries", "", *skips, ""] if skips else []
+        plots = [f"![{p}](plots/{p})" for p, _ in self.plots]
+        return "\n".join(head + self.lines + tail + (["## Plots", "", *plots, ""] if plots else []))
+
+    def _skips(self) -> list[str]:
+        seen = {}
+        for name, doc in self.details.items():
+            for key, entry in (doc.get("entries") or {}).items():
+                if isinstance(entry, dict) and ("skip" in entry or "error" in entry):
+                    impl = key.split("|")[0]
+                    seen.setdefault((name, impl), entry.get("skip") or f"ERROR: {entry['error']}")
+        return [f"- {name} / {impl}: {why}" for (name, impl), why in sorted(seen.items())]
+
+    def write_plots(self, folder: str) -> list[str]:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return []
+        os.makedirs(folder, exist_ok=True)
+        written = []
+        for filename, data in self.plots:
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            if filename.startswith("latency"):
+                title, batches, series = data
+                for impl, values in series.items():
+                    ax.plot(batches, [math.nan if v is None else v for v in values], marker="o", label=impl)
+                ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="µs per forward (median)", title=title)
+                ax.set_xticks(batches, [str(b) for b in batches])
+                ax.legend(fontsize=7)
+            elif filename.startswith("pool"):
+                for mode, by_n in data.items():
+                    ns = sorted(by_n)
+                    ax.plot(ns, [by_n[n]["pool_mib"] or math.nan for n in ns], marker="o", label=f"{mode}, one pool")
+                    ax.plot(ns, [by_n[n]["unshared_pool_mib"] or math.nan for n in ns], marker="x", linestyle="--",
+                            label=f"{mode}, a pool per size")
+                ax.set(xlabel="captured sizes", ylabel="graph pool MiB", title="Graph pool vs captured sizes")
+                ax.set_xticks([1, 8, 51])
+                ax.legend(fontsize=8)
+            else:
+                starts = list(data)
+                ax.bar(starts, [data[s]["first_call_seconds"] or 0 for s in starts])
+                for i, s in enumerate(starts):
+                    ax.annotate(f"{_fmt(data[s]['inductor_compiles'], 0)} compiles", (i, data[s]["first_call_seconds"]
+                                                                                     or 0), ha="center", va="bottom")
+                ax.set(ylabel="first call s", title="Compile: cold / warm / warm on a new host")
+            fig.tight_layout()
+            path = os.path.join(folder, filename)
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            written.append(path)
+        return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default="results", help="the results folder (asv/ and bench/ inside)")
+    parser.add_argument("--machine", default=None, help="asv machine name (default: the only one, or the newest)")
+    parser.add_argument("--commit", default=None, help="asv result of this commit (default: the newest)")
+    args = parser.parse_args(argv)
+    asv_dir = os.path.join(args.results, "asv")
+    machine = args.machine
+    if machine is None:
+        machines = sorted((os.path.getmtime(p), os.path.basename(os.path.dirname(p)))
+                          for p in glob.glob(os.path.join(asv_dir, "*", "machine.json")))
+        if not machines:
+            print(f"report: no asv results under {asv_dir}", file=sys.stderr)
+            return 1
+        machine = machines[-1][1]
+    table, header = load_asv(asv_dir, machine, args.commit)
+    bench_dir = os.path.join(args.results, "bench", machine)
+    details = _details(bench_dir)
+    pytest_benchmark = details.pop("host_overhead", None)
+    report = Report(table, header, details)
+    text = report.render(machine, pytest_benchmark)
+    os.makedirs(bench_dir, exist_ok=True)
+    plots = report.write_plots(os.path.join(bench_dir, "plots"))
+    with open(os.path.join(bench_dir, "REPORT.md"), "w") as f:
+        f.write(text)
+    print(f"report: wrote {os.path.join(bench_dir, 'REPORT.md')} and {len(plots)} plots")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

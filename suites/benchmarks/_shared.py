@@ -1,0 +1,144 @@
+"""What the asv suites share: run folders, the skip rule, the models, clean-up between builds, details files.
+
+Conventions of the suites:
+- `setup_cache` does the expensive work once per class and returns a dict of plain numbers (asv pickles it). A
+  class that cannot run here returns `{"skip": reason}`; an entry that does not apply is `{"skip": reason}`, one
+  that broke is `{"error": message}`. `setup()` turns those into asv's skip (NotImplementedError, reason printed)
+  or failure (RuntimeError); `track_` methods return the number.
+- One pieceworks cache and one Inductor cache per run (under $PIECEWORKS_BENCH_DIR, default a folder in the temp
+  dir), shared by every class except the compile benchmarks, which make their own cold ones.
+- Where $PIECEWORKS_BENCH_DETAILS is set, each class writes what asv cannot hold (skip reasons, errors against
+  eager, kernel profiles, build seconds) to `<that folder>/<class>.json`; the report reads them.
+Nothing here imports torch at import time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+BATCHES = [1, 2, 8, 64, 256, 512]
+MAX_CAPTURE = 512  # vLLM's default capture sizes up to 512: 51 sizes
+GPU_TIMEOUT = 560  # seconds for one class's setup_cache (asv's default is 60)
+try:  # asv's skip from inside a benchmark (setup raises plain NotImplementedError)
+    from asv_runner.benchmarks.mark import SkipNotImplemented as Skip
+except ImportError:  # asv not installed: the suites are imported by tools only
+    Skip = NotImplementedError
+
+USER_IMPLEMENTATIONS = [s.strip() for s in os.environ.get("PIECEWORKS_IMPLEMENTATIONS", "").split(",") if s.strip()]
+IMPLEMENTATIONS = [
+    "eager", "inductor", "reduce-overhead", "pieceworks-none", "pieceworks-piecewise", "pieceworks-full",
+    "pieceworks-full_and_piecewise", "meta-pcg", *USER_IMPLEMENTATIONS,
+]
+
+
+def run_dir() -> str:
+    """This run's folder for shared caches; sets PIECEWORKS_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR under it."""
+    base = os.environ.get("PIECEWORKS_BENCH_DIR") or os.path.join(tempfile.gettempdir(), f"pieceworks-asv-{os.getuid()}")
+    os.makedirs(base, exist_ok=True)
+    os.environ.setdefault("PIECEWORKS_CACHE_DIR", os.path.join(base, "pieceworks-cache"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(base, "inductor-cache"))
+    return base
+
+
+def progress(message: str) -> None:
+    """One line on stderr (asv shows it with --show-stderr, and in its log when a setup fails)."""
+    print(f"[pieceworks bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def cuda_skip_reason() -> str | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"needs CUDA: torch {torch.__version__} sees no CUDA device here (run asv on a GPU runner)"
+    return None
+
+
+def check(entry: Any) -> None:
+    """asv's skip for a `{"skip": reason}` entry, a failure for an `{"error": message}` one."""
+    if isinstance(entry, dict):
+        if "skip" in entry:
+            raise NotImplementedError(entry["skip"])
+        if "error" in entry:
+            raise RuntimeError(entry["error"])
+
+
+def model_and_inputs(model: str, dtype: str, device: str = "cuda") -> tuple[Any, Any, list[str]]:
+    """(model, make_inputs(batch), splitting ops): ToyLlama (12 layers) or SillyModel, weights/inputs in `dtype`."""
+    import torch
+
+    from pieceworks.harness import models
+
+    torch.manual_seed(0)
+    dt = getattr(torch, dtype)
+    if model == "silly":
+        return (models.SillyModel(),
+                lambda b: (torch.randn(b, generator=torch.Generator().manual_seed(b)).to(device, dt),),
+                models.SPLITTING_OPS)
+    config = models.ToyLlamaConfig(num_layers=12)
+    net = models.ToyLlama(config).to(device, dt)
+    return net, lambda b: models.toy_llama_inputs(b, config, device=device, seed=b), models.SPLITTING_OPS
+
+
+def release() -> None:
+    """Drop what the last build left behind: Dynamo's caches, garbage, the allocator's free blocks."""
+    import gc
+
+    import torch
+
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def environment() -> dict[str, Any]:
+    """Device, driver, CUDA, torch, Triton, Python and the date: what a number needs next to it."""
+    import platform
+
+    import torch
+
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "machine": platform.node(), "cpu": platform.processor() or platform.machine(),
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if torch.cuda.is_available():
+        from pieceworks.harness.memory import nvml_status
+
+        info["device"] = torch.cuda.get_device_name()
+        info["nvml"] = nvml_status()
+        try:
+            import pynvml
+
+            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        except Exception:  # noqa: BLE001 - the NVML status line says why
+            info["driver"] = None
+    else:
+        info["device"] = "cpu"
+    return info
+
+
+def write_details(name: str, data: dict[str, Any]) -> None:
+    """Write `data` (plus the environment) to $PIECEWORKS_BENCH_DETAILS/<name>.json, if that variable is set."""
+    folder = os.environ.get("PIECEWORKS_BENCH_DETAILS")
+    if not folder:
+        return
+    os.makedirs(folder, exist_ok=True)
+    doc = {"environment": environment(), **data}
+    path = os.path.join(folder, f"{name}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True, default=str)
+    os.replace(path + ".tmp", path)

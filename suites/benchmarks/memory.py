@@ -1,0 +1,145 @@
+"""GPU memory and capture time vs the number of captured sizes, pieceworks PIECEWISE and FULL (ToyLlama, bf16).
+
+For 1, 8 and 51 captured sizes (the largest n of vLLM's 51 sizes up to 512, so n=1 is the largest size alone)
+one compiled model captures them all into its one pool. Readings around the capture phase:
+- pool MiB: the allocator's segments of the model's graph pool (`memory.pool_bytes`);
+- allocator reserved delta MiB (includes the warm-up MemPool, where the capture stream's cuBLAS workspace lives);
+- NVML device-used delta MiB (device-wide: also driver-side graph memory, and any other process's changes);
+- capture seconds (the capture phase, as `CompiledModel.capture()` reports it).
+Unshared baseline: the same sizes captured one model per size, each in its own pool, all alive together
+(largest first): the sum of their pool MiB, and the reserved and NVML deltas since the first of them was built
+(each model also has its own capture stream, hence its own cuBLAS workspace: that is in the reserved delta).
+"""
+
+from __future__ import annotations
+
+from . import _shared
+from ._shared import GPU_TIMEOUT
+
+MODES = ["PIECEWISE", "FULL"]
+SIZE_COUNTS = [1, 8, 51]
+MiB = 2**20
+
+
+def _delta(after: dict, before: dict, key: str) -> float | None:
+    if after.get(key) is None or before.get(key) is None:
+        return None
+    return (after[key] - before[key]) / MiB
+
+
+def _compiled(model, make_inputs, splitting_ops, mode: str, sizes: list[int]):
+    import pieceworks
+
+    config = pieceworks.CompilationConfig(splitting_ops=splitting_ops, cudagraph_mode=mode,
+                                          cudagraph_capture_sizes=sizes)
+    compiled = pieceworks.compile(model, config)
+    compiled(*make_inputs(3))
+    return compiled
+
+
+def measure() -> dict:
+    reason = _shared.cuda_skip_reason()
+    if reason is not None:
+        _shared.write_details("memory", {"skip": reason})
+        return {"skip": reason}
+    _shared.run_dir()
+    from pieceworks import default_capture_sizes
+    from pieceworks.harness.memory import memory_state, nvml_status, pool_bytes
+
+    model, make_inputs, splitting_ops = _shared.model_and_inputs("toy_llama", "bfloat16")
+    all_sizes = default_capture_sizes(_shared.MAX_CAPTURE)
+    results: dict = {}
+    for mode in MODES:
+        for count in SIZE_COUNTS:
+            sizes = all_sizes[-count:]
+            _shared.progress(f"memory {mode}: {count} sizes in one pool")
+            _shared.release()
+            compiled = _compiled(model, make_inputs, splitting_ops, mode, sizes)
+            before = memory_state()
+            report = compiled.capture()
+            after = memory_state()
+            results[(mode, count)] = {
+                "pool_mib": pool_bytes(compiled.runtime.pool.handle) / MiB,
+                "reserved_delta_mib": _delta(after, before, "reserved"),
+                "nvml_delta_mib": _delta(after, before, "nvml_used"),
+                "device_used_delta_mib": _delta(after, before, "device_used"),
+                "capture_seconds": report["seconds"],
+                "graphs": report["graphs"],
+            }
+            del compiled
+        _shared.progress(f"memory {mode}: unshared baseline, one model (one pool) per size")
+        _shared.release()
+        singles = []
+        start = memory_state()
+        for size in reversed(all_sizes):  # largest first, as a shared pool would capture them
+            single = _compiled(model, make_inputs, splitting_ops, mode, [size])
+            single.capture()
+            singles.append(single)
+            if len(singles) in SIZE_COUNTS:
+                now = memory_state()
+                results[(mode, len(singles))].update(
+                    unshared_pool_mib=sum(pool_bytes(s.runtime.pool.handle) for s in singles) / MiB,
+                    unshared_reserved_delta_mib=_delta(now, start, "reserved"),
+                    unshared_nvml_delta_mib=_delta(now, start, "nvml_used"),
+                )
+        del singles, single
+    _shared.release()
+    _shared.write_details("memory", {"model": "toy_llama", "dtype": "bfloat16", "capture_sizes": all_sizes,
+                                     "nvml": nvml_status(),
+                                     "entries": {f"{m}|{n}": v for (m, n), v in results.items()}})
+    return results
+
+
+class CaptureMemory:
+    """Per (mode, number of captured sizes); see the module docstring for what each reading covers."""
+
+    params = [MODES, SIZE_COUNTS]
+    param_names = ["mode", "sizes"]
+    timeout = GPU_TIMEOUT
+
+    def setup_cache(self):
+        return measure()
+
+    def setup(self, cache, mode, sizes):
+        _shared.check(cache)
+
+    def _value(self, cache, mode, sizes, key):
+        value = cache[(mode, sizes)].get(key)
+        if value is None:
+            raise _shared.Skip(f"{key} could not be read here (NVML unavailable?): see the details file")
+        return value
+
+    def track_pool_mib(self, cache, mode, sizes):
+        return self._value(cache, mode, sizes, "pool_mib")
+
+    track_pool_mib.unit = "MiB"
+
+    def track_reserved_delta_mib(self, cache, mode, sizes):
+        return self._value(cache, mode, sizes, "reserved_delta_mib")
+
+    track_reserved_delta_mib.unit = "MiB"
+
+    def track_nvml_used_delta_mib(self, cache, mode, sizes):
+        return self._value(cache, mode, sizes, "nvml_delta_mib")
+
+    track_nvml_used_delta_mib.unit = "MiB"
+
+    def track_unshared_pool_mib(self, cache, mode, sizes):
+        return self._value(cache, mode, sizes, "unshared_pool_mib")
+
+    track_unshared_pool_mib.unit = "MiB"
+
+    def track_unshared_reserved_delta_mib(self, cache, mode, sizes):
+        return self._value(cache, mode, sizes, "unshared_reserved_delta_mib")
+
+    track_unshared_reserved_delta_mib.unit = "MiB"
+
+    def track_unshared_nvml_used_delta_mib(self, cache, mode, sizes):
+        return self._value(cache, mode, sizes, "unshared_nvml_delta_mib")
+
+    track_unshared_nvml_used_delta_mib.unit = "MiB"
+
+    def track_capture_seconds(self, cache, mode, sizes):
+        return self._value(cache, mode, sizes, "capture_seconds")
+
+    track_capture_seconds.unit = "seconds"

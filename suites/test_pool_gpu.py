@@ -1,0 +1,122 @@
+"""Pool sharing, capture order and memory over time (issue 12, item 1), through the implementation adapters.
+
+Written against `harness.implementations` (`Built.capture_order`, `Built.pool`), so that the conformance suite can run
+them for any implementation that claims `shared_pool`:
+- the capture order is largest size first (smaller sizes then reuse the blocks the larger ones left free);
+- one pool for all sizes costs about what the largest size alone costs: pool bytes (the allocator's segments of the
+  graph pool) for all sizes <= 1.05 x the pool of the largest size alone, and less than one pool per size;
+- thousands of replays of random sizes grow neither the pool, nor the allocator's reserved bytes, nor the device's
+  used memory, and give eager's results.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+
+import pytest
+import torch
+
+from pieceworks.harness import models
+from pieceworks.harness.implementations import Pieceworks
+from pieceworks.harness.memory import pool_bytes
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(150)]
+
+SHARED_POOL = [Pieceworks("PIECEWISE", compiler="eager"), Pieceworks("FULL", compiler="eager")]
+IDS = [impl.name for impl in SHARED_POOL]
+
+# Wide enough that every size from 64 rows up allocates megabyte blocks: the pool of the largest size is hundreds of
+# MiB, and the one 2 MiB small-block segment that sizes 1 and 8 need stays far inside the 5% allowance.
+WIDE = models.ToyLlamaConfig(hidden_size=4096, mlp_size=8192, vocab_size=128, num_layers=2)
+WIDE_SIZES = [1, 8, 64, 256, 512]
+SMALL = models.ToyLlamaConfig(num_layers=2)
+SMALL_SIZES = [1, 2, 4, 8, 16, 32, 64]
+
+
+def _toy(config):
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = models.ToyLlama(config)
+    return model, lambda b: models.toy_llama_inputs(b, config, "cuda", seed=b)
+
+
+def _build(impl, model, inputs, sizes):
+    torch._dynamo.reset()
+    built = impl.build(model, inputs, sizes, models.SPLITTING_OPS)
+    torch.cuda.synchronize()
+    assert built.pool is not None, f"{impl.name} claims a shared pool but its adapter exposes none"
+    return built
+
+
+@pytest.mark.parametrize("impl", SHARED_POOL, ids=IDS)
+def test_capture_order_is_largest_first(impl):
+    model, inputs = _toy(SMALL)
+    sizes = [4, 64, 1, 16, 2, 32, 8]
+    built = _build(impl, model, inputs, sizes)
+    assert built.capture_order == sorted(sizes, reverse=True)
+
+
+@pytest.fixture(scope="module")
+def wide_model():
+    model, inputs = _toy(WIDE)
+    yield model, inputs
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("impl", SHARED_POOL, ids=IDS)
+def test_one_pool_for_all_sizes_costs_no_more_than_the_largest_alone(impl, wide_model):
+    model, inputs = wide_model
+    shared = pool_bytes(_build(impl, model, inputs, WIDE_SIZES).pool)
+    largest = pool_bytes(_build(impl, model, inputs, [max(WIDE_SIZES)]).pool)
+    assert largest > 0, "capturing the largest size put nothing in its pool"
+    assert shared <= 1.05 * largest, (
+        f"{impl.name}: one pool for sizes {WIDE_SIZES} holds {shared / 2**20:.1f} MiB, the largest size alone "
+        f"{largest / 2**20:.1f} MiB: smaller sizes should reuse the blocks the larger ones freed")
+
+
+def test_one_pool_for_all_sizes_is_smaller_than_one_pool_each(wide_model):
+    """Pool bytes (segments of each graph pool), not reserved deltas: those include each model's warm-up MemPool."""
+    model, inputs = wide_model
+    impl = SHARED_POOL[0]
+    shared = pool_bytes(_build(impl, model, inputs, WIDE_SIZES).pool)
+    separate = {}
+    for size in WIDE_SIZES:
+        built = _build(impl, model, inputs, [size])
+        separate[size] = pool_bytes(built.pool)
+        del built
+    assert shared < sum(separate.values()), (shared, separate)
+
+
+@pytest.mark.parametrize("impl", SHARED_POOL, ids=IDS)
+def test_thousands_of_replays_grow_no_memory(impl):
+    model, inputs = _toy(SMALL)
+    top = max(SMALL_SIZES)
+    built = _build(impl, model, inputs, SMALL_SIZES)
+    batches = list(range(1, top + 17))  # every padded size, every captured size, and some above the largest
+    rng = random.Random(0)
+    stream = [rng.choice(batches) for _ in range(2000)]
+    args = {b: inputs(b) for b in batches}
+    expected = {b: model(*args[b]) for b in batches}
+    for batch in stream:  # warm: the allocator has served this very sequence once (sizes above the largest eagerly)
+        out = built(*args[batch])
+    del out
+    gc.collect()
+    torch.cuda.synchronize()
+    before = (pool_bytes(built.pool), torch.cuda.memory_reserved())
+    device_before = torch.cuda.mem_get_info()
+    for i, batch in enumerate(stream):
+        out = built(*args[batch])
+        if i % 50 == 0:
+            torch.testing.assert_close(out, expected[batch], rtol=1e-4, atol=1e-5, msg=f"call {i}, batch {batch}")
+    del out
+    gc.collect()
+    torch.cuda.synchronize()
+    after = (pool_bytes(built.pool), torch.cuda.memory_reserved())
+    device_after = torch.cuda.mem_get_info()
+    assert after == before, f"pool and reserved bytes before {before}, after 2000 replays {after}"
+    # Device-wide used memory also counts driver-side state the allocator does not see; allow 4 MiB of it.
+    used_growth = (device_after[1] - device_after[0]) - (device_before[1] - device_before[0])
+    assert used_growth <= 4 * 2**20, f"device memory grew by {used_growth / 2**20:.1f} MiB over 2000 replays"

@@ -1,0 +1,98 @@
+"""In-place writes and the output contract (issue 12, item 4).
+
+- A model that counts its calls in place, in a buffer of its own and in a caller-owned argument, both inside a
+  compiled (captured) piece: every call writes exactly once, warm-ups and captures included: a capture run counts
+  one, a lazy capture serving a request counts one, the caller's argument is incremented once per call.
+- Outputs are valid until the next call (unrelated allocations and an eager run in between leave them intact) and
+  are overwritten by it: they are graph memory, not copies (vLLM's contract, both ways).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import pieceworks
+from pieceworks import CompilationConfig
+from pieceworks.harness import models
+from pieceworks.harness import strategies as S
+from pieceworks.harness.implementations import Pieceworks
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
+
+
+class Counting(nn.Module):
+    """Counts its calls in place in `calls` (a buffer) and in `counter` (a caller-owned argument, one per row)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(1, dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        counter.add_(1)
+        h = torch.tanh(x) * 2
+        out = torch.empty_like(h)
+        torch.ops.silly.attention(h, h, h, out)
+        return out * 0.5  # 3 tanh(x)
+
+
+@S.gpu_settings(fraction=5)
+@given(mode=st.sampled_from(["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]), sizes=S.capture_sizes(16, max_count=4),
+       lazy=st.booleans(), warmups=st.integers(1, 3), batches=st.lists(st.integers(1, 24), min_size=1, max_size=6))
+@example(mode="PIECEWISE", sizes=[4, 8], lazy=False, warmups=2, batches=[3, 8, 30])
+def test_inplace_writes_happen_once_per_call(mode, sizes, lazy, warmups, batches):
+    torch._dynamo.reset()
+    model = Counting().cuda()
+    compiled = pieceworks.compile(model, CompilationConfig(
+        splitting_ops=["silly::attention"], compiler="eager", cudagraph_mode=mode, cudagraph_capture_sizes=sizes,
+        lazy_capture=lazy, cudagraph_num_warmups=warmups))
+    counter = torch.zeros(3, dtype=torch.int64, device="cuda")
+    compiled(torch.randn(3, 4, device="cuda"), counter)
+    assert counter.tolist() == [1, 1, 1]
+    # The buffer's count after the first call is test_properties.py::test_first_call_writes_model_state_once's.
+    calls = int(model.calls)
+    if not lazy:
+        compiled.capture()
+        calls += len(compiled.runtime.capture_order)  # one run per captured size; its warm-ups' writes put back
+        assert int(model.calls) == calls, f"capture of {sizes} with {warmups} warm-ups"
+    for batch in batches:
+        x = torch.randn(batch, 4, device="cuda")
+        counter = torch.full((batch,), 7, dtype=torch.int64, device="cuda")
+        out = compiled(x, counter)
+        calls += 1
+        torch.testing.assert_close(out, 3 * torch.tanh(x))
+        assert counter.tolist() == [8] * batch, f"batch {batch}: the caller's argument after one call"
+        assert int(model.calls) == calls, f"batch {batch}: the model's buffer after one more call"
+
+
+GRAPHED = [Pieceworks("PIECEWISE", compiler="eager"), Pieceworks("FULL", compiler="eager")]
+
+
+def _churn() -> None:
+    """Unrelated work: allocate and free blocks of many sizes in the default pool, each filled with NaN."""
+    for numel in (1, 64, 256, 1024, 4096, 1 << 16, 1 << 20):
+        torch.full((numel,), float("nan"), device="cuda")
+
+
+@pytest.mark.parametrize("impl", GRAPHED, ids=[i.name for i in GRAPHED])
+def test_outputs_are_valid_until_the_next_call_and_overwritten_by_it(impl):
+    torch.manual_seed(0)
+    config = models.ToyLlamaConfig(num_layers=2)
+    model = models.ToyLlama(config).cuda()
+    inputs = lambda b, seed: models.toy_llama_inputs(b, config, "cuda", seed=seed)  # noqa: E731
+    built = impl.build(model, lambda b: inputs(b, 0), [4, 8, 16], models.SPLITTING_OPS)
+    for batch in [3, 8, 13]:
+        first, second = inputs(batch, 1), inputs(batch, 2)
+        out = built(*first)
+        expected = model(*first)  # an eager run between calls
+        _churn()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5, msg=f"batch {batch}: before the next call")
+        following = built(*second)
+        assert following.data_ptr() == out.data_ptr(), f"batch {batch}: outputs are copies, not graph memory"
+        torch.testing.assert_close(out, model(*second), rtol=1e-4, atol=1e-5,
+                                   msg=f"batch {batch}: the next call of this size writes into the earlier output")
