@@ -572,7 +572,185 @@ def _breakdown_drops_splitting_ops(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(breakdown, "record", record)
 
 
+
+# ---- the compile cache (issues 7.2, 7.5, 7.7-7.10, 12.6-12.9) -------------------------------------------------
+def _unusable_cache_raises(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.cache as cache
+
+    mp.setattr(cache.CompileCache, "open", classmethod(lambda cls, root, key, factors=None: cls(root, key, factors)))
+
+
+def _read_only_cache_raises(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.cache as cache
+
+    def read_only(self, exc):
+        raise exc
+
+    mp.setattr(cache.CompileCache, "_read_only", read_only)
+
+
+def _wrong_types_not_replaced(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.cache as cache
+
+    mp.setattr(cache.CompileCache, "_replace_corrupt", lambda self, path, what: None)
+
+
+def _load_ignores_claims(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.cache as cache
+
+    def load(self, name, loader, claim=None):  # the SHA-256 check only, as before entries carried claims
+        entry = self.read_index().get(name)
+        if entry is None:
+            return None
+        path = os.path.join(self.artifact_dir, entry["file"])
+        try:
+            if cache._sha256_file(path) != (entry["sha256"], entry["bytes"]):
+                return None
+            return loader(path)
+        except Exception:  # noqa: BLE001
+            return None
+
+    mp.setattr(cache.CompileCache, "load", load)
+
+
+def _key_without(factor: str) -> Callable[[pytest.MonkeyPatch], None]:
+    def mutate(mp: pytest.MonkeyPatch) -> None:
+        import pieceworks.compiler as compiler
+
+        original = compiler.cache_factors
+
+        def factors(gm, fakes, config):
+            found = original(gm, fakes, config)
+            found.pop(factor)
+            return found
+
+        mp.setattr(compiler, "cache_factors", factors)
+
+    return mutate
+
+
+def _key_ignores_torch_git(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.fingerprint as fingerprint
+
+    original = fingerprint.software_factors
+    mp.setattr(fingerprint, "software_factors", lambda: {k: v for k, v in original().items() if k != "git"})
+
+
+def _fingerprint_ignores_strides(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.fingerprint as fingerprint
+
+    original = fingerprint.describe_value
+
+    def describe(value):
+        if isinstance(value, torch.Tensor):
+            return f"T({tuple(map(str, value.shape))},{value.dtype},{value.device.type})"
+        return original(value)
+
+    mp.setattr(fingerprint, "describe_value", describe)
+
+
+def _key_includes_working_directory(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.compiler as compiler
+
+    original = compiler.cache_factors
+    mp.setattr(compiler, "cache_factors", lambda *a: {**original(*a), "cwd": os.getcwd()})
+
+
+def _fingerprint_ignores_constants(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.fingerprint as fingerprint
+
+    mp.setattr(fingerprint, "_constant", lambda value: "number" if isinstance(value, (int, float)) else repr(value))
+
+
+def _no_entry_lock(mp: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    import pieceworks.cache as cache
+
+    mp.setattr(cache.CompileCache, "entry_lock", lambda self, name: contextlib.nullcontext(False))
+
+
+def _store_without_index_lock(mp: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    import pieceworks.cache as cache
+
+    original = cache.CompileCache._locked
+    mp.setattr(cache.CompileCache, "_locked",
+               lambda self, exclusive: contextlib.nullcontext() if exclusive else original(self, exclusive))
+
+
+def _index_written_in_place(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.cache as cache
+
+    def write(path, data):
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as f:
+            f.write(data)
+
+    mp.setattr(cache, "atomic_write", write)
+
+
+def _inductor_cache_not_carried(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.cache as cache
+
+    mp.setattr(cache.CompileCache, "inductor_dir", property(lambda self: None))
+
+
+def _backend_compilations_count_fresh_compiles(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.compiler as compiler
+    from pieceworks.counters import counters
+
+    get = compiler.PieceCompiler.get
+
+    def counted_get(self, *args):  # the old meaning: only fresh compiles count
+        before, compiled = counters.num_backend_compilations, self.compiled
+        fn = get(self, *args)
+        counters.num_backend_compilations = before + self.compiled - compiled
+        return fn
+
+    mp.setattr(compiler.PieceCompiler, "get", counted_get)
+
+
+def _inductor_options_ignored(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.inductor as inductor
+
+    original = inductor.compile_inductor
+    mp.setattr(inductor, "compile_inductor",
+               lambda gm, args, *, static, inductor_config: original(gm, args, static=static, inductor_config={}))
+
+
 MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
+    "unusable_cache_raises": ("an unusable cache directory raises instead of warning once (issue 7.2)",
+                              _unusable_cache_raises),
+    "read_only_cache_raises": ("a read-only cache raises instead of loading what is valid (issue 7.2)",
+                               _read_only_cache_raises),
+    "wrong_types_not_replaced": ("a folder where the cache expects a file (or the reverse) is left in place "
+                                 "(issue 7.2)", _wrong_types_not_replaced),
+    "load_ignores_claims": ("an entry loads whatever piece it claims and whatever file it names (issue 7.5)",
+                            _load_ignores_claims),
+    "key_ignores_inductor_config": ("the key leaves out the global Inductor/functorch config (issues 7.7, 12.7)",
+                                    _key_without("inductor")),
+    "key_ignores_torch_git": ("the key leaves out torch's git hash (issue 12.7)", _key_ignores_torch_git),
+    "fingerprint_ignores_strides": ("graph fingerprints leave out input strides (issue 12.7)",
+                                    _fingerprint_ignores_strides),
+    "key_includes_working_directory": ("the key includes the working directory, a per-run value (issue 12.7)",
+                                       _key_includes_working_directory),
+    "fingerprint_ignores_constants": ("fingerprints see x*2 and x*3 as one piece (issue 12.6)",
+                                      _fingerprint_ignores_constants),
+    "no_entry_lock": ("cold processes do not take turns on an entry: each compiles everything (issue 7.8)",
+                      _no_entry_lock),
+    "store_without_index_lock": ("writers merge the index without its lock (issue 12.8)", _store_without_index_lock),
+    "index_written_in_place": ("the index is rewritten in place, not via a temporary file and a rename (issue 12.8)",
+                               _index_written_in_place),
+    "inductor_cache_not_carried": ("Inductor's cache stays outside the pieceworks cache: a new host rebuilds kernels "
+                                   "(issue 7.9)", _inductor_cache_not_carried),
+    "backend_compilations_count_fresh_compiles": ("num_backend_compilations counts fresh distinct compiles, not "
+                                                  "vLLM's pieces x targets (issue 7.10)",
+                                                  _backend_compilations_count_fresh_compiles),
+    "inductor_options_ignored": ("inductor_compile_config enters the key but never reaches Inductor (issue 12.9)",
+                                 _inductor_options_ignored),
     "resolve_returns_the_class": ("resolve('module:Subclass') returns the class, not an instance",
                                   _resolve_returns_the_class),
     "user_implementations_not_registered": ("load_user_implementations resolves but registers nothing",

@@ -25,11 +25,34 @@ TARGETS = {
     "split_loses_order": "suites/test_properties.py::test_split_model_equals_original",
     "getitem_to_next_piece": "suites/test_properties.py::test_split_structure",
     "index_without_checksum": "suites/test_properties.py::test_damaged_index_is_a_clear_error_never_a_wrong_entry",
-    "key_ignores_config": "suites/test_properties.py::test_key_covers_graph_inputs_and_config_and_nothing_per_run",
+    "key_ignores_config": "suites/test_cache_key.py::test_every_code_factor_moves_the_key_and_nothing_per_run_does",
     "pad_to_the_size_below": "suites/test_properties.py::test_padding_picks_the_smallest_captured_size_at_least_the_batch",
     "load_without_checking": "suites/test_cache_machine.py",
     "arg_check_skips_dtype":
         "suites/test_properties.py::test_any_argument_mismatch_is_an_input_error_naming_the_argument",
+    # the compile cache (issues 7.2-7.10, 12.6-12.9)
+    "unusable_cache_raises": "suites/test_cache_faults.py::test_unusable_cache_directory_warns_once_and_runs_uncached",
+    "read_only_cache_raises":
+        "suites/test_cache_faults.py::test_read_only_cache_loads_what_is_valid_and_compiles_the_rest_in_memory",
+    "wrong_types_not_replaced": "suites/test_cache_faults.py::test_wrong_type_inside_the_key_directory_is_replaced",
+    "load_ignores_claims":
+        "suites/test_cache_faults.py::test_entries_moved_between_names_never_load_for_the_wrong_piece",
+    "key_ignores_inductor_config":
+        "suites/test_cache_key.py::test_every_code_factor_moves_the_key_and_nothing_per_run_does",
+    "key_ignores_torch_git": "suites/test_cache_key.py::test_every_code_factor_moves_the_key_and_nothing_per_run_does",
+    "fingerprint_ignores_strides":
+        "suites/test_cache_key.py::test_every_code_factor_moves_the_key_and_nothing_per_run_does",
+    "key_includes_working_directory":
+        "suites/test_cache_key.py::test_every_code_factor_moves_the_key_and_nothing_per_run_does",
+    "fingerprint_ignores_constants":
+        "suites/test_cache_dedupe.py::test_pieces_differing_in_a_constant_never_share_code",
+    "no_entry_lock": "suites/test_cache.py::test_concurrent_cold_processes_share_the_work",
+    "store_without_index_lock":
+        "suites/test_cache_atomicity.py::test_concurrent_writers_of_different_entries_lose_nothing",
+    "index_written_in_place": "suites/test_cache_atomicity.py::test_a_writer_failing_anywhere_leaves_no_torn_file",
+    "inductor_cache_not_carried": "suites/test_cache.py::test_warm_start_on_a_new_host_compiles_and_builds_nothing",
+    "backend_compilations_count_fresh_compiles": "suites/test_cache.py::test_identical_pieces_are_loaded_once",
+    "inductor_options_ignored": "suites/test_cache.py::test_inductor_compile_config_reaches_the_generated_code",
 }
 _POOL = "suites/test_pool_gpu.py::"
 _SAFETY = "suites/test_replay_safety_gpu.py::"

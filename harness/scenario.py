@@ -42,7 +42,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--compile-sizes", default="", help="comma-separated static sizes")
     parser.add_argument("--batches", default="1,7,64")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--profile", default=None, help="write a cProfile of the first call (trace + compile) here")
     args = parser.parse_args(argv)
+    if os.environ.get("PIECEWORKS_MUTANT"):  # `pytest --pieceworks-mutant`: the child runs the mutant too
+        import pytest
+
+        from .mutants import apply
+
+        apply(os.environ["PIECEWORKS_MUTANT"], pytest.MonkeyPatch())
 
     import torch
 
@@ -67,10 +74,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with torch.no_grad():
         for batch in batches:
             inputs = make_inputs(batch)
+            profiler = None
+            if first_call_s is None and args.profile:
+                import cProfile
+
+                profiler = cProfile.Profile()
+                profiler.enable()
             start = time.perf_counter()
             out = compiled(*inputs)
+            if args.device != "cpu":
+                torch.cuda.synchronize()
             if first_call_s is None:
                 first_call_s = time.perf_counter() - start
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(args.profile)
             ref = model(*inputs)
             if not bool(torch.isfinite(ref).all()):
                 raise RuntimeError(f"the eager model gave non-finite values at batch {batch}: nothing to compare")
@@ -89,11 +107,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return report
 
 
-def run_scenario(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> dict[str, Any]:
-    """Run `main(args)` in a fresh Python process; return its report. Raises with its stderr if it fails."""
+def run_scenario(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600, unset: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Run `main(args)` in a fresh Python process; return its report. Raises with its stderr if it fails.
+
+    `env` adds to this process's environment; `unset` names variables the child must not inherit.
+    """
+    child_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
     proc = subprocess.run(
         [sys.executable, "-m", "pieceworks.harness.scenario", *args],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        capture_output=True, text=True, timeout=timeout, env=child_env,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"scenario {args} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")

@@ -7,10 +7,7 @@ test_properties_gpu.py. Profiles: `--hypothesis-profile ci|dev|nightly` or PIECE
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,7 +17,6 @@ from hypothesis import strategies as st
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
 from pieceworks.api import InputError
-from pieceworks.compiler import cache_factors
 from pieceworks.cache import CacheIndexError, CompileCache, cache_key, parse_index, serialize_index
 from pieceworks.dispatch import BatchSizeError, compile_target, padded_size
 from pieceworks.harness import strategies as S
@@ -152,63 +148,8 @@ def test_changing_any_one_factor_changes_the_key(factors, which, new):
     assert cache_key({**factors, which: new}) != cache_key(factors)
 
 
-CODE_CHANGES = [
-    {"splitting_ops": ["silly::attention"]}, {"compile_ranges": [4]}, {"compile_sizes": [2]},
-    {"max_num_batched_tokens": 1024}, {"compiler": "eager"}, {"inductor_compile_config": {"max_autotune": True}},
-]
-RUN_CHANGES = [{"cache_dir": "/elsewhere"}, {"cudagraph_mode": "FULL"}, {"cudagraph_capture_sizes": [1, 2]},
-               {"cache_enabled": False}, {"cudagraph_num_warmups": 3}]
-
-
-def _traced(program, dtype=torch.float32):
-    gm, _ = dynamo_graph(S.ProgramModule(program).to(dtype), [t.to(dtype) for t in S.program_inputs(3)])
-    return gm, [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]
-
-
-def _key_of(program, dtype=torch.float32, traced=None, **config):
-    gm, fakes = traced if traced is not None else _traced(program, dtype)
-    return cache_key(cache_factors(gm, fakes, CompilationConfig(**{"splitting_ops": SPLIT, **config})))
-
-
-@settings(max_examples=5)
-@given(program=S.programs(max_len=6))
-def test_key_covers_graph_inputs_and_config_and_nothing_per_run(program):
-    base = _key_of(program)
-    assert _key_of(program) == base  # a second trace of the same program
-    traced = _traced(program)  # config changes: one trace, many configs
-    for change in RUN_CHANGES:
-        assert _key_of(program, traced=traced, **change) == base, change
-    for change in CODE_CHANGES:
-        assert _key_of(program, traced=traced, **change) != base, change
-    assert _key_of(program, dtype=torch.float64) != base
-    assert _key_of(S.with_extra_output(program)) != base
-
-
-KEY_CHILD = """
-import json, sys, torch
-from pieceworks import CompilationConfig
-from pieceworks.compiler import cache_factors
-from pieceworks.cache import cache_key
-from pieceworks.harness import strategies as S
-from pieceworks.harness.tracing import dynamo_graph
-keys = []
-for program in json.loads(sys.argv[1]):
-    program = (tuple(tuple(i) for i in program[0]), tuple(program[1]))
-    with torch.no_grad():
-        gm, _ = dynamo_graph(S.ProgramModule(program), S.program_inputs(3))
-    fakes = [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]
-    keys.append(cache_key(cache_factors(gm, fakes, CompilationConfig(splitting_ops=["silly::attention", "silly::pair"]))))
-print(json.dumps(keys))
-"""
-
-
-@settings(max_examples=2)
-@given(batch_of_programs=st.lists(S.programs(max_len=6), min_size=3, max_size=3))
-def test_equal_factors_give_equal_keys_across_processes(batch_of_programs):
-    here = [_key_of(p) for p in batch_of_programs]
-    out = subprocess.run([sys.executable, "-c", KEY_CHILD, json.dumps(batch_of_programs)], capture_output=True,
-                         text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "random"})
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == here
+# The key covering every code factor and nothing per run, equally in another process, is test_cache_key.py's
+# (issue 12 item 7: all factors, one property).
 
 
 # ---- 5. dispatch and padding --------------------------------------------------------------------------------
