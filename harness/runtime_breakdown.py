@@ -1,4 +1,4 @@
-"""Where a PIECEWISE forward's time goes, next to its peers, on ToyLlama: one process, CUDA events, ratios.
+"""Where a PIECEWISE forward's time goes, next to its peers, on ToyLlama: CUDA events, ratios.
 
 `python -m pieceworks.harness.runtime_breakdown [--out results/runtime_breakdown.json]` (CUDA only; about 2-4 min on
 an H100 for 12 layers, two dtypes, four batch sizes). For each dtype and batch it times, with CUDA events after
@@ -11,16 +11,26 @@ warm-up (median, p25, p75 in µs):
 and derives: PIECEWISE / meta-pcg, compiled call / plan run, FULL / reduce-overhead, and host overhead per piece =
 (compiled call - graph replays - splitting ops) / pieces, negative where host work overlaps GPU work. Every variant's
 output is compared with eager (max abs error), so a fast wrong answer shows.
+
+Robustness: each dtype runs in a child process of its own (a crash there, even a segfault, costs that dtype only
+and is recorded with the child's exit status and last output); `faulthandler` prints the Python stack of a fatal
+signal; every variant is timed under its own try (an error is recorded, the others go on); each batch row is printed
+as it is measured and `--out` is rewritten after each dtype, so partial results survive. `--only` names the variants
+to build and time (e.g. `--only pieceworks,meta-pcg`), for bisecting a crash.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -62,6 +72,8 @@ def _plan_parts(compiled: Any, batch: int) -> dict[str, Any]:
     plan = runtime.replays[n]
     flat = runtime.binder.inputs(runtime.static.views(n), n)
     slots = [None] * plan.num_slots
+    for step in plan.steps:  # one forward into `slots`: the values later eager steps read
+        step(flat, slots)
     eager = [plan.steps[i] for i in plan.eager_steps]
     graphs = plan.graphs
 
@@ -73,9 +85,12 @@ def _plan_parts(compiled: Any, batch: int) -> dict[str, Any]:
         for step in eager:
             step(flat, slots)
 
-    plan.run(flat, ())  # fills the slots the eager steps may read
     return {"plan": lambda: plan.run(flat, ()), "replays": replays, "splitting": splitting,
             "pieces": len(graphs) + len(eager)}
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
 
 
 def _measure_dtype(dtype: torch.dtype, args: argparse.Namespace, cache: str) -> dict[str, Any]:
@@ -85,44 +100,99 @@ def _measure_dtype(dtype: torch.dtype, args: argparse.Namespace, cache: str) -> 
     batches = [int(b) for b in args.batches.split(",")]
     sizes = default_capture_sizes(max(batches))
     make = lambda b: models.toy_llama_inputs(b, config, "cuda", seed=b)  # noqa: E731
-    start = time.perf_counter()
+    only = set(args.only.split(",")) if args.only else {"pieceworks", "meta-pcg", "reduce-overhead"}
+    report: dict[str, Any] = {"skipped": {}, "errors": {}, "build_s": {}}
+    built: dict[str, Any] = {}
+    # Peers after pieceworks, reduce-overhead last: it resets Dynamo, and its graph trees clear cuBLAS workspaces
+    # and empty the cache when they record (both pieceworks and the meta-pcg adapter keep their workspaces in a
+    # MemPool of their own, so that cannot free memory their graphs use).
+    steps = [("PIECEWISE", lambda: _pieceworks(model, CUDAGraphMode.PIECEWISE, sizes, cache, make)),
+             ("FULL", lambda: _pieceworks(model, CUDAGraphMode.FULL, sizes, cache, make)),
+             ("meta-pcg", lambda: _peer("meta-pcg", model, make, sizes)),
+             ("reduce-overhead", lambda: _peer("reduce-overhead", model, make, batches))]
     with torch.no_grad():
-        piecewise = _pieceworks(model, CUDAGraphMode.PIECEWISE, sizes, cache, make)
-        full = _pieceworks(model, CUDAGraphMode.FULL, sizes, cache, make)
-        pcg, pcg_skip = _peer("meta-pcg", model, make, sizes)
-        reduce_overhead, ro_skip = _peer("reduce-overhead", model, make, batches)  # last: it resets Dynamo
-    report: dict[str, Any] = {"build_s": time.perf_counter() - start, "direct_calls": piecewise.runtime.binder
-                              is not None, "skipped": {k: v for k, v in [("meta-pcg", pcg_skip),
-                                                                         ("reduce-overhead", ro_skip)] if v}}
-    rows = {}
+        for name, build in steps:
+            if ("pieceworks" if name in ("PIECEWISE", "FULL") else name) not in only:
+                report["skipped"][name] = "not in --only"
+                continue
+            start = time.perf_counter()
+            try:
+                found = build()
+            except Exception as exc:  # noqa: BLE001 - recorded; the other variants go on
+                report["errors"][f"build {name}"] = "".join(traceback.format_exception_only(exc)).strip()
+                _say(f"  build {name}: FAILED {report['errors'][f'build {name}']}")
+                continue
+            if isinstance(found, tuple):
+                found, why = found
+                if found is None:
+                    report["skipped"][name] = why
+                    _say(f"  build {name}: skipped ({why})")
+                    continue
+            built[name] = found
+            report["build_s"][name] = time.perf_counter() - start
+            _say(f"  build {name}: {report['build_s'][name]:.1f} s")
+    piecewise = built.get("PIECEWISE")
+    report["direct_calls"] = piecewise is not None and piecewise.runtime.binder is not None
+    rows = report["batches"] = {}
     with torch.no_grad():
         for batch in batches:
             inputs = make(batch)
             expected = model(*inputs)
-            parts = _plan_parts(piecewise, batch)
-            variants = {"compiled call": lambda: piecewise(*inputs), "plan run": parts["plan"],
-                        "graph replays": parts["replays"], "splitting ops": parts["splitting"],
-                        "FULL": lambda: full(*inputs)}
-            if pcg is not None:
-                variants["meta-pcg"] = lambda: pcg(*inputs)
-            if reduce_overhead is not None:
-                variants["reduce-overhead"] = lambda: reduce_overhead(*inputs)
+            variants: dict[str, Any] = {}
+            pieces = None
+            if piecewise is not None:
+                variants["compiled call"] = lambda: piecewise(*inputs)
+                try:
+                    parts = _plan_parts(piecewise, batch)
+                except Exception as exc:  # noqa: BLE001
+                    report["errors"][f"plan parts {batch}"] = "".join(traceback.format_exception_only(exc)).strip()
+                else:
+                    variants.update({"plan run": parts["plan"], "graph replays": parts["replays"],
+                                     "splitting ops": parts["splitting"]})
+                    pieces = parts["pieces"]
+            for name in ("FULL", "meta-pcg", "reduce-overhead"):
+                if name in built:
+                    variants[name] = lambda fn=built[name]: fn(*inputs)
             row: dict[str, Any] = {}
             for name, fn in variants.items():
-                row[name] = cuda_time_us(fn, warmup=args.warmup, reps=args.reps)
-                if name in ("compiled call", "FULL", "meta-pcg", "reduce-overhead"):
-                    out = fn()
-                    row[name]["max_abs_error_vs_eager"] = float((out.float() - expected.float()).abs().max())
+                try:
+                    row[name] = cuda_time_us(fn, warmup=args.warmup, reps=args.reps)
+                    if name in ("compiled call", "FULL", "meta-pcg", "reduce-overhead"):
+                        out = fn()
+                        row[name]["max_abs_error_vs_eager"] = float((out.float() - expected.float()).abs().max())
+                except Exception as exc:  # noqa: BLE001 - recorded; a CUDA error here poisons the rest too
+                    report["errors"][f"{name} batch {batch}"] = "".join(traceback.format_exception_only(exc)).strip()
             med = {k: v["median_us"] for k, v in row.items()}
-            ratios = {"PIECEWISE / meta-pcg": med["compiled call"] / med["meta-pcg"] if "meta-pcg" in med else None,
-                      "compiled call / plan run": med["compiled call"] / med["plan run"],
-                      "FULL / reduce-overhead": (med["FULL"] / med["reduce-overhead"]
-                                                 if "reduce-overhead" in med else None)}
-            overhead = med["compiled call"] - med["graph replays"] - med["splitting ops"]
-            rows[str(batch)] = {"us": row, "ratios": ratios, "pieces": parts["pieces"],
-                                "host_overhead_per_piece_us": overhead / parts["pieces"]}
-    report["batches"] = rows
+            ratio = lambda a, b: med[a] / med[b] if a in med and b in med else None  # noqa: E731
+            ratios = {"PIECEWISE / meta-pcg": ratio("compiled call", "meta-pcg"),
+                      "compiled call / plan run": ratio("compiled call", "plan run"),
+                      "FULL / reduce-overhead": ratio("FULL", "reduce-overhead")}
+            entry = rows[str(batch)] = {"us": row, "ratios": ratios, "pieces": pieces}
+            if pieces and all(k in med for k in ("compiled call", "graph replays", "splitting ops")):
+                overhead = med["compiled call"] - med["graph replays"] - med["splitting ops"]
+                entry["host_overhead_per_piece_us"] = overhead / pieces
+            _print_row(batch, entry)
     return report
+
+
+def _print_row(batch: Any, row: dict[str, Any]) -> None:
+    cells = "  ".join(f"{k} {v['median_us']:.1f} [{v['p25_us']:.1f}-{v['p75_us']:.1f}]" for k, v in row["us"].items())
+    ratios = "  ".join(f"{k} {v:.3f}" for k, v in row["ratios"].items() if v is not None)
+    overhead = row.get("host_overhead_per_piece_us")
+    tail = f"  host overhead/piece {overhead:.2f} us ({row['pieces']} pieces)" if overhead is not None else ""
+    _say(f"  batch {batch:>4}: {cells}\n              {ratios}{tail}")
+
+
+def _child(dtype: str, argv: list[str], out: str) -> dict[str, Any]:
+    """Run one dtype in a child process (its output streams through); its report, or what killed it."""
+    cmd = [sys.executable, "-m", "pieceworks.harness.runtime_breakdown", *argv, "--dtypes", dtype, "--out", out,
+           "--in-process"]
+    proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+    sys.stderr.write(proc.stderr[-20000:])
+    if proc.returncode == 0 and os.path.exists(out):
+        with open(out) as f:
+            return json.load(f)["dtypes"][dtype]
+    return {"crashed": {"exit_status": proc.returncode, "stderr_tail": proc.stderr[-6000:]}}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -132,34 +202,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--only", default="", help="comma-separated: pieceworks, meta-pcg, reduce-overhead")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--in-process", action="store_true", help="measure here, not in a child per dtype")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    faulthandler.enable(all_threads=True)
     if not torch.cuda.is_available():
         sys.exit("runtime_breakdown needs CUDA: torch sees no CUDA device")
-    cache = tempfile.mkdtemp(prefix="pieceworks-breakdown-")
     report: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model": f"ToyLlama layers={args.layers}", "reps": args.reps, "dtypes": {},
     }
+    _say(f"{report['device']} | torch {report['torch']} | {report['model']} | {report['date']}")
+    cache = tempfile.mkdtemp(prefix="pieceworks-breakdown-")
+    passed = _without([a for a in argv if a != "--in-process"], ("--dtypes", "--out"))
     for name in args.dtypes.split(","):
-        report["dtypes"][name] = _measure_dtype(getattr(torch, name), args, cache)
-
-    print(f"{report['device']} | torch {report['torch']} | {report['model']} | {report['date']}")
-    for dtype, result in report["dtypes"].items():
-        print(f"\n{dtype}: built in {result['build_s']:.1f} s, direct calls: {result['direct_calls']}, "
-              f"skipped: {result['skipped'] or 'none'}")
-        for batch, row in result["batches"].items():
-            cells = "  ".join(f"{k} {v['median_us']:.1f} [{v['p25_us']:.1f}-{v['p75_us']:.1f}]"
-                              for k, v in row["us"].items())
-            ratios = "  ".join(f"{k} {v:.3f}" for k, v in row["ratios"].items() if v is not None)
-            print(f"  batch {batch:>4}: {cells}")
-            print(f"              {ratios}  host overhead/piece {row['host_overhead_per_piece_us']:.2f} us "
-                  f"({row['pieces']} pieces)")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        _say(f"\n{name}:")
+        if args.in_process:
+            result = _measure_dtype(getattr(torch, name), args, cache)
+        else:
+            result = _child(name, passed, os.path.join(cache, f"{name}.json"))
+            if "crashed" in result:
+                _say(f"  {name}: the child process died (exit status {result['crashed']['exit_status']}); see "
+                     f"its output above (faulthandler prints the Python stack of a fatal signal)")
+        report["dtypes"][name] = result
+        if args.out:  # rewritten after each dtype: partial results survive a later crash
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
     return report
+
+
+def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """`argv` without the given options and their values (either `--opt value` or `--opt=value`)."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in options:
+            skip = True
+        elif not a.startswith(tuple(o + "=" for o in options)):
+            kept.append(a)
+    return kept
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -190,8 +190,9 @@ class CompiledModel:
                 self._first_call(args)
             return self.runtime.serve(args, self._check(args))
 
-    def capture(self) -> dict[str, Any]:
-        """The capture phase: every `cudagraph_capture_sizes` entry, largest first, into one pool; then closed.
+    def capture(self, sizes: Iterable[int] | None = None) -> dict[str, Any]:
+        """The capture phase: every `cudagraph_capture_sizes` entry (or those in `sizes`), largest first, into one
+        pool; then closed.
 
         Call after the first call (which traces and compiles). Without CUDA, or with mode NONE, it logs that it
         captures nothing and returns. Returns the phase's numbers: sizes, seconds, MiB, graphs.
@@ -199,7 +200,7 @@ class CompiledModel:
         if self.runtime is None:
             raise RuntimeError("call the model once before capture(): the first call traces and compiles it")
         with torch.no_grad():
-            return self.runtime.capture()
+            return self.runtime.capture(sizes)
 
 
 def compile(model: Callable[..., Any], config: CompilationConfig | None = None) -> CompiledModel:  # noqa: A001

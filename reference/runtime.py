@@ -335,14 +335,14 @@ class Runtime:
 
     def capture(self, sizes: Iterable[int] | None = None, run_size: Callable[[int], Any] | None = None
                 ) -> dict[str, Any]:
-        """The capture phase: `run_size(n)` for every size, largest first (default: every capture size, through
-        `pieceworks.compile`'s static buffers); each call at a size not yet attempted captures it. Then serving
-        starts: no size is captured again (unless `lazy_capture`). `run_size(n)` must call the model with
-        arguments that stay where they are for every later replay. gc is collected and frozen once for the phase.
-        Returns the phase's numbers (sizes, seconds, MiB, graphs)."""
+        """The capture phase: `run_size(n)` for every size in `sizes`, largest first (default: every capture size;
+        `run_size` default: a call through `pieceworks.compile`'s static buffers); each call at a size not yet
+        attempted captures it. Then serving starts: no size is captured again (unless `lazy_capture`).
+        `run_size(n)` must call the model with arguments that stay where they are for every later replay. gc is
+        collected and frozen once for the phase. Returns the phase's numbers (sizes, seconds, MiB, graphs)."""
         if run_size is None:
             static = self.static
-            sizes = [] if static is None else self._capture_sizes
+            sizes = [] if static is None else (self._capture_sizes if sizes is None else sizes)
             run_size = lambda n: self._call_static(static.views(n), n)  # noqa: E731
         sizes = sorted(set(sizes), reverse=True)
         report = {"sizes": len(sizes), "seconds": 0.0, "free_delta_mib": 0.0, "reserved_delta_mib": 0.0,
