@@ -365,9 +365,9 @@ def apply_mismatch(args: list[Any], mismatch: tuple) -> list[Any] | None:
 
 # ---- output structures, for unpadding -------------------------------------------------------------------------
 def output_structures(max_leaves: int = 6, dicts: bool = False, unbatched: bool = False) -> st.SearchStrategy[Any]:
-    """A nested structure of tuples and lists (and dicts if `dicts`) whose leaves are ("value", k): the k-th value of
-    a program, a [B, HIDDEN] tensor (k taken modulo the program's value count); and if `unbatched`, ("weight",): a
-    tensor without a batch dimension, of shape [HIDDEN], which no unpadding may cut."""
+    """A leaf, or a nested structure of tuples and lists (and dicts if `dicts`) of leaves: ("value", k), the k-th
+    value of a program, a [B, HIDDEN] tensor (k taken modulo the program's value count); and if `unbatched`,
+    ("weight",): a tensor without a batch dimension, of shape [HIDDEN], which no unpadding may cut."""
     leaf = st.tuples(st.just("value"), st.integers(0, 63))
     if unbatched:
         leaf = st.one_of(leaf, st.just(("weight",)))
@@ -378,7 +378,7 @@ def output_structures(max_leaves: int = 6, dicts: bool = False, unbatched: bool 
             options.append(st.dictionaries(st.sampled_from("abc"), children, min_size=1, max_size=3))
         return st.one_of(options)
 
-    return st.recursive(leaf, nest, max_leaves=max_leaves).filter(lambda s: isinstance(s, (tuple, list, dict)))
+    return st.recursive(leaf, nest, max_leaves=max_leaves)  # a bare leaf too: one tensor returned
 
 
 class StructureModule(nn.Module):
