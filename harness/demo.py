@@ -39,9 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         if phase == "warm-new-host":  # another machine: the cache directory copied over, nothing else
             root = os.path.join(work, "copied-cache")
             shutil.copytree(cache_dir, root)
-        # Inductor's default cache lives under the temporary folder: a fresh one per process means Inductor has
-        # nothing of its own; TORCHINDUCTOR_CACHE_DIR unset lets pieceworks keep Inductor's cache inside its own.
-        tmp = tempfile.mkdtemp(prefix=f"tmp-{phase}-", dir=work)
+        # Inductor's default cache lives under the temporary folder: emptied before each process, Inductor has
+        # nothing of its own (the same path each time, as on a twin machine: Inductor's build commands name it);
+        # TORCHINDUCTOR_CACHE_DIR unset lets pieceworks keep Inductor's cache inside its own.
+        tmp = os.path.join(work, "tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
         extra = ["--profile", os.path.join(args.profile, f"{phase}.prof")] if args.profile else []
         r = run_scenario("--model", "toy_llama", "--layers", str(args.layers), "--cache-dir", root,
                          "--batches", "1,7,64,300", "--device", args.device, *extra,

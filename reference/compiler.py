@@ -78,7 +78,8 @@ class PieceCompiler:
         if self.cache is None:
             fn = self._compile(item, isinstance(target, int), example_args)[0]
         else:
-            with inductor.inductor_cache_dir(self.cache.inductor_dir):
+            chosen = "cpp_cache_precompile_headers" in self.config.inductor_compile_config
+            with inductor.inductor_cache_dir(self.cache.inductor_dir, precompiled_headers=chosen):
                 fn = self._get_cached(item, fingerprint, target, example_args)
         self.done[key] = fn
         return fn

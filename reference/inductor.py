@@ -88,17 +88,28 @@ def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
 
 
 @contextlib.contextmanager
-def inductor_cache_dir(path: str | None) -> Iterator[None]:
+def inductor_cache_dir(path: str | None, *, precompiled_headers: bool = False) -> Iterator[None]:
     """Point Inductor's on-disk cache (`TORCHINDUCTOR_CACHE_DIR`, read by Inductor whenever it needs the folder)
-    at `path` for the block, then restore the variable. `None`: leave it alone. Not thread-safe (the environment
-    is process-wide), like the rest of a compile."""
+    at `path` for the block, then restore the variable. `None`: leave everything alone.
+
+    With a `path`, C++ kernels are also built without Inductor's precompiled header (unless
+    `precompiled_headers`): Inductor keeps that header in its default folder, outside `TORCHINDUCTOR_CACHE_DIR`,
+    and rebuilds it before it looks for a kernel's library, so a warm start on a new host would spend a full g++
+    run on it although every library is there. Compile and load run under the same setting, so that the library
+    names (digests of the build command) match. Not thread-safe (the environment is process-wide), like the rest of
+    a compile.
+    """
     if path is None:
         yield
         return
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    patch = contextlib.nullcontext()
+    if not precompiled_headers and hasattr(torch._inductor.config, "cpp_cache_precompile_headers"):
+        patch = torch._inductor.config.patch(cpp_cache_precompile_headers=False)
     try:
-        yield
+        with patch:
+            yield
     finally:
         if before is None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)

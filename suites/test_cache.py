@@ -45,36 +45,31 @@ def _compile_silly(cache_dir, **kwargs):
 
 def test_warm_start_on_a_new_host_compiles_and_builds_nothing(tmp_path):
     """Cold in one process; then the cache directory copied elsewhere (another host) and a new process with an empty
-    Inductor cache of its own: nothing compiled, and no kernel library built, since the cache carries them."""
-    tmp_cold, tmp_warm = tmp_path / "tmp-cold", tmp_path / "tmp-warm"
-    tmp_cold.mkdir(), tmp_warm.mkdir()
+    Inductor cache of its own: nothing compiled, no kernel library built (the cache carries them), each distinct
+    piece loaded once and shared by its identical twins."""
+    tmp = tmp_path / "tmp"  # Inductor's default cache folder is below it: emptied, a new host's Inductor has nothing
 
-    def run(root, tmp):  # TMPDIR moves Inductor's default cache folder; TORCHINDUCTOR_CACHE_DIR left unset
-        return run_scenario("--model", "silly", "--cache-dir", str(root), "--batches", "1,5,70",
+    def run(root):  # TORCHINDUCTOR_CACHE_DIR left unset: pieceworks keeps Inductor's cache inside its own
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        return run_scenario("--model", "toy_llama", "--layers", "3", "--cache-dir", str(root), "--batches", "1,5,70",
                             env={"TMPDIR": str(tmp)}, unset=("TORCHINDUCTOR_CACHE_DIR",))
 
-    cold = run(tmp_path / "cache", tmp_cold)
+    cold = run(tmp_path / "cache")
     shutil.copytree(tmp_path / "cache", tmp_path / "copied")
     carried = _libraries(tmp_path / "copied")
-    warm = run(tmp_path / "copied", tmp_warm)
-    assert cold["counters"]["num_inductor_compiles"] == 3 and cold["counters"]["num_compiled_artifacts_saved"] == 3
-    assert warm["counters"]["num_inductor_compiles"] == 0 and warm["counters"]["num_compiled_artifacts_loaded"] == 3
-    assert cold["counters"]["num_backend_compilations"] == warm["counters"]["num_backend_compilations"] == 3
+    warm = run(tmp_path / "copied")
+    c, w = cold["counters"], warm["counters"]
+    # 4 compiled pieces: first, 2 identical middle ones, last: 3 distinct
+    assert (c["num_inductor_compiles"], c["num_compiled_artifacts_saved"], c["num_shared_piece_compiles"]) == (3, 3, 1)
+    assert (w["num_inductor_compiles"], w["num_compiled_artifacts_loaded"], w["num_shared_piece_compiles"]) == (0, 3, 1)
+    # vLLM's meaning: one backend compilation per compiled piece and compile target, cold or warm
+    assert c["num_backend_compilations"] == w["num_backend_compilations"] == 4
     assert os.path.basename(warm["cache_dir"]) == os.path.basename(cold["cache_dir"])
     assert carried, "the cold run left no kernel library in the pieceworks cache"
     assert _libraries(tmp_path / "copied") == carried, "the warm start rebuilt kernels the cache carries"
-    assert _libraries(tmp_warm) == set(), "the warm start built libraries outside the cache"
-    assert cold["max_rel_error"] < 1e-6 and warm["max_rel_error"] < 1e-6
-
-
-def test_identical_pieces_are_loaded_once(tmp_path):
-    args = ["--model", "toy_llama", "--layers", "6", "--cache-dir", str(tmp_path), "--batches", "3"]
-    cold = run_scenario(*args)["counters"]
-    warm = run_scenario(*args)["counters"]
-    assert warm["num_compiled_artifacts_loaded"] == 3 and warm["num_shared_piece_compiles"] == 7 - 3
-    # vLLM's meaning: one backend compilation per compiled piece and compile target, cold or warm
-    assert cold["num_backend_compilations"] == warm["num_backend_compilations"] == 7
-    assert cold["num_inductor_compiles"] == 3 and warm["num_inductor_compiles"] == 0
+    assert _libraries(tmp) == set(), "the warm start built libraries outside the cache"
+    assert cold["max_rel_error"] < 1e-5 and warm["max_rel_error"] < 1e-5
 
 
 def _torch_key() -> bytes:
@@ -155,12 +150,12 @@ def test_cache_key_changes_with_config_not_with_path(tmp_path):
 
 @pytest.mark.slow
 def test_concurrent_cold_processes_share_the_work(tmp_path):
-    """4 processes start one model on one empty cache at once: each entry is compiled by one of them (under that
+    """3 processes start one model on one empty cache at once: each entry is compiled by one of them (under that
     entry's lock) and loaded by the others; nothing is lost, torn or left behind."""
     procs = [
         subprocess.Popen([sys.executable, "-m", "pieceworks.harness.scenario", "--model", "silly", "--cache-dir",
                           str(tmp_path), "--batches", "4,9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(4)
+        for _ in range(3)
     ]
     reports = []
     for proc in procs:
@@ -170,7 +165,7 @@ def test_concurrent_cold_processes_share_the_work(tmp_path):
     assert all(r["max_rel_error"] < 1e-6 for r in reports)
     compiles = sum(r["counters"]["num_inductor_compiles"] for r in reports)
     loads = sum(r["counters"]["num_compiled_artifacts_loaded"] for r in reports)
-    assert (compiles, loads) == (3, 3 * 3), f"4 cold processes compiled {compiles} pieces and loaded {loads}"
+    assert (compiles, loads) == (3, 2 * 3), f"3 cold processes compiled {compiles} pieces and loaded {loads}"
     assert sum(r["counters"]["num_cache_artifacts_rejected"] for r in reports) == 0
     key_dir, index = _artifacts(tmp_path)
     assert len(index) == 3
