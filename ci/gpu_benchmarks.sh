@@ -9,20 +9,30 @@
 #     --only-binary=:all: --platform manylinux2014_x86_64 --platform any
 # (installed from there when asv is missing). torch, Triton, matplotlib, nvidia-ml-py and pytest-benchmark must be
 # installed already.
-# A deadline keeps the whole command inside one 10-minute device call: PIECEWORKS_DEADLINE_S (default 560) seconds
-# after the start, every step still to come is skipped (each asv step runs under `timeout` with what is left,
-# and asv saves a step's results only when the step ends), and what exists is packed. Steps, most wanted first:
-# latency ToyLlama (bf16, fp32), memory and capture, compile starts, pytest-benchmark host overhead, latency
-# SillyModel, CPU benchmarks, report. To finish a cut-short run: unpack results.tar.gz at the repository root and run
-# again with PIECEWORKS_RESUME=1 (asv skips benchmarks that already have results for this commit).
+# Two device calls, each under 9 minutes: PIECEWORKS_BENCH_PART=1 (latency: ToyLlama bf16 and fp32, SillyModel)
+# then PIECEWORKS_BENCH_PART=2 (memory and capture, compile starts, pytest-benchmark host overhead, CPU benchmarks,
+# report) on a tree where part 1's results.tar.gz was unpacked at the repository root: part 2 adds to the same asv
+# result file (same commit, same machine). Unset (or "all"): every step in one call (does not fit in 10 minutes).
+# A deadline keeps each call inside its device call: PIECEWORKS_DEADLINE_S (default 500) seconds after the start,
+# every step still to come is skipped (each asv step runs under `timeout` with what is left, and asv saves a step's
+# results only when the step ends), and what exists is packed. To finish a cut-short run: unpack results.tar.gz at
+# the repository root and run the same part again with PIECEWORKS_RESUME=1 (asv skips benchmarks that already have
+# results for this commit).
 # Output in $OUT (default results/gpu-run): results.tar.gz (results/asv and results/bench/<machine>: details,
-# pytest-benchmark JSON, REPORT.md, plots), REPORT.md, gpu_benchmarks.log. In a tree copied without .git, set
-# PIECEWORKS_COMMIT to the commit it is (asv gets a throw-away repository; results are stored under that commit).
+# pytest-benchmark JSON, REPORT.md, plots), REPORT.md, gpu_benchmarks.log.
+# Commit: PIECEWORKS_COMMIT, when set, is the commit results are stored under and reported as, whether or not a .git
+# is here (a copied tree may carry a stale one); where the .git lacks that commit, asv records against a throw-away
+# repository (outside this tree, through a temporary asv config) and results are moved to PIECEWORKS_COMMIT. Unset:
+# `git rev-parse HEAD`. This tree's .git is never written.
 # ASV_LAUNCH_METHOD overrides spawn. Exit status: 0, else the first failing step's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$SECONDS
-DEADLINE=${PIECEWORKS_DEADLINE_S:-560}
+DEADLINE=${PIECEWORKS_DEADLINE_S:-500}
+PART=${PIECEWORKS_BENCH_PART:-all}
+case "$PART" in 1|2|all) ;; *) echo "PIECEWORKS_BENCH_PART must be 1, 2 or all, not '$PART'"; exit 2 ;; esac
+RESUME=${PIECEWORKS_RESUME:-}
+[ "$PART" != 2 ] || RESUME=1  # part 2 adds to part 1's results
 PY=${PYTHON:-python3}
 OUT=${OUT:-results/gpu-run}
 mkdir -p "$OUT"
@@ -50,18 +60,34 @@ PYEOF
 )}
 "$PY" -m asv machine --yes --machine "$MACHINE" >/dev/null || exit 2
 
-COMMIT=$(git rev-parse HEAD 2>/dev/null) || COMMIT=
+export PIECEWORKS_BENCH_DIR=${PIECEWORKS_BENCH_DIR:-$(mktemp -d /tmp/pieceworks-bench-XXXXXX)}
+COMMIT=
 RENAME_TO=
+ASV_CONFIG=()
+if [ -n "${PIECEWORKS_COMMIT:-}" ]; then
+  COMMIT=$(git rev-parse -q --verify "${PIECEWORKS_COMMIT}^{commit}" 2>/dev/null) || COMMIT=
+elif ! COMMIT=$(git rev-parse -q --verify HEAD 2>/dev/null); then
+  say "not a git checkout: set PIECEWORKS_COMMIT=<the commit this tree is>"; exit 2
+fi
 if [ -z "$COMMIT" ]; then
-  [ -n "${PIECEWORKS_COMMIT:-}" ] || { say "not a git checkout: set PIECEWORKS_COMMIT=<the commit this tree is>"; exit 2; }
-  say "no git repository here: a throw-away one for asv; results go under $PIECEWORKS_COMMIT"
-  git -c init.defaultBranch=main init -q . &&
-    git -c user.name=bench -c user.email=bench@localhost commit -q --allow-empty -m "benchmark run" || exit 2
-  COMMIT=$(git rev-parse HEAD)
+  say "this tree's .git (if any) lacks $PIECEWORKS_COMMIT: asv records against a throw-away repository; results go under $PIECEWORKS_COMMIT"
+  REPO="$PIECEWORKS_BENCH_DIR/asv-repo"
+  git -c init.defaultBranch=main init -q "$REPO" &&
+    git -C "$REPO" -c user.name=bench -c user.email=bench@localhost commit -q --allow-empty -m "benchmark run" || exit 2
+  COMMIT=$(git -C "$REPO" rev-parse HEAD)
   RENAME_TO=$PIECEWORKS_COMMIT
+  CONF=.asv-throwaway.conf.json  # here, so that asv resolves the config's relative paths against this tree
+  "$PY" - "$REPO" "$CONF" <<'PYEOF' || exit 2
+import json, re, sys
+text = re.sub(r"^\s*//.*$", "", open("asv.conf.json").read(), flags=re.M)
+conf = json.loads(text)
+conf["repo"] = sys.argv[1]
+json.dump(conf, open(sys.argv[2], "w"), indent=1)
+PYEOF
+  ASV_CONFIG=(--config "$CONF")
+  trap 'rm -f "$CONF"' EXIT
 fi
 
-export PIECEWORKS_BENCH_DIR=${PIECEWORKS_BENCH_DIR:-$(mktemp -d /tmp/pieceworks-bench-XXXXXX)}
 DETAILS=results/bench/$MACHINE
 mkdir -p "$DETAILS"
 export PIECEWORKS_BENCH_DETAILS=$PWD/$DETAILS  # absolute: asv runs benchmarks in temporary folders
@@ -90,13 +116,13 @@ pack() {
   [ -z "$RENAME_TO" ] || rename_results "$COMMIT" "$RENAME_TO"
   tar czf "$OUT/results.tar.gz" results/asv "$DETAILS" 2>/dev/null
 }
-[ -z "$RENAME_TO" ] || [ -z "${PIECEWORKS_RESUME:-}" ] || rename_results "$RENAME_TO" "$COMMIT"  # resume: asv's view
+[ -z "$RENAME_TO" ] || [ -z "$RESUME" ] || rename_results "$RENAME_TO" "$COMMIT"  # resume: asv's view
 step_asv() {  # step_asv MIN_SECONDS REGEX
   local budget
   budget=$(( $(left) - 30 ))  # 30 s kept for the report and packing
   if [ "$budget" -lt "$1" ]; then say "SKIPPED asv '$2': ${budget}s left before the deadline, it needs ~$1s"; fail 3; return; fi
   say "asv run --bench '$2' (machine $MACHINE, at most ${budget}s)"
-  timeout "$budget" "$PY" -m asv run --python=same --set-commit-hash "$COMMIT" --machine "$MACHINE" \
+  timeout "$budget" "$PY" -m asv run ${ASV_CONFIG[@]+"${ASV_CONFIG[@]}"} --python=same --set-commit-hash "$COMMIT" --machine "$MACHINE" \
     --launch-method "${ASV_LAUNCH_METHOD:-spawn}" --show-stderr ${PIECEWORKS_RESUME:+--skip-existing-successful} \
     --bench "$2"
   local rc=$?
@@ -105,24 +131,29 @@ step_asv() {  # step_asv MIN_SECONDS REGEX
   pack
 }
 
-step_asv 120 '^latency\.ToyLlama'
-step_asv 60 '^memory\.'
-step_asv 60 '^compile\.'
-if [ -n "${PIECEWORKS_RESUME:-}" ] && [ -s "$DETAILS/host_overhead.json" ]; then
-  say "pytest-benchmark host overhead: results exist (resume)"
-elif [ "$(( $(left) - 30 ))" -ge 40 ]; then
-  say "pytest-benchmark: host overhead (GPU and CPU variants)"
-  timeout "$(( $(left) - 30 ))" "$PY" -m pytest suites/test_host_overhead.py -q -p no:cacheprovider \
-    --benchmark-json "$DETAILS/host_overhead.json" || fail $?
-else
-  say "SKIPPED pytest-benchmark host overhead: too little time left"; fail 3
+in_part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
+say "part $PART (deadline ${DEADLINE}s)"
+if in_part 1; then
+  step_asv 120 '^latency\.ToyLlama'
+  step_asv 40 '^latency\.Silly'
 fi
-step_asv 40 '^latency\.Silly'
-step_asv 20 '^(host_overhead|dispatch)\.'
-say "report"
-"$PY" -m pieceworks.harness.report --machine "$MACHINE" || fail $?
-cp "$DETAILS/REPORT.md" "$OUT/REPORT.md" 2>/dev/null
+if in_part 2; then
+  step_asv 60 '^memory\.'
+  step_asv 60 '^compile\.'
+  if [ -n "${PIECEWORKS_RESUME:-}" ] && [ -s "$DETAILS/host_overhead.json" ]; then
+    say "pytest-benchmark host overhead: results exist (resume)"
+  elif [ "$(( $(left) - 30 ))" -ge 40 ]; then
+    say "pytest-benchmark: host overhead (GPU and CPU variants)"
+    timeout "$(( $(left) - 30 ))" "$PY" -m pytest suites/test_host_overhead.py -q -p no:cacheprovider \
+      --benchmark-json "$DETAILS/host_overhead.json" || fail $?
+  else
+    say "SKIPPED pytest-benchmark host overhead: too little time left"; fail 3
+  fi
+  step_asv 20 '^(host_overhead|dispatch)\.'
+  say "report"
+  "$PY" -m pieceworks.harness.report --machine "$MACHINE" || fail $?
+  cp "$DETAILS/REPORT.md" "$OUT/REPORT.md" 2>/dev/null
+fi
 pack
-[ -z "$RENAME_TO" ] || rm -rf .git
 say "packed $OUT/results.tar.gz ($(du -h "$OUT/results.tar.gz" | cut -f1)); exit status $status"
 exit "$status"

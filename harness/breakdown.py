@@ -10,7 +10,7 @@ forward ran: a callable that redoes only that piece's own work on the arguments 
 one timer, and reports the difference as host overhead: the argument checks, static copies, dispatch and
 stitching around the work. Where host work overlaps GPU work, the GPU-time overhead can be negative.
 
-This reads pieceworks internals (the stitching module, its runners and their graphs). It changes with the
+This reads pieceworks internals (the runtime's replay plans and FULL graphs, and its stitching module). It changes with the
 runtime; suites/test_host_overhead.py checks that the recorded work recomputes the forward's output, so a change
 that breaks it fails a test instead of skewing a number.
 """
@@ -62,49 +62,41 @@ def _splitting_work(gm: torch.fx.GraphModule, args: tuple) -> Callable[[], Any]:
     return lambda: target(*call_args, **call_kwargs)
 
 
-def _compiled_work(installed: Any, args: tuple) -> tuple[Callable[[], Any], bool]:
-    """(the work alone, whether it is a graph replay) of a compiled piece as installed in the stitching module."""
-    piece = installed
-    entries = getattr(installed, "entries", None)  # a CUDAGraphRunner around the compiled piece
-    if entries is not None:
-        entry = entries.get(installed.locate_batch(args))
-        if entry is not None:
-            graph, outputs = entry.graph, entry.outputs
-
-            def replay() -> Any:
-                graph.replay()
-                return outputs
-
-            return replay, True
-        piece = installed.runnable
+def _compiled_work(piece: Any, args: tuple) -> Callable[[], Any]:
+    """A compiled piece's work alone: the code compiled for this batch size, without dispatch."""
     code = piece.runnable_for(piece.locate_batch(args)) if hasattr(piece, "runnable_for") else piece
-    return (lambda: code(*args)), False
+    return lambda: code(*args)
 
 
 def record(compiled: Any, args: Sequence[Any]) -> tuple[Any, list[PieceWork]]:
     """Call `compiled(*args)` (a traced `pieceworks.CompiledModel`) once; return its output and the pieces' work."""
-    graph = compiled.graph
-    if graph is None:
+    from pieceworks.plan import ReplayPlan
+    from pieceworks.runtime import Phase
+
+    runtime = compiled.runtime
+    if runtime is None:
         raise ValueError("record() needs a traced model: call it once first (the first call traces and compiles)")
     sizes = sorted(compiled.config.cudagraph_capture_sizes or [])
     batch = _batch(args)
     padded = next((s for s in sizes if s >= batch), None)
-    full = graph.full_entries.get(padded) if graph.capture_closed and padded is not None else None
-    if full is not None:
+    replay_of = runtime.replays.get(padded) if runtime.phase is not Phase.COMPILING else None
+    if replay_of is not None and not isinstance(replay_of, ReplayPlan):  # FULL
         out = compiled(*args)
-        outputs = full.outputs
+        full = replay_of
 
         def replay() -> Any:
             full.graph.replay()
-            return outputs
+            return full.outputs
 
         return out, [PieceWork("full graph", splitting=False, graph_replay=True, run=replay)]
+    if replay_of is not None and runtime.binder is not None:
+        return compiled(*args), _plan_work(runtime, replay_of, padded)
 
-    split_gm = graph.split_gm
+    split_gm = runtime.split_gm
     calls: list[tuple[Any, tuple]] = []
     installed: dict[str, Any] = {}
     hooks = []
-    for item in graph.items:
+    for item in runtime.items:
         current = getattr(split_gm, item.submod_name)
         if isinstance(current, torch.nn.Module):  # splitting pieces stay FX submodules
             hooks.append(current.register_forward_pre_hook(lambda module, a, item=item: calls.append((item, a))))
@@ -128,9 +120,39 @@ def record(compiled: Any, args: Sequence[Any]) -> tuple[Any, list[PieceWork]]:
         if item.is_splitting_graph:
             work.append(PieceWork(item.submod_name, True, False, _splitting_work(item.graph, a)))
         else:
-            run, replay = _compiled_work(installed[item.submod_name], a)
-            work.append(PieceWork(item.submod_name, False, replay, run))
+            work.append(PieceWork(item.submod_name, False, False, _compiled_work(installed[item.submod_name], a)))
     return out, work
+
+
+def _plan_work(runtime: Any, plan: Any, n: int) -> list[PieceWork]:
+    """The pieces of a PIECEWISE replay plan, in its order, on the static buffers of padded size `n`: its graph
+    replays, its splitting ops and its eagerly run compiled pieces (glue steps such as getitem are no piece)."""
+    flat = runtime.binder.inputs(runtime.static.views(n), n)
+    slots = [None] * plan.num_slots
+    for step in plan.steps:  # one forward into `slots`: the values later eager steps read
+        step(flat, slots)
+    splitting = {i.submod_name for i in runtime.items if i.is_splitting_graph}
+    pieces = {i.submod_name for i in runtime.items}
+    eager = set(plan.eager_steps)
+    graphs = iter(zip(plan.graphs, plan.graph_outputs))
+    work = []
+    for index, (name, step) in enumerate(zip(plan.step_names, plan.steps)):
+        if index not in eager:
+            graph, outputs = next(graphs)
+
+            def replay(graph: Any = graph, outputs: Any = outputs) -> Any:
+                graph.replay()
+                return outputs
+
+            work.append(PieceWork(name, splitting=False, graph_replay=True, run=replay))
+        elif name in pieces:
+
+            def run(step: Any = step, index: int = len([e for e in plan.eager_steps if e < index])) -> Any:
+                step(flat, slots)
+                return slots[index]
+
+            work.append(PieceWork(name, splitting=name in splitting, graph_replay=False, run=run))
+    return work
 
 
 def _in_order(fns: list[Callable[[], Any]]) -> Callable[[], None]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from pieceworks.capturability import tensors_in
+from pieceworks.values import tensors_in
 
 __all__ = ["CheckedModel", "OutputOverwrittenError"]
 

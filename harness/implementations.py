@@ -23,6 +23,7 @@ their own backend; `load_user_implementations()` registers the paths listed in $
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -134,11 +135,9 @@ class Pieceworks(Implementation):
         start = time.perf_counter()
         report = compiled.capture()
         seconds = time.perf_counter() - start
-        graph = compiled.graph
-        order = list(graph.capture_order) if graph is not None else []  # as the runtime recorded it
-        pool = graph.state.pool if graph is not None else None
-        return Built(compiled, capture_order=order or None, pool=pool, capture_seconds=seconds, owner=compiled,
-                     capture_report=report)
+        runtime = compiled.runtime
+        return Built(compiled, capture_order=list(runtime.capture_order) or None, pool=runtime.pool.handle,
+                     capture_seconds=seconds, owner=compiled, capture_report=report)
 
 
 def _batch_of(args: Sequence[Any]) -> int:
@@ -265,13 +264,19 @@ class MetaPCG(Implementation):
 
         stream = torch.cuda.Stream()
         pool = torch.cuda.graph_pool_handle()
+        # The warm-up makes the capture stream's cuBLAS workspace, which every captured GEMM keeps using. In a
+        # MemPool of its own it stays mapped when other code (reduce-overhead's graph trees) clears cuBLAS
+        # workspaces and empties the cache; in the default pool it would be freed under the graphs (pieceworks
+        # warms up the same way).
+        warmup_pool = torch.cuda.MemPool() if hasattr(torch.cuda, "MemPool") else None
         captured: dict[int, tuple[Any, Any]] = {}
         start = time.perf_counter()
         with torch.no_grad():
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # library workspaces are made on the stream that captures
-                for n in sizes:
-                    model(*views(n))
+                with torch.cuda.use_mem_pool(warmup_pool) if warmup_pool is not None else contextlib.nullcontext():
+                    for n in sizes:
+                        model(*views(n))
             torch.cuda.current_stream().wait_stream(stream)
             for n in sizes:
                 seq = pcg.CUDAGraphSequence(pool=pool)
@@ -298,7 +303,7 @@ class MetaPCG(Implementation):
             seq.replay()
             return _cut(out, batch, n)
 
-        return Built(serve, capture_order=sizes, pool=pool, capture_seconds=seconds, owner=captured)
+        return Built(serve, capture_order=sizes, pool=pool, capture_seconds=seconds, owner=(captured, warmup_pool))
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {}

@@ -60,8 +60,8 @@ def _key_ignores_config(mp: pytest.MonkeyPatch) -> None:
 
 
 def _pad_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.api as api
     import pieceworks.dispatch as dispatch
+    import pieceworks.runtime as runtime
 
     def padded(sizes, batch):
         i = bisect.bisect_right(sizes, batch)
@@ -72,7 +72,7 @@ def _pad_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
         return sizes[i] if i < len(sizes) and sizes[i] == batch else (sizes[i - 1] if i > 0 else padded(sizes, batch))
 
     mp.setattr(dispatch, "padded_size", wrong)
-    mp.setattr(api, "padded_size", wrong)
+    mp.setattr(runtime, "padded_size", wrong)
 
 
 def _static_copy_misses_last_row(mp: pytest.MonkeyPatch) -> None:
@@ -103,6 +103,63 @@ def _load_without_checking(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(cache.CompileCache, "load", load)
 
 
+def _plan_ignores_moved_inputs(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.plan as plan
+
+    original = plan._replay_step
+    mp.setattr(plan, "_replay_step", lambda replay, moved: original(replay, []))
+
+
+def _plan_checks_no_caller_inputs(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.plan as plan
+
+    original = plan.ReplayPlan.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.cheap_checks = []
+
+    mp.setattr(plan.ReplayPlan, "__init__", init)
+
+
+def _rebinding(mp: pytest.MonkeyPatch, change: Callable) -> None:
+    import pieceworks.binding as binding
+    import pieceworks.runtime as runtime
+
+    original = binding.bind
+
+    def bind(model, placeholders, example_inputs, call_args, *rest):
+        found = original(model, placeholders, example_inputs, call_args, *rest)
+        if isinstance(found, binding.Binder):
+            found.sources = [change(kind, value, call_args) for kind, value in found.sources]
+        return found
+
+    mp.setattr(runtime, "bind", bind)
+
+
+def _parameters_bound_by_value(mp: pytest.MonkeyPatch) -> None:
+    _rebinding(mp, lambda kind, value, args: (kind, value.detach().clone()) if kind == 2 else (kind, value))
+
+
+def _batch_size_from_the_trace(mp: pytest.MonkeyPatch) -> None:
+    def change(kind, value, args):
+        return (2, next(a.shape[0] for a in args if hasattr(a, "shape"))) if kind == 1 else (kind, value)
+
+    _rebinding(mp, change)
+
+
+def _always_through_dynamo(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.runtime as runtime
+
+    mp.setattr(runtime, "bind", lambda *args: "mutant: never bound")
+
+
+def _outputs_flat(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.binding as binding
+
+    mp.setattr(binding.Binder, "outputs", lambda self, flat: flat)
+
+
 # ---- harness power (issue 12): argument checks, pool and capture order, addresses, padding, writes, outputs ----
 def _arg_check_skips_dtype(mp: pytest.MonkeyPatch) -> None:
     import torch
@@ -128,37 +185,57 @@ def _arg_check_skips_dtype(mp: pytest.MonkeyPatch) -> None:
 def _capture_smallest_first(mp: pytest.MonkeyPatch) -> None:
     import builtins
 
-    import pieceworks.graph as graph
+    import pieceworks.runtime as runtime
 
-    mp.setattr(graph, "sorted", lambda values, reverse=False, **kw: builtins.sorted(values, **kw), raising=False)
+    mp.setattr(runtime, "sorted", lambda values, reverse=False, **kw: builtins.sorted(values, **kw), raising=False)
 
 
 def _capture_keeps_outputs(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.cudagraph as cudagraph
+    import pieceworks.plan as plan
+    import pieceworks.runtime as runtime
 
-    mp.setattr(cudagraph, "_aliases", lambda value: value)  # entries own each size's outputs
+    for module in (runtime, plan):  # FULL graphs and replay plans own each size's outputs
+        mp.setattr(module, "non_owning_alias", lambda value: value)
+
+
+def _wrap_replays(mp: pytest.MonkeyPatch, wrap: Callable) -> None:
+    """`wrap(outputs, owner)` applied to what every replay (FULL graph or PIECEWISE plan) returns."""
+    import pieceworks.plan as plan
+    import pieceworks.runtime as runtime
+
+    for cls in (runtime.FullGraph, plan.ReplayPlan):
+        original = cls.run
+        mp.setattr(cls, "run", lambda self, args, checks, original=original: wrap(original(self, args, checks), self))
 
 
 def _replay_leaks_outputs(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.cudagraph as cudagraph
-    from pieceworks.capturability import tensors_in
+    from pieceworks.values import tensors_in
 
-    original = cudagraph.CUDAGraphRunner.replay
-
-    def replay(self, entry, args):
-        out = original(self, entry, args)
-        self.__dict__.setdefault("_history", []).append([t.clone() for t in tensors_in(out)])
+    def leak(out, owner):
+        owner.__dict__.setdefault("_history", []).append([t.clone() for t in tensors_in(out)])
         return out
 
-    mp.setattr(cudagraph.CUDAGraphRunner, "replay", replay)
+    _wrap_replays(mp, leak)
 
 
 def _checks_parameters_not_split_outputs(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.graph as graph
+    import pieceworks.plan as plan
+    import pieceworks.runtime as runtime
 
-    original = graph.input_provenance
-    swap = {"param": "input", "input": "param", "split": "param"}
-    mp.setattr(graph, "input_provenance", lambda *a: [swap.get(k, k) for k in original(*a)])
+    def swap(replay):  # check what only debug mode checks (parameters), not what can move
+        replay.cheap_checks = [c for c in replay.all_checks if c not in replay.cheap_checks]
+        return replay
+
+    record, full = runtime.record_plan, runtime.Runtime._full_graph
+
+    def record_swapped(*args):
+        found, outputs = record(*args)
+        return swap(found), outputs
+
+    mp.setattr(runtime, "record_plan", record_swapped)
+    mp.setattr(runtime.Runtime, "_full_graph", lambda self, *a: swap(full(self, *a)))
+    original = plan._replay_step
+    mp.setattr(plan, "_replay_step", lambda replay, moved: original(replay, []))  # fresh split outputs: unchecked
 
 
 def _unpad_with(cut: Callable) -> Callable:
@@ -177,7 +254,7 @@ def _unpad_with(cut: Callable) -> Callable:
 def _unpad_top_level_only(mp: pytest.MonkeyPatch) -> None:
     import torch
 
-    import pieceworks.api as api
+    import pieceworks.runtime as runtime
 
     def unpad(value, batch, n):
         if isinstance(value, (tuple, list)):
@@ -185,35 +262,26 @@ def _unpad_top_level_only(mp: pytest.MonkeyPatch) -> None:
                                for v in value)
         return value[:batch] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == n else value
 
-    mp.setattr(api, "unpad", unpad)
+    mp.setattr(runtime, "unpad", unpad)
 
 
 def _unpad_keeps_the_tail(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.api as api
+    import pieceworks.runtime as runtime
 
-    mp.setattr(api, "unpad", _unpad_with(lambda t, batch, n: t[n - batch:]))
+    mp.setattr(runtime, "unpad", _unpad_with(lambda t, batch, n: t[n - batch:]))
 
 
 def _outputs_alias_freed_memory(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.api as api
+    import pieceworks.runtime as runtime
     from pieceworks.cudagraph import non_owning_alias
 
-    mp.setattr(api, "unpad", _unpad_with(lambda t, batch, n: non_owning_alias(t[:batch].clone())))
+    mp.setattr(runtime, "unpad", _unpad_with(lambda t, batch, n: non_owning_alias(t[:batch].clone())))
 
 
 def _replay_copies_outputs(mp: pytest.MonkeyPatch) -> None:
-    import torch
+    from pieceworks.values import tree_map
 
-    import pieceworks.cudagraph as cudagraph
-
-    original = cudagraph.CUDAGraphRunner.replay
-
-    def clone(value):
-        if isinstance(value, torch.Tensor):
-            return value.clone()
-        return type(value)(clone(v) for v in value) if isinstance(value, (tuple, list)) else value
-
-    mp.setattr(cudagraph.CUDAGraphRunner, "replay", lambda self, entry, args: clone(original(self, entry, args)))
+    _wrap_replays(mp, lambda out, owner: tree_map(lambda v: v.clone() if hasattr(v, "clone") else v, out))
 
 
 def _static_buffers_uninitialised(mp: pytest.MonkeyPatch) -> None:
@@ -222,7 +290,6 @@ def _static_buffers_uninitialised(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.padding as padding
 
     def init(self, example_args, max_size):
-        self.max_size = max_size
         self.buffers = []
         for a in example_args:
             if isinstance(a, torch.Tensor):
@@ -237,28 +304,23 @@ def _static_buffers_uninitialised(mp: pytest.MonkeyPatch) -> None:
 
 
 def _no_copy_back_of_inplace_writes(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.api as api
+    import pieceworks.runtime as runtime
 
-    original = api.CompiledModel._trace
+    original = runtime.Runtime.start_serving
 
-    def trace(self, args, batch):
-        out = original(self, args, batch)
+    def start_serving(self, *args, **kwargs):
+        original(self, *args, **kwargs)
         self._mutated_args = []
-        return out
 
-    mp.setattr(api.CompiledModel, "_trace", trace)
+    mp.setattr(runtime.Runtime, "start_serving", start_serving)
 
 
 def _warmup_writes_twice(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.cudagraph as cudagraph
 
-    original = cudagraph.CUDAGraphRunner.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        self.mutated_inputs = []  # nothing saved before the warm-ups, nothing put back before the capture
-
-    mp.setattr(cudagraph.CUDAGraphRunner, "__init__", init)
+    original = cudagraph.CapturePool.capture
+    # nothing saved before the warm-ups, nothing put back before the capture
+    mp.setattr(cudagraph.CapturePool, "capture", lambda self, fn, args, mutated: original(self, fn, args, []))
 
 
 def _capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
@@ -266,14 +328,14 @@ def _capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
 
     import pieceworks.cudagraph as cudagraph
 
-    original = cudagraph.CUDAGraphRunner.capture
+    original = cudagraph.CapturePool.capture
 
-    def capture(self, args):
+    def capture(self, fn, args, mutated):
         snapshot = [a.clone() if isinstance(a, torch.nn.Parameter) else a for a in args]
         self.__dict__.setdefault("_snapshots", []).append(snapshot)  # graphs read these copies from now on
-        return original(self, snapshot)
+        return original(self, fn, snapshot, mutated)
 
-    mp.setattr(cudagraph.CUDAGraphRunner, "capture", capture)
+    mp.setattr(cudagraph.CapturePool, "capture", capture)
 
 
 # ---- CI (issue 11): the benchmark gate and the preflight ----
@@ -438,25 +500,26 @@ def _compile_sizes_shorthand_unknown(mp: pytest.MonkeyPatch) -> None:
 
 
 def _unsplit_piecewise_runs_without_graphs(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.graph as graph
+    import pieceworks.runtime as runtime
 
-    original = graph.PiecewiseGraph._effective_mode
+    original = runtime.Runtime._effective_mode
 
     def effective(self, mode, example_inputs):
         chosen = original(self, mode, example_inputs)
         split = any(i.is_splitting_graph for i in self.items)
-        return graph.CUDAGraphMode.NONE if chosen is graph.CUDAGraphMode.PIECEWISE and not split else chosen
+        return runtime.CUDAGraphMode.NONE if chosen is runtime.CUDAGraphMode.PIECEWISE and not split else chosen
 
-    mp.setattr(graph.PiecewiseGraph, "_effective_mode", effective)
+    mp.setattr(runtime.Runtime, "_effective_mode", effective)
 
 
 def _graph_mode_dropped_quietly(mp: pytest.MonkeyPatch) -> None:
     import types
 
-    import pieceworks.graph as graph
+    import pieceworks.runtime as runtime
 
-    log = graph.log
-    mp.setattr(graph, "log", types.SimpleNamespace(info=log.info, warning=log.info, debug=log.debug, error=log.error))
+    log = runtime.log
+    mp.setattr(runtime, "log", types.SimpleNamespace(info=log.info, warning=log.info, debug=log.debug,
+                                                     error=log.error))
 
 
 # ---- benchmarks (issue 8): the implementation registry and the host-overhead breakdown ----
@@ -744,6 +807,16 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "static_copy_misses_last_row": ("the last real row is not copied into the static buffer (property 6)",
                                     _static_copy_misses_last_row),
     "load_without_checking": ("artifacts load without their SHA-256 check (properties 3, 7)", _load_without_checking),
+    "plan_ignores_moved_inputs": ("a replay plan never copies a splitting op's fresh output to the captured address "
+                                  "(test_runtime, test_cudagraph_gpu)", _plan_ignores_moved_inputs),
+    "plan_checks_no_caller_inputs": ("a replay plan checks no caller-owned input address (test_runtime)",
+                                     _plan_checks_no_caller_inputs),
+    "parameters_bound_by_value": ("direct calls bind copies of the parameters (test_runtime)",
+                                  _parameters_bound_by_value),
+    "batch_size_from_the_trace": ("direct calls pass the tracing call's batch size for SymInt inputs (test_runtime)",
+                                  _batch_size_from_the_trace),
+    "always_through_dynamo": ("every call goes through Dynamo (test_compile, test_runtime)", _always_through_dynamo),
+    "outputs_flat": ("direct calls return the graph's flat outputs (test_runtime)", _outputs_flat),
     "arg_check_skips_dtype": ("call-time argument checks ignore dtypes (property 10)", _arg_check_skips_dtype),
     "capture_smallest_first": ("the capture phase captures the smallest size first", _capture_smallest_first),
     "capture_keeps_outputs": ("graph runners keep owning references to each size's capture outputs",

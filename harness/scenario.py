@@ -95,13 +95,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             error = float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
             worst = max(worst, error if error == error else float("inf"))  # NaN counts as the worst
     after = counters.snapshot()
-    graph = compiled.graph
+    runtime = compiled.runtime
     report = {
         "counters": {k: after[k] - before[k] for k in after},
         "first_call_s": first_call_s,
         "max_rel_error": worst,
         "torch": torch.__version__,
-        "cache_dir": graph.cache_dir if graph is not None else None,
+        "cache_dir": runtime.cache_dir if runtime is not None else None,
     }
     print(json.dumps(report))
     return report

@@ -5,6 +5,9 @@ Contracts of the returned `CompiledModel`:
 - the first call traces the model with Dynamo once (with a batch of at least 2, so that Dynamo's 0/1
   specialisation cannot bake in the size) and compiles every piece for every compile range and size before it
   returns; no later call traces or compiles, batch 1 included;
+- after the first call no call enters Dynamo: the compiled graph is called directly, its inputs bound once (see
+  binding.py; where the binding cannot be proven, logged once, calls go through Dynamo with its guards dropped).
+  Python side effects of `forward` happen in the first call only;
 - Dynamo's guards are dropped (`guard_filter_fn`), so pieceworks checks arguments itself on every call: the same
   count, dtypes, devices, ranks and non-batch sizes as the first call, and equal non-tensor arguments (which the
   trace baked in). A mismatch raises `InputError` naming the argument;
@@ -13,6 +16,8 @@ Contracts of the returned `CompiledModel`:
   memory and are valid until the next call (vLLM's contract): clone what you keep. Batches above the largest
   captured size run without graphs. Arguments the model writes to in place are copied back after the call;
 - inference only: calls run under `torch.no_grad()`.
+
+`CompiledModel` checks arguments and calls its `Runtime` (runtime.py), which owns everything else.
 """
 
 from __future__ import annotations
@@ -20,17 +25,17 @@ from __future__ import annotations
 import logging
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
+from . import _compat
 from .backend import Backend
-from .config import CompilationConfig, ConfigError, CUDAGraphMode
+from .config import CompilationConfig, ConfigError
 from .counters import counters
-from .dispatch import padded_size
-from .graph import PiecewiseGraph
-from .padding import StaticInputs, unpad
+from .runtime import Runtime
+from .values import cycle_rows
 
 __all__ = ["CompiledModel", "InputError", "compile"]
 
@@ -87,7 +92,7 @@ class CompiledModel:
         self.model = model
         if config is not None and not isinstance(config, CompilationConfig):
             raise TypeError(f"pieceworks.compile needs a pieceworks.CompilationConfig, got {type(config).__name__}")
-        self.backend = Backend(config, arm_lazy_capture=False)
+        self.backend = Backend(config, for_compile=True)
         self.config = self.backend.config  # a frozen copy: `config` itself is frozen too (see CompilationConfig)
         CompiledModel._count += 1
         entry = _own_entry_point(model, f"pieceworks_model_{CompiledModel._count}")
@@ -96,15 +101,8 @@ class CompiledModel:
             options={"guard_filter_fn": _drop_all_guards},
         )
         self._signature: list[Any] | None = None
-        self._static: StaticInputs | None = None
-        self._mutated_args: list[int] = []
-        self._capture_sizes = list(self.config.cudagraph_capture_sizes)
+        self.runtime: Runtime | None = None  # once the first call has traced and compiled the model
         counters.num_models_seen += 1
-
-    @property
-    def graph(self) -> PiecewiseGraph | None:
-        """The compiled graph, once the first call has traced the model."""
-        return self.backend.graphs[0] if self.backend.graphs else None
 
     # ---- argument checks ------------------------------------------------------------------------------------
     @staticmethod
@@ -157,75 +155,52 @@ class CompiledModel:
         return batch
 
     # ---- calls ----------------------------------------------------------------------------------------------
-    def _trace(self, args: tuple, batch: int) -> list[Any]:
+    def _first_call(self, args: tuple) -> None:
         """Trace and compile with a copy of `args` of batch >= 2 whose dim 0 is marked dynamic."""
-        trace_batch = max(batch, 2)
+        trace_batch = max(self._batch_of(args), 2)
         trace_args = []
         for a in args:
             if isinstance(a, torch.Tensor):
-                a = a.index_select(0, torch.arange(trace_batch, device=a.device) % batch)
+                a = cycle_rows(a, trace_batch)
                 torch._dynamo.mark_dynamic(a, 0)
             trace_args.append(a)
         start = time.perf_counter()
         counters.num_dynamo_traces += 1
         try:
-            # Data-dependent ops (`.item()`, `nonzero`) stay in the one graph: newer Dynamo implies this with
-            # fullgraph=True; saying it keeps every supported torch alike. Their pieces then run without CUDA graphs.
-            with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
-                self._dynamo_fn(*trace_args)
+            # Data-dependent ops (`.item()`, `nonzero`) stay in the one graph (see _compat.data_dependent_tracing);
+            # their pieces then run without CUDA graphs.
+            with _compat.data_dependent_tracing():
+                output = self._dynamo_fn(*trace_args)
         except torch._dynamo.exc.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
             inner = getattr(exc, "inner_exception", None) or exc.__cause__
             if isinstance(inner, ConfigError):
                 raise inner from None
             raise
         log.info("pieceworks: traced and compiled in %.3f s (batch %d)", time.perf_counter() - start, trace_batch)
-        if len(self.backend.graphs) != 1:
-            raise RuntimeError(f"expected one Dynamo graph, got {len(self.backend.graphs)}")
-        self.backend.frozen = True
-        written = self.graph.mutated_input_ids
-        self._mutated_args = [i for i, a in enumerate(trace_args) if id(a) in written]
-        return trace_args
-
-    def _first_call(self, args: tuple) -> None:
-        batch = self._batch_of(args)
-        trace_args = self._trace(args, batch)
+        if len(self.backend.runtimes) != 1:
+            raise RuntimeError(f"expected one Dynamo graph, got {len(self.backend.runtimes)}")
+        runtime = self.backend.runtimes[0]
+        runtime.start_serving(self.model, trace_args, output, self._dynamo_fn)
         self._signature = self._signature_of(args)
-        graph = self.graph
-        if graph.mode is not CUDAGraphMode.NONE and self._capture_sizes:
-            self._static = StaticInputs(trace_args, max(self._capture_sizes))
-            graph.lazy_capture = self.config.lazy_capture  # from now on every call reads the static buffers
+        self.runtime = runtime
 
     def __call__(self, *args: Any) -> Any:
         with torch.no_grad():
-            if self._signature is None:
+            if self.runtime is None:
                 self._first_call(args)
-                batch = self._batch_of(args)
-            else:
-                batch = self._check(args)
-            static = self._static
-            if static is not None and (self.graph.capture_closed or self.config.lazy_capture):
-                n = padded_size(self._capture_sizes, batch)
-                if n is not None:
-                    out = self._dynamo_fn(*static.load(args, batch, n))
-                    for i in self._mutated_args:
-                        args[i].copy_(static.buffers[i][:batch])
-                    return unpad(out, batch, n)
-            return self._dynamo_fn(*args)
+            return self.runtime.serve(args, self._check(args))
 
-    def capture(self) -> dict[str, Any]:
-        """The capture phase: every `cudagraph_capture_sizes` entry, largest first, into one pool; then closed.
+    def capture(self, sizes: Iterable[int] | None = None) -> dict[str, Any]:
+        """The capture phase: every `cudagraph_capture_sizes` entry (or those in `sizes`), largest first, into one
+        pool; then closed.
 
         Call after the first call (which traces and compiles). Without CUDA, or with mode NONE, it logs that it
         captures nothing and returns. Returns the phase's numbers: sizes, seconds, MiB, graphs.
         """
-        if self._signature is None:
+        if self.runtime is None:
             raise RuntimeError("call the model once before capture(): the first call traces and compiles it")
-        graph = self.graph
-        if self._static is None:
-            return graph.capture([], lambda n: None)
-        static = self._static
         with torch.no_grad():
-            return graph.capture(self._capture_sizes, lambda n: self._dynamo_fn(*static.views(n)))
+            return self.runtime.capture(sizes)
 
 
 def compile(model: Callable[..., Any], config: CompilationConfig | None = None) -> CompiledModel:  # noqa: A001

@@ -17,58 +17,55 @@ from typing import Any
 import torch
 import torch.fx
 
-from .cache import CompileCache, cache_key
 from . import compiler as piece_compiler
+from ._compat import example_value, fake_mode_of
+from .cache import CompileCache, cache_key
+from .capturability import data_dependent_sizes, mutated_inputs
 from .compiler import PieceCompiler, Target
 from .config import CompilationConfig
 from .counters import counters
 from .fingerprint import graph_fingerprint
-from .graph import PiecewiseGraph, PieceSpec
-from .piece import BatchLocator, CompiledPiece
-from .capturability import data_dependent_sizes, mutated_inputs
 from .dispatch import find_range
+from .piece import BatchLocator, CompiledPiece
+from .runtime import PieceSpec, Runtime
 from .split import SplitItem, absent_splitting_ops, check_splitting_ops, op_names, split_graph
+from .values import cycle_rows
 
-__all__ = ["Backend", "build_piecewise_graph"]
+__all__ = ["Backend", "build_runtime"]
 
 log = logging.getLogger("pieceworks")
-
 
 
 class Backend:
     """A torch.compile backend: `torch.compile(model, backend=Backend(config), fullgraph=True)`.
 
-    Each graph Dynamo hands over becomes a `PiecewiseGraph`, kept in `graphs` in arrival order. Dynamo's guards and
+    Each graph Dynamo hands over becomes a `Runtime`, kept in `runtimes` in arrival order. Dynamo's guards and
     dynamic-shape marking are the caller's business here; `pieceworks.compile` takes care of both. `config` is
     frozen and copied: later edits raise, and never reach the compiled graphs.
+
+    `for_compile=True` (what `pieceworks.compile` uses): exactly one graph, and a second request to compile (after
+    `torch._dynamo.reset()`) is refused; lazy capture waits for `Runtime.start_serving`, so the tracing call, which
+    runs on throw-away inputs, captures nothing.
     """
 
-    def __init__(self, config: CompilationConfig | None = None, *, arm_lazy_capture: bool = True) -> None:
+    def __init__(self, config: CompilationConfig | None = None, *, for_compile: bool = False) -> None:
         if config is not None and not isinstance(config, CompilationConfig):
             raise TypeError(f"pieceworks needs a pieceworks.CompilationConfig, got {type(config).__name__}")
         # A copy of our own, read-only; the caller's config is frozen too, so that editing it raises (config.py).
         self.config = copy.deepcopy(config.freeze()) if config is not None else CompilationConfig().freeze()
-        self.graphs: list[PiecewiseGraph] = []
-        # False: graphs start with lazy capture off (pieceworks.compile arms it once its static buffers exist,
-        # so that the tracing call, which runs on throw-away inputs, captures nothing).
-        self.arm_lazy_capture = arm_lazy_capture
-        self.frozen = False  # set by pieceworks.compile once its one graph exists: no request may compile
+        self.runtimes: list[Runtime] = []
+        self.for_compile = for_compile
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> PiecewiseGraph:
-        if self.frozen:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Runtime:
+        if self.for_compile and self.runtimes:
             raise RuntimeError(
                 "pieceworks: Dynamo asked to compile this model again after its first call (was "
                 "torch._dynamo.reset() called?). A CompiledModel never compiles while serving. Fix: create a new "
                 "CompiledModel with pieceworks.compile"
             )
-        graph = build_piecewise_graph(gm, example_inputs, self.config)
-        graph.lazy_capture = self.config.lazy_capture and self.arm_lazy_capture
-        self.graphs.append(graph)
-        return graph
-
-
-def _example_value(node: torch.fx.Node) -> Any:
-    return node.meta.get("example_value", node.meta.get("val"))
+        runtime = build_runtime(gm, example_inputs, self.config, for_compile=self.for_compile)
+        self.runtimes.append(runtime)
+        return runtime
 
 
 def _custom_ops(gm: torch.fx.GraphModule) -> list[str]:
@@ -111,7 +108,7 @@ def _traced_args(item: SplitItem) -> tuple:
     args = []
     for node in item.graph.graph.nodes:
         if node.op == "placeholder":
-            value = _example_value(node)
+            value = example_value(node)
             if value is None:
                 raise RuntimeError(
                     f"pieceworks: input {node.name} of piece {item.submod_name} has no example value; pieceworks "
@@ -128,22 +125,22 @@ def _inputs_at_size(fakes: Sequence[Any], example_inputs: Sequence[Any], size: i
         if isinstance(fake, torch.SymInt):
             inputs.append(size)
         elif isinstance(fake, torch.Tensor) and fake.dim() > 0 and isinstance(fake.shape[0], torch.SymInt):
-            rows = torch.arange(size, device=real.device) % real.shape[0]
-            inputs.append(real.index_select(0, rows))
+            inputs.append(cycle_rows(real, size))
         else:
             inputs.append(real)
     return inputs
 
 
-def build_piecewise_graph(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig
-) -> PiecewiseGraph:
-    """Split `gm`, compile its pieces for every target, and return the stitched, dispatching callable."""
+def build_runtime(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig, *, for_compile: bool = False
+) -> Runtime:
+    """Split `gm`, compile its pieces for every target, and return the runtime that calls, captures and replays
+    them."""
     counters.num_graphs_seen += 1
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    fakes = [_example_value(n) for n in placeholders]
+    fakes = [example_value(n) for n in placeholders]
     batch_symbols = _batch_symbols(fakes)
-    fake_mode = next((v.fake_mode for v in fakes if hasattr(v, "fake_mode")), None)
+    fake_mode = fake_mode_of(fakes)
     if fake_mode is None:
         raise RuntimeError("pieceworks needs a graph traced by Dynamo (placeholders carry FakeTensor example values)")
 
@@ -195,7 +192,7 @@ def build_piecewise_graph(
             else:
                 runnables[size] = compiler.get(item, fingerprint, size, static_args[size][item.submod_name])
         piece = CompiledPiece(
-            item.submod_name, item.graph_id, BatchLocator(fake_args, batch_symbols), runnables,
+            item.submod_name, BatchLocator(fake_args, batch_symbols), runnables,
             config.compile_sizes, config.ranges(),
         )
         specs.append(PieceSpec(item, piece, tuple(fake_args)))
@@ -205,9 +202,7 @@ def build_piecewise_graph(
         config.compiler, len(compiled_items), compiler.compiled, compiler.loaded, compiler.shared,
         time.perf_counter() - start,
     )
-    graph = PiecewiseGraph(
-        split_gm, specs, items, BatchLocator(fakes, batch_symbols), fakes, config,
-        cache_dir=cache.directory if cache is not None else None,
+    return Runtime(
+        split_gm, specs, items, BatchLocator(fakes, batch_symbols), example_inputs, sorted(written), config,
+        for_compile=for_compile, cache_dir=cache.directory if cache is not None else None,
     )
-    graph.mutated_input_ids = {id(example_inputs[i]) for i in written}
-    return graph

@@ -14,9 +14,11 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-__all__ = ["uncapturable_reason", "input_provenance", "mutated_inputs", "tensors_in", "data_dependent_sizes"]
+from ._compat import example_value, op_identity, op_schema, unbacked_symbols
+from .values import tensors_in
+
+__all__ = ["uncapturable_reason", "input_provenance", "mutated_inputs", "data_dependent_sizes"]
 
 _SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "nonzero", "unique", "masked_select"}
 _SYNC_NAMES = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
@@ -28,13 +30,13 @@ _VIEW_METHODS = {"view", "reshape", "transpose", "permute", "expand", "narrow", 
 
 
 def _op_name(node: torch.fx.Node) -> str:
+    """The bare op name (`nonzero` for `aten::nonzero.default`), a method's name, or a function's `__name__`."""
     target = node.target
     if isinstance(target, str):
         return target
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name.split("::")[-1]
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return target._qualified_op_name.split("::")[-1]
+    identity = op_identity(target)
+    if identity is not None:
+        return identity[0].split("::")[-1]
     return getattr(target, "__name__", str(target))
 
 
@@ -45,12 +47,10 @@ def _is_inplace(node: torch.fx.Node) -> bool:
         return False
     if node.target in _INPLACE_OPERATORS or "out" in node.kwargs:
         return True
-    target = node.target
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        target = getattr(target, "default", None)
-    if isinstance(target, torch._ops.OpOverload):
-        return any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
-    name = getattr(target, "__name__", "")
+    schema = op_schema(node.target)
+    if schema is not None:
+        return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    name = getattr(node.target, "__name__", "")
     return name.endswith("_") and not name.endswith("__")
 
 
@@ -74,12 +74,10 @@ def _mutated_args(node: torch.fx.Node) -> list[Any]:
     if "out" in node.kwargs:
         out = node.kwargs["out"]
         return list(out) if isinstance(out, (tuple, list)) else [out]
-    target = node.target
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        target = getattr(target, "default", None)
-    if isinstance(target, torch._ops.OpOverload):
+    schema = op_schema(node.target)
+    if schema is not None:
         mutated = []
-        for i, a in enumerate(target._schema.arguments):
+        for i, a in enumerate(schema.arguments):
             if a.alias_info is not None and a.alias_info.is_write:
                 mutated.append(node.args[i] if i < len(node.args) else node.kwargs.get(a.name))
         return mutated
@@ -99,24 +97,15 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> set[int]:
     return written
 
 
-def tensors_in(value: Any) -> list[torch.Tensor]:
-    """The tensors in `value`, a tensor or a (nested) tuple or list."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in tensors_in(v)]
-    return []
-
-
 def data_dependent_sizes(gm: torch.fx.GraphModule) -> list[str]:
     """The data-dependent (unbacked) symbols in `gm`'s traced values, e.g. `u0` from `.item()`, `nonzero` or a
     splitting op whose fake impl calls `new_dynamic_size()`; sorted, empty when every size is known from the batch.
     A CUDA graph or a static compile would bake in the value one call saw."""
     found = set()
     for node in gm.graph.nodes:
-        value = node.meta.get("example_value")
+        value = example_value(node)
         for v in tensors_in(value) or ([value] if isinstance(value, (torch.SymInt, torch.SymFloat)) else []):
-            found |= {str(s) for s in free_unbacked_symbols(v)}
+            found |= unbacked_symbols(v)
     return sorted(found)
 
 
@@ -129,7 +118,7 @@ def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any], m
     for t in (t for a in example_args for t in tensors_in(a)):
         devices.add(t.device)
     for node in gm.graph.nodes:
-        for t in tensors_in(node.meta.get("example_value")):
+        for t in tensors_in(example_value(node)):
             devices.add(t.device)
             if t.device.type == "cpu" and t.dim() > 0:
                 return f"node {node.name} ({node.format_node()}) makes a CPU tensor"
@@ -174,7 +163,7 @@ def input_provenance(split_gm: torch.fx.GraphModule, submod_name: str, splitting
         if not isinstance(node, torch.fx.Node):
             kinds.append("constant")
         elif node.op == "placeholder":
-            value = node.meta.get("example_value")
+            value = example_value(node)
             kinds.append("param" if isinstance(value, torch.nn.Parameter) else "input")
         elif node.op == "call_module":
             kinds.append("split" if node.target in splitting_names else "piece")

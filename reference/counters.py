@@ -40,10 +40,6 @@ class CompilationCounter:
     def snapshot(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
-    def reset(self) -> None:
-        for field in dataclasses.fields(self):
-            setattr(self, field.name, 0)
-
     @contextlib.contextmanager
     def expect(self, **deltas: int) -> Iterator[None]:
         """Assert that the block changes each named field by exactly the given delta."""

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from ._compat import op_identity
+
 __all__ = ["graph_fingerprint", "describe_value", "environment_factors", "software_factors", "inductor_config_factors",
            "UnkeyableConfigError", "digest"]
 
@@ -49,7 +51,7 @@ def _target_name(node: torch.fx.Node) -> str:
         return target if node.op == "call_method" else ""
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if op_identity(target) is not None:
         return str(target)
     return f"{module}.{name}"
 

@@ -2,7 +2,7 @@
 
 A compiled piece is a callable that takes the piece's inputs positionally (ints for SymInts) and returns what
 the piece's GraphModule returns (a tuple, or a bare value where the piece has one output). Nothing here patches
-torch; only `standalone_compile` and `CompiledArtifact.save/load` are used, which exist from torch 2.8 on.
+torch; `standalone_compile` and `CompiledArtifact.save/load` are reached through `_compat`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
 import torch.fx
+
+from . import _compat
 
 __all__ = ["compile_inductor", "compile_eager", "save_artifact", "load_artifact", "returns_tuple", "inductor_cache_dir"]
 
@@ -48,7 +49,7 @@ def _symbolic_source(gm: torch.fx.GraphModule) -> str:
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     values = output.args[0] if isinstance(output.args[0], (tuple, list)) else [output.args[0]]
     for node in values:
-        if isinstance(node, torch.fx.Node) and hasattr(node.meta.get("example_value"), "fake_mode"):
+        if isinstance(node, torch.fx.Node) and hasattr(_compat.example_value(node), "fake_mode"):
             return "from_graph"
     return "from_tracing_context"
 
@@ -61,7 +62,7 @@ def compile_inductor(
     `static=False`: `example_args` are the FakeTensors/SymInts of the trace, the batch size stays symbolic.
     `static=True`: `example_args` are real tensors and ints of one batch size, which the code is specialised to.
     """
-    artifact = torch._inductor.standalone_compile(
+    artifact = _compat.standalone_compile(
         gm,
         list(example_args),
         dynamic_shapes="from_example_inputs" if static else _symbolic_source(gm),
@@ -82,7 +83,7 @@ def save_artifact(artifact: Any, path: str) -> None:
 
 def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
     """Load an artifact saved by `save_artifact`. Raises on any problem (wrong torch build, bad bytes)."""
-    artifact = torch._inductor.CompiledArtifact.load(path=path, format="binary")
+    artifact = _compat.load_artifact(path)
     return _adapt_outputs(artifact, returns_tuple(gm))
 
 

@@ -15,18 +15,16 @@ from typing import Any
 
 import torch
 
+from .values import cycle_rows, tree_map
+
 __all__ = ["StaticInputs", "unpad"]
 
 
 class StaticInputs:
     def __init__(self, example_args: Sequence[Any], max_size: int) -> None:
-        self.max_size = max_size
         self.buffers: list[Any] = []
         for a in example_args:
-            if isinstance(a, torch.Tensor):
-                rows = torch.arange(max_size, device=a.device) % a.shape[0]
-                a = a.index_select(0, rows).contiguous()
-            self.buffers.append(a)
+            self.buffers.append(cycle_rows(a, max_size).contiguous() if isinstance(a, torch.Tensor) else a)
         self._views: dict[int, list[Any]] = {}
 
     def views(self, n: int) -> list[Any]:
@@ -47,10 +45,6 @@ class StaticInputs:
 
 def unpad(value: Any, batch: int, n: int) -> Any:
     """`value` with every tensor whose dim 0 is the padded size n cut back to the real batch."""
-    if isinstance(value, torch.Tensor):
-        return value[:batch] if value.dim() > 0 and value.shape[0] == n else value
-    if isinstance(value, tuple):
-        return tuple(unpad(v, batch, n) for v in value)
-    if isinstance(value, list):
-        return [unpad(v, batch, n) for v in value]
-    return value
+    return tree_map(
+        lambda v: v[:batch] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v, value
+    )

@@ -25,6 +25,7 @@ class BatchLocator:
     """
 
     def __init__(self, example_args: Sequence[Any], batch_symbols: set[str]) -> None:
+        self.symbols = set(batch_symbols)
         self.index: int | None = None
         self.dim: int | None = None  # None: the argument is the size itself
         for i, value in enumerate(example_args):
@@ -55,14 +56,12 @@ class CompiledPiece:
     def __init__(
         self,
         name: str,
-        graph_id: int,
         locate_batch: BatchLocator,
         runnables: dict[int | tuple[int, int], Callable[..., Any]],
         compile_sizes: Sequence[int],
         ranges: Sequence[tuple[int, int]],
     ) -> None:
         self.name = name
-        self.graph_id = graph_id
         self.locate_batch = locate_batch
         self.runnables = runnables
         self.compile_sizes = list(compile_sizes)

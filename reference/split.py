@@ -23,9 +23,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-from torch.fx.passes.split_module import split_module
 
+from ._compat import example_value, op_identity, registered_ops, split_module, unbacked_symbols
 from .config import ConfigError
 
 __all__ = ["SplitItem", "split_graph", "op_names", "is_splitting_op", "check_splitting_ops", "absent_splitting_ops"]
@@ -47,19 +46,16 @@ def op_names(target: object) -> set[str]:
     Dynamo records custom ops as overload packets (`torch.ops.ns.op`), which match `"ns::op"` and
     `"ns::op.default"`; an `OpOverload` matches `"ns::op"` and its own overload name.
     """
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        name = target._qualified_op_name
-        return {name, f"{name}.default"}
-    if isinstance(target, torch._ops.OpOverload):
-        packet = target._schema.name
-        return {packet, f"{packet}.{target._overloadname or 'default'}"}
-    return set()
+    identity = op_identity(target)
+    if identity is None:
+        return set()
+    name, overload = identity
+    return {name, f"{name}.{overload or 'default'}"}
 
 
 def _registered_ops() -> list[str]:
     """Every op packet registered with the dispatcher ("ns::op"); empty where torch cannot list them."""
-    list_ops = getattr(torch._C, "_dispatch_get_all_op_names", None)
-    return sorted({n.split(".", 1)[0] for n in list_ops()}) if list_ops is not None else []
+    return sorted({n.split(".", 1)[0] for n in registered_ops()})
 
 
 def _closest_first(name: str, candidates: list[str], limit: int = 12) -> str:
@@ -74,7 +70,7 @@ def _unknown_op(name: str) -> str | None:
     namespace, _, rest = name.partition("::")
     op, _, overload = rest.partition(".")
     packet = getattr(getattr(torch.ops, namespace), op, None)
-    if isinstance(packet, torch._ops.OpOverloadPacket):
+    if packet is not None and op_identity(packet) is not None and op_identity(packet)[1] is None:
         if overload and overload not in packet.overloads():
             return f"op {namespace}::{op} has no overload {overload!r}, only {sorted(packet.overloads())}"
         return None
@@ -122,8 +118,8 @@ def binds_unbacked_size(node: torch.fx.Node) -> bool:
     after `nonzero`, or after a custom op whose fake impl calls `new_dynamic_size()`."""
     if not (node.op == "call_function" and node.target is torch.ops.aten.sym_size.int):
         return False
-    value = node.meta.get("example_value")
-    return isinstance(value, torch.SymInt) and bool(free_unbacked_symbols(value))
+    value = example_value(node)
+    return isinstance(value, torch.SymInt) and bool(unbacked_symbols(value))
 
 
 def decompose_sizes(gm: torch.fx.GraphModule) -> None:
@@ -133,7 +129,7 @@ def decompose_sizes(gm: torch.fx.GraphModule) -> None:
         if not (node.op == "call_method" and node.target == "size" and len(node.args) == 1 and not node.kwargs):
             continue
         tensor = node.args[0]
-        value = tensor.meta.get("example_value")
+        value = example_value(tensor)
         if value is None:
             continue
         dims = []

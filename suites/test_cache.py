@@ -130,7 +130,7 @@ def test_disabled_cache_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("PIECEWORKS_DISABLE_CACHE", "1")
     with counters.expect(num_compiled_artifacts_saved=0, num_inductor_compiles=3):
         compiled = _compile_silly(tmp_path)
-    assert compiled.graph.cache_dir is None
+    assert compiled.runtime.cache_dir is None
     assert os.listdir(tmp_path) == []
     monkeypatch.delenv("PIECEWORKS_DISABLE_CACHE")
     with counters.expect(num_compiled_artifacts_saved=0, num_inductor_compiles=3):
@@ -138,9 +138,9 @@ def test_disabled_cache_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_cache_key_changes_with_config_not_with_path(tmp_path):
-    a = _compile_silly(tmp_path / "a").graph.cache_dir
-    b = _compile_silly(tmp_path / "b").graph.cache_dir
-    c = _compile_silly(tmp_path / "a", compile_ranges=[8]).graph.cache_dir
+    a = _compile_silly(tmp_path / "a").runtime.cache_dir
+    b = _compile_silly(tmp_path / "b").runtime.cache_dir
+    c = _compile_silly(tmp_path / "a", compile_ranges=[8]).runtime.cache_dir
     assert os.path.basename(a) == os.path.basename(b)
     assert os.path.basename(a) != os.path.basename(c)
     factors = json.load(open(os.path.join(a, "factors.json")))

@@ -111,7 +111,7 @@ def test_pieces_differing_in_a_constant_never_share_code(segs, batch):
     model, compiled = _compile(segs, compiler="eager")
     x = torch.randn(batch, HIDDEN, generator=torch.Generator().manual_seed(batch))
     torch.testing.assert_close(compiled(x), model(x))
-    graph = compiled.graph
+    graph = compiled.runtime  # what the backend returned: stitching module and items
     checker = _EveryPieceAgainstItsGraph(graph)
     checker.run(*_graph_args(graph, model, x))
     assert len(checker.checked) == len(segs)

@@ -136,7 +136,7 @@ def test_unusable_cache_directory_warns_once_and_runs_uncached(tmp_path, caplog,
     caplog.set_level("WARNING", logger="pieceworks")
     with counters.expect(num_inductor_compiles=3, num_compiled_artifacts_saved=0, num_compiled_artifacts_loaded=0):
         compiled = _compile_silly(path)
-    assert compiled.graph.cache_dir is None
+    assert compiled.runtime.cache_dir is None
     warnings = [r.getMessage() for r in caplog.records if "unusable" in r.getMessage()]
     assert len(warnings) == 1, caplog.text
     assert str(path) in warnings[0] and "PIECEWORKS_DISABLE_CACHE" in warnings[0] and "Error" in warnings[0]
@@ -165,7 +165,7 @@ def test_read_only_cache_loads_what_is_valid_and_compiles_the_rest_in_memory(pri
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert len(warnings) == 1 and key_dir in warnings[0] and "PIECEWORKS_DISABLE_CACHE" in warnings[0], warnings
         assert "cannot be written" in warnings[0] and "Read-only file system" in warnings[0]
-        assert compiled.graph.cache_dir == key_dir
+        assert compiled.runtime.cache_dir == key_dir
         caplog.clear()
         with counters.expect(num_compiled_artifacts_loaded=2, num_inductor_compiles=1):
             _compile_silly(root)

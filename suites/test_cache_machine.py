@@ -59,8 +59,8 @@ class CacheMachine(RuleBasedStateMachine):
             self.result_error = None
         except AssertionError as exc:
             self.result_error = f"input {x.tolist()}: {exc}"
-        if compiled.graph.cache_dir is not None:
-            self.cache_dir = compiled.graph.cache_dir
+        if compiled.runtime.cache_dir is not None:
+            self.cache_dir = compiled.runtime.cache_dir
 
     @rule(seed=st.integers(0, 2**32 - 1))
     def compile(self, seed) -> None:

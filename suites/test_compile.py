@@ -43,8 +43,8 @@ def test_toy_llama_pieces_and_identical_layers_compile_once():
                          num_eager_compiles=3 * 2, num_shared_piece_compiles=(layers + 1 - 3) * 2):
         out = compiled(ids, pos)
     torch.testing.assert_close(out, model(ids, pos))
-    graph = compiled.graph
-    middle = [graph.pieces[i.submod_name] for i in graph.items if not i.is_splitting_graph][1:-1]
+    runtime = compiled.runtime
+    middle = [runtime.pieces[i.submod_name] for i in runtime.items if not i.is_splitting_graph][1:-1]
     assert all(p.runnables[(1, 16)] is middle[0].runnables[(1, 16)] for p in middle)
 
 
@@ -60,7 +60,7 @@ def test_dispatch_exact_size_then_range():
     compiled = pieceworks.compile(models.SillyModel(), config)
     with counters.expect(num_eager_compiles=3 * (3 + 2)):
         compiled(torch.randn(3))
-    for piece in compiled.graph.pieces.values():
+    for piece in compiled.runtime.pieces.values():
         expected = {1: (1, 8), 4: 4, 5: (1, 8), 8: (1, 8), 9: (9, 64), 16: 16, 17: (9, 64), 65: (65, 256),
                     256: (65, 256)}
         for batch, target in expected.items():
@@ -92,7 +92,7 @@ def test_two_models_of_one_class_keep_their_own_compiled_code():
     b = pieceworks.compile(models.SillyModel(), CompilationConfig(splitting_ops=[], compiler="eager"))
     a(torch.randn(4))
     b(torch.randn(4))
-    assert len(a.graph.items) == 5 and len(b.graph.items) == 1
+    assert len(a.runtime.items) == 5 and len(b.runtime.items) == 1
     x = torch.randn(6)
     torch.testing.assert_close(b(x), models.silly_model_expected(x))
 
@@ -108,7 +108,7 @@ def test_registered_backend_and_backend_object():
     backend = pieceworks.Backend(eager_config(cudagraph_mode=CUDAGraphMode.NONE))
     fn = torch.compile(model, backend=backend, fullgraph=True)
     fn(torch.randn(4))
-    assert len(backend.graphs) == 1 and len(backend.graphs[0].items) == 5
+    assert len(backend.runtimes) == 1 and len(backend.runtimes[0].items) == 5
 
 
 def test_compile_logs_each_phase(caplog):
@@ -120,9 +120,32 @@ def test_compile_logs_each_phase(caplog):
     assert "traced and compiled in" in text
 
 
-def test_a_retrace_after_dynamo_reset_is_refused_not_silently_compiled():
+def test_after_the_first_call_no_call_enters_dynamo():
+    """The compiled graph is called directly: a Dynamo reset (which drops every compiled frame) changes nothing."""
     compiled = pieceworks.compile(models.SillyModel(), eager_config())
     compiled(torch.randn(4))
+    assert compiled.runtime.binder is not None
+    torch._dynamo.reset()
+    with counters.expect(num_dynamo_traces=0, num_graphs_seen=0, num_backend_compilations=0):
+        for batch in [1, 4, 9]:
+            x = torch.randn(batch)
+            torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
+
+
+class ReturnsItsInput(torch.nn.Module):
+    def forward(self, x):
+        return x * 2, x  # `x` is returned by Dynamo's bytecode, not by the graph: no provable binding
+
+
+def test_unprovable_binding_calls_through_dynamo_and_a_retrace_is_refused(caplog):
+    caplog.set_level("INFO", logger="pieceworks")
+    compiled = pieceworks.compile(ReturnsItsInput(), eager_config())
+    compiled(torch.randn(4))
+    assert compiled.runtime.binder is None
+    assert "calls go through Dynamo (the model's output holds values that are not graph outputs" in caplog.text
+    x = torch.randn(3)
+    doubled, same = compiled(x)
+    assert same is x and torch.equal(doubled, x * 2)
     torch._dynamo.reset()
     with pytest.raises(Exception, match="never compiles while serving"):
         compiled(torch.randn(1))

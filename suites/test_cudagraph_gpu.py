@@ -11,7 +11,8 @@ import torch.nn as nn
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
 from pieceworks.cudagraph import ReplayAddressError
-from pieceworks.graph import CUDAGraphMissingError
+from pieceworks.plan import ReplayPlan
+from pieceworks.runtime import CUDAGraphMissingError, Phase
 from pieceworks.harness import models
 from pieceworks.harness.checked import CheckedModel, OutputOverwrittenError
 
@@ -78,14 +79,15 @@ def test_capture_phase_closes(shared_cache, caplog):
     model, inputs = _make("silly")
     compiled = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache, compiler="eager")
     compiled.capture()
-    graph = compiled.graph
-    assert graph.capture_closed
+    runtime = compiled.runtime
+    assert runtime.phase is Phase.SERVING
     caplog.set_level("INFO", logger="pieceworks")
     with counters.expect(num_cudagraph_captured=0, num_backend_compilations=0, num_graphs_seen=0):
         for batch in BATCHES:
             x = inputs(batch)[0]
             torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
-    assert sorted(graph.piecewise_sizes) == SIZES
+    assert sorted(runtime.replays) == SIZES and runtime.capture_order == sorted(SIZES, reverse=True)
+    assert all(isinstance(plan, ReplayPlan) for plan in runtime.replays.values())
 
 
 def test_raw_backend_after_capture_raises_or_runs_without_graph(shared_cache):
@@ -101,8 +103,8 @@ def test_raw_backend_after_capture_raises_or_runs_without_graph(shared_cache):
         first = static[:5].clone()
         torch._dynamo.mark_dynamic(first, 0)
         fn(first)
-        graph = backend.graphs[0]
-        graph.capture(SIZES, lambda n: fn(static[:n]))
+        runtime = backend.runtimes[0]
+        runtime.capture(SIZES, lambda n: fn(static[:n]))
         torch.testing.assert_close(fn(static[:8]), models.silly_model_expected(static[:8]))
         if policy == "raise":
             with pytest.raises(CUDAGraphMissingError, match="batch size 3 has no CUDA graph"):
@@ -180,7 +182,7 @@ def test_no_pool_memory_left_after_the_model_is_deleted(shared_cache):
     compiled = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache)
     compiled.capture()
     compiled(*inputs(7))
-    pool = compiled.graph.state.pool
+    pool = compiled.runtime.pool.handle
     assert _pool_segments(pool), "the capture should have put segments in its pool"
     del compiled
     torch._dynamo.reset()
@@ -222,3 +224,50 @@ def test_graphs_survive_reduce_overhead_recording_in_the_same_process(shared_cac
         args = inputs(batch)
         torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
     torch.cuda.synchronize()
+
+
+class FreshSplitOutputs(nn.Module):
+    """silly::pair allocates its outputs anew on every call; the captured piece after it reads them."""
+
+    def forward(self, x):
+        a, b = torch.ops.silly.pair(x * 3)
+        return a * b + 1
+
+
+def test_fresh_splitting_outputs_are_copied_to_the_captured_address(shared_cache):
+    model = FreshSplitOutputs()
+    compiled = pieceworks.compile(model, CompilationConfig(
+        splitting_ops=["silly::pair"], compiler="eager", cudagraph_capture_sizes=SIZES))
+    compiled(torch.randn(3, device="cuda"))
+    with counters.expect(num_cudagraph_captured=2 * len(SIZES), num_cudagraph_uncapturable=0):
+        compiled.capture()
+    plan = compiled.runtime.replays[8]
+    assert isinstance(plan, ReplayPlan) and len(plan.graphs) == 2 and len(plan.keep) == 2
+    for batch in [1, 5, 8, 8, 32, 3]:
+        x = torch.randn(batch, device="cuda")
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_serving_calls_the_graph_directly_and_the_tracing_call_captures_nothing(shared_cache):
+    model, inputs = _make("toy_llama")
+    config = CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_capture_sizes=SIZES,
+                               lazy_capture=True)
+    compiled = pieceworks.compile(model, config)
+    captured = counters.num_cudagraph_captured
+    # The first call traces with throw-away inputs (capturing nothing from them), then serves its batch through the
+    # static buffers, which lazily captures that batch's padded size: every graph it made belongs to size 4's plan,
+    # and that plan reads the static buffers, not the tracing call's inputs.
+    compiled(*inputs(3))
+    runtime = compiled.runtime
+    assert runtime.binder is not None and runtime.phase is Phase.SERVING
+    assert runtime.capture_order == [4]
+    plan = runtime.replays[4]
+    assert counters.num_cudagraph_captured - captured == len(plan.graphs)
+    flat = runtime.binder.inputs(runtime.static.views(4), 4)
+    assert plan.all_checks and all(flat[i].data_ptr() == address for i, address, *_ in plan.all_checks)
+    torch._dynamo.reset()  # no later call enters Dynamo
+    with counters.expect(num_dynamo_traces=0, num_backend_compilations=0):
+        for batch in [3, 3, 16, 1]:
+            args = inputs(batch)
+            torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
+    assert runtime.capture_order == [4, 16, 1]

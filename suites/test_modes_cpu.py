@@ -30,7 +30,7 @@ def test_every_mode_runs_without_graphs_on_cpu_and_says_so(mode, caplog):
         x = torch.randn(5)
         torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
     assert report["graphs"] == 0
-    assert compiled.graph.mode is CUDAGraphMode.NONE
+    assert compiled.runtime.mode is CUDAGraphMode.NONE
     warned = [r for r in caplog.records if "running without CUDA graphs" in r.getMessage()]
     if mode is CUDAGraphMode.NONE:
         assert not warned

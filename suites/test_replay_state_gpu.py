@@ -69,7 +69,7 @@ class ServingMachine(RuleBasedStateMachine):
     def recapture(self):
         """Drop every graph and capture again (lazily: on the next call of each size)."""
         self._check_view()
-        self.compiled.graph.reset()
+        self.compiled.runtime.reset()
         if not self.lazy:
             self.compiled.capture()
 

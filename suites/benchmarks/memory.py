@@ -3,12 +3,18 @@
 For 1, 8 and 51 captured sizes (the largest n of vLLM's 51 sizes up to 512, so n=1 is the largest size alone)
 one compiled model captures them all into its one pool. Readings around the capture phase:
 - pool MiB: the allocator's segments of the model's graph pool (`memory.pool_bytes`);
-- allocator reserved delta MiB (includes the warm-up MemPool, where the capture stream's cuBLAS workspace lives);
+- allocator reserved delta MiB;
 - NVML device-used delta MiB (device-wide: also driver-side graph memory, and any other process's changes);
-- capture seconds (the capture phase, as `CompiledModel.capture()` reports it).
-Unshared baseline: the same sizes captured one model per size, each in its own pool, all alive together
-(largest first): the sum of their pool MiB, and the reserved and NVML deltas since the first of them was built
-(each model also has its own capture stream, hence its own cuBLAS workspace: that is in the reserved delta).
+- capture seconds (the capture phase, as `CompiledModel.capture` reports it).
+Unshared baseline: the same sizes captured one pool per size, all alive together (largest first): the sum of their
+pool MiB, and the reserved and NVML deltas since the first of them was captured.
+
+Cost: one trace and compile per mode. Every row, and every pool of the baseline, is captured by that one model:
+`Runtime.reset()` drops its graphs (or, for the baseline, hands them to a list that keeps them alive) and starts a
+fresh pool. The code and its fusions are the same for every size (the piece code does not depend on the capture
+sizes), so pool bytes are what a model per size would capture. The capture stream and its warm-up MemPool (the
+stream's cuBLAS workspace) are the model's, made once by a throw-away capture before the first reading: deltas
+leave them out, for the shared rows and the baseline alike (a model per size would add one workspace per model).
 """
 
 from __future__ import annotations
@@ -37,6 +43,17 @@ def _compiled(model, make_inputs, splitting_ops, mode: str, sizes: list[int]):
     return compiled
 
 
+def _settle() -> None:
+    """Free the graphs just dropped and the allocator's free blocks (Dynamo is left alone: the model is traced)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
 def measure() -> dict:
     reason = _shared.cuda_skip_reason()
     if reason is not None:
@@ -50,39 +67,44 @@ def measure() -> dict:
     all_sizes = default_capture_sizes(_shared.MAX_CAPTURE)
     results: dict = {}
     for mode in MODES:
+        _shared.progress(f"memory {mode}: one trace and compile")
+        _shared.release()
+        compiled = _compiled(model, make_inputs, splitting_ops, mode, all_sizes)
+        runtime = compiled.runtime
+        compiled.capture([all_sizes[0]])  # the capture stream and its warm-up MemPool: made once, outside readings
         for count in SIZE_COUNTS:
             sizes = all_sizes[-count:]
             _shared.progress(f"memory {mode}: {count} sizes in one pool")
-            _shared.release()
-            compiled = _compiled(model, make_inputs, splitting_ops, mode, sizes)
+            runtime.reset()
+            _settle()
             before = memory_state()
-            report = compiled.capture()
+            report = compiled.capture(sizes)
             after = memory_state()
             results[(mode, count)] = {
-                "pool_mib": pool_bytes(compiled.graph.state.pool) / MiB,
+                "pool_mib": pool_bytes(runtime.pool.handle) / MiB,
                 "reserved_delta_mib": _delta(after, before, "reserved"),
                 "nvml_delta_mib": _delta(after, before, "nvml_used"),
                 "device_used_delta_mib": _delta(after, before, "device_used"),
                 "capture_seconds": report["seconds"],
                 "graphs": report["graphs"],
             }
-            del compiled
-        _shared.progress(f"memory {mode}: unshared baseline, one model (one pool) per size")
-        _shared.release()
-        singles = []
+        _shared.progress(f"memory {mode}: unshared baseline, one pool per size, all kept alive")
+        runtime.reset()
+        _settle()
+        pools = []  # (pool handle, that size's graphs): kept alive together
         start = memory_state()
         for size in reversed(all_sizes):  # largest first, as a shared pool would capture them
-            single = _compiled(model, make_inputs, splitting_ops, mode, [size])
-            single.capture()
-            singles.append(single)
-            if len(singles) in SIZE_COUNTS:
+            compiled.capture([size])
+            pools.append((runtime.pool.handle, dict(runtime.replays)))
+            runtime.reset()
+            if len(pools) in SIZE_COUNTS:
                 now = memory_state()
-                results[(mode, len(singles))].update(
-                    unshared_pool_mib=sum(pool_bytes(s.graph.state.pool) for s in singles) / MiB,
+                results[(mode, len(pools))].update(
+                    unshared_pool_mib=sum(pool_bytes(handle) for handle, _ in pools) / MiB,
                     unshared_reserved_delta_mib=_delta(now, start, "reserved"),
                     unshared_nvml_delta_mib=_delta(now, start, "nvml_used"),
                 )
-        del singles, single
+        del pools, compiled, runtime
     _shared.release()
     _shared.write_details("memory", {"model": "toy_llama", "dtype": "bfloat16", "capture_sizes": all_sizes,
                                      "nvml": nvml_status(),

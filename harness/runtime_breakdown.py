@@ -1,0 +1,251 @@
+"""Where a PIECEWISE forward's time goes, next to its peers, on ToyLlama: CUDA events, ratios.
+
+`python -m pieceworks.harness.runtime_breakdown [--out results/runtime_breakdown.json]` (CUDA only; about 2-4 min on
+an H100 for 12 layers, two dtypes, four batch sizes). For each dtype and batch it times, with CUDA events after
+warm-up (median, p25, p75 in µs):
+- `compiled call`: `CompiledModel.__call__` in PIECEWISE mode (argument checks, static copy, plan, cut back);
+- `plan run`: the replay plan of the padded size alone, on the static buffers (no checks, no copies);
+- `graph replays`: the plan's piece graphs replayed back to back; `splitting ops`: its eager steps alone;
+- `FULL`: pieceworks FULL; `reduce-overhead`: `torch.compile(mode="reduce-overhead")`; `meta-pcg`: Meta's
+  piecewise-cuda-graphs (skipped, with the reason, when the package or its harness adapter is absent);
+and derives: PIECEWISE / meta-pcg, compiled call / plan run, FULL / reduce-overhead, and host overhead per piece =
+(compiled call - graph replays - splitting ops) / pieces, negative where host work overlaps GPU work. Every variant's
+output is compared with eager (max abs error), so a fast wrong answer shows.
+
+Robustness: each dtype runs in a child process of its own (a crash there, even a segfault, costs that dtype only
+and is recorded with the child's exit status and last output); `faulthandler` prints the Python stack of a fatal
+signal; every variant is timed under its own try (an error is recorded, the others go on); each batch row is printed
+as it is measured and `--out` is rewritten after each dtype, so partial results survive. `--only` names the variants
+to build and time (e.g. `--only pieceworks,meta-pcg`), for bisecting a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import faulthandler
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+import torch
+
+import pieceworks
+from pieceworks import CompilationConfig, CUDAGraphMode, default_capture_sizes
+
+from . import models
+from .timing import cuda_time_us
+
+
+def _pieceworks(model: torch.nn.Module, mode: CUDAGraphMode, sizes: list[int], cache: str, make: Any) -> Any:
+    config = CompilationConfig(splitting_ops=models.SPLITTING_OPS, cudagraph_mode=mode, cudagraph_capture_sizes=sizes,
+                               cache_dir=cache)
+    compiled = pieceworks.compile(model, config)
+    compiled(*make(3))
+    compiled.capture()
+    return compiled
+
+
+def _peer(name: str, model: torch.nn.Module, make: Any, sizes: list[int]) -> tuple[Any, str | None]:
+    """A harness adapter's build of `name`, or (None, why not)."""
+    try:
+        from .implementations import resolve
+
+        impl = resolve(name)
+    except (ImportError, KeyError) as exc:
+        return None, f"no harness adapter {name!r} ({exc})"
+    reason = impl.unavailable_reason()
+    if reason is not None:
+        return None, reason
+    return impl.build(model, make, sizes, models.SPLITTING_OPS), None
+
+
+def _plan_parts(compiled: Any, batch: int) -> dict[str, Any]:
+    """The PIECEWISE plan of `batch`'s padded size, and callables for its parts, on the static buffers."""
+    runtime = compiled.runtime
+    n = min(s for s in runtime.replays if s >= batch)
+    plan = runtime.replays[n]
+    flat = runtime.binder.inputs(runtime.static.views(n), n)
+    slots = [None] * plan.num_slots
+    for step in plan.steps:  # one forward into `slots`: the values later eager steps read
+        step(flat, slots)
+    eager = [plan.steps[i] for i in plan.eager_steps]
+    graphs = plan.graphs
+
+    def replays() -> None:
+        for g in graphs:
+            g.replay()
+
+    def splitting() -> None:
+        for step in eager:
+            step(flat, slots)
+
+    return {"plan": lambda: plan.run(flat, ()), "replays": replays, "splitting": splitting,
+            "pieces": len(graphs) + len(eager)}
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _measure_dtype(dtype: torch.dtype, args: argparse.Namespace, cache: str) -> dict[str, Any]:
+    torch.manual_seed(0)
+    config = models.ToyLlamaConfig(num_layers=args.layers)
+    model = models.ToyLlama(config).cuda().to(dtype)
+    batches = [int(b) for b in args.batches.split(",")]
+    sizes = default_capture_sizes(max(batches))
+    make = lambda b: models.toy_llama_inputs(b, config, "cuda", seed=b)  # noqa: E731
+    only = set(args.only.split(",")) if args.only else {"pieceworks", "meta-pcg", "reduce-overhead"}
+    report: dict[str, Any] = {"skipped": {}, "errors": {}, "build_s": {}}
+    built: dict[str, Any] = {}
+    # Peers after pieceworks, reduce-overhead last: it resets Dynamo, and its graph trees clear cuBLAS workspaces
+    # and empty the cache when they record (both pieceworks and the meta-pcg adapter keep their workspaces in a
+    # MemPool of their own, so that cannot free memory their graphs use).
+    steps = [("PIECEWISE", lambda: _pieceworks(model, CUDAGraphMode.PIECEWISE, sizes, cache, make)),
+             ("FULL", lambda: _pieceworks(model, CUDAGraphMode.FULL, sizes, cache, make)),
+             ("meta-pcg", lambda: _peer("meta-pcg", model, make, sizes)),
+             ("reduce-overhead", lambda: _peer("reduce-overhead", model, make, batches))]
+    with torch.no_grad():
+        for name, build in steps:
+            if ("pieceworks" if name in ("PIECEWISE", "FULL") else name) not in only:
+                report["skipped"][name] = "not in --only"
+                continue
+            start = time.perf_counter()
+            try:
+                found = build()
+            except Exception as exc:  # noqa: BLE001 - recorded; the other variants go on
+                report["errors"][f"build {name}"] = "".join(traceback.format_exception_only(exc)).strip()
+                _say(f"  build {name}: FAILED {report['errors'][f'build {name}']}")
+                continue
+            if isinstance(found, tuple):
+                found, why = found
+                if found is None:
+                    report["skipped"][name] = why
+                    _say(f"  build {name}: skipped ({why})")
+                    continue
+            built[name] = found
+            report["build_s"][name] = time.perf_counter() - start
+            _say(f"  build {name}: {report['build_s'][name]:.1f} s")
+    piecewise = built.get("PIECEWISE")
+    report["direct_calls"] = piecewise is not None and piecewise.runtime.binder is not None
+    rows = report["batches"] = {}
+    with torch.no_grad():
+        for batch in batches:
+            inputs = make(batch)
+            expected = model(*inputs)
+            variants: dict[str, Any] = {}
+            pieces = None
+            if piecewise is not None:
+                variants["compiled call"] = lambda: piecewise(*inputs)
+                try:
+                    parts = _plan_parts(piecewise, batch)
+                except Exception as exc:  # noqa: BLE001
+                    report["errors"][f"plan parts {batch}"] = "".join(traceback.format_exception_only(exc)).strip()
+                else:
+                    variants.update({"plan run": parts["plan"], "graph replays": parts["replays"],
+                                     "splitting ops": parts["splitting"]})
+                    pieces = parts["pieces"]
+            for name in ("FULL", "meta-pcg", "reduce-overhead"):
+                if name in built:
+                    variants[name] = lambda fn=built[name]: fn(*inputs)
+            row: dict[str, Any] = {}
+            for name, fn in variants.items():
+                try:
+                    row[name] = cuda_time_us(fn, warmup=args.warmup, reps=args.reps)
+                    if name in ("compiled call", "FULL", "meta-pcg", "reduce-overhead"):
+                        out = fn()
+                        row[name]["max_abs_error_vs_eager"] = float((out.float() - expected.float()).abs().max())
+                except Exception as exc:  # noqa: BLE001 - recorded; a CUDA error here poisons the rest too
+                    report["errors"][f"{name} batch {batch}"] = "".join(traceback.format_exception_only(exc)).strip()
+            med = {k: v["median_us"] for k, v in row.items()}
+            ratio = lambda a, b: med[a] / med[b] if a in med and b in med else None  # noqa: E731
+            ratios = {"PIECEWISE / meta-pcg": ratio("compiled call", "meta-pcg"),
+                      "compiled call / plan run": ratio("compiled call", "plan run"),
+                      "FULL / reduce-overhead": ratio("FULL", "reduce-overhead")}
+            entry = rows[str(batch)] = {"us": row, "ratios": ratios, "pieces": pieces}
+            if pieces and all(k in med for k in ("compiled call", "graph replays", "splitting ops")):
+                overhead = med["compiled call"] - med["graph replays"] - med["splitting ops"]
+                entry["host_overhead_per_piece_us"] = overhead / pieces
+            _print_row(batch, entry)
+    return report
+
+
+def _print_row(batch: Any, row: dict[str, Any]) -> None:
+    cells = "  ".join(f"{k} {v['median_us']:.1f} [{v['p25_us']:.1f}-{v['p75_us']:.1f}]" for k, v in row["us"].items())
+    ratios = "  ".join(f"{k} {v:.3f}" for k, v in row["ratios"].items() if v is not None)
+    overhead = row.get("host_overhead_per_piece_us")
+    tail = f"  host overhead/piece {overhead:.2f} us ({row['pieces']} pieces)" if overhead is not None else ""
+    _say(f"  batch {batch:>4}: {cells}\n              {ratios}{tail}")
+
+
+def _child(dtype: str, argv: list[str], out: str) -> dict[str, Any]:
+    """Run one dtype in a child process (its output streams through); its report, or what killed it."""
+    cmd = [sys.executable, "-m", "pieceworks.harness.runtime_breakdown", *argv, "--dtypes", dtype, "--out", out,
+           "--in-process"]
+    proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+    sys.stderr.write(proc.stderr[-20000:])
+    if proc.returncode == 0 and os.path.exists(out):
+        with open(out) as f:
+            return json.load(f)["dtypes"][dtype]
+    return {"crashed": {"exit_status": proc.returncode, "stderr_tail": proc.stderr[-6000:]}}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--batches", default="1,8,64,256")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--only", default="", help="comma-separated: pieceworks, meta-pcg, reduce-overhead")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--in-process", action="store_true", help="measure here, not in a child per dtype")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    faulthandler.enable(all_threads=True)
+    if not torch.cuda.is_available():
+        sys.exit("runtime_breakdown needs CUDA: torch sees no CUDA device")
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": f"ToyLlama layers={args.layers}", "reps": args.reps, "dtypes": {},
+    }
+    _say(f"{report['device']} | torch {report['torch']} | {report['model']} | {report['date']}")
+    cache = tempfile.mkdtemp(prefix="pieceworks-breakdown-")
+    passed = _without([a for a in argv if a != "--in-process"], ("--dtypes", "--out"))
+    for name in args.dtypes.split(","):
+        _say(f"\n{name}:")
+        if args.in_process:
+            result = _measure_dtype(getattr(torch, name), args, cache)
+        else:
+            result = _child(name, passed, os.path.join(cache, f"{name}.json"))
+            if "crashed" in result:
+                _say(f"  {name}: the child process died (exit status {result['crashed']['exit_status']}); see "
+                     f"its output above (faulthandler prints the Python stack of a fatal signal)")
+        report["dtypes"][name] = result
+        if args.out:  # rewritten after each dtype: partial results survive a later crash
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
+    return report
+
+
+def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """`argv` without the given options and their values (either `--opt value` or `--opt=value`)."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in options:
+            skip = True
+        elif not a.startswith(tuple(o + "=" for o in options)):
+            kept.append(a)
+    return kept
+
+
+if __name__ == "__main__":
+    main()

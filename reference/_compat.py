@@ -1,0 +1,137 @@
+"""Every private torch API pieceworks uses, in one place, each feature-detected for torch 2.11-2.15.
+
+What is private, and what the versions differ in (checked against the 2.11, 2.13 and 2.15 sources):
+- `torch._inductor.standalone_compile(gm, args, *, dynamic_shapes=, options=)` and `CompiledArtifact.save/load`:
+  the same keywords in 2.11-2.15 (2.13 adds `fake_mode`, `donate_graph_module`; unused here);
+- a node's FakeTensor: Dynamo writes `meta["example_value"]`, AOT/export passes `meta["val"]`; read either;
+- the dispatcher's op list `torch._C._dispatch_get_all_op_names` (for error messages; empty where absent);
+- op identity: `torch._ops.OpOverload` (`_schema`, `_overloadname`) and `OpOverloadPacket` (`_qualified_op_name`),
+  unchanged over 2.11-2.15;
+- `torch.fx.passes.split_module.split_module(..., keep_original_order=)`: present in all; `tuple_return` only 2.13+
+  (not used: a single-output piece returns a bare value and callers handle both);
+- Dynamo's `torch._dynamo.config.patch(capture_scalar_outputs=, capture_dynamic_output_shape_ops=)`: both flags
+  in 2.11-2.15 (newer Dynamo implies them under fullgraph=True; setting them keeps every version alike);
+- the shape environment: a FakeTensor's `fake_mode`, a SymInt's `str()` naming its expression, and
+  `torch.fx.experimental.symbolic_shapes.free_unbacked_symbols` (same name and meaning in 2.11-2.15).
+
+A missing feature raises `TorchCompatError` once, at first use, naming the feature, the torch version and the fix;
+nothing here patches torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+__all__ = [
+    "TorchCompatError", "standalone_compile", "load_artifact", "example_value", "op_identity", "op_schema",
+    "split_module", "data_dependent_tracing", "fake_mode_of", "symbol_name", "unbacked_symbols", "registered_ops",
+]
+
+
+class TorchCompatError(RuntimeError):
+    """This torch lacks a private API pieceworks needs (pieceworks supports torch 2.11-2.15)."""
+
+
+def _missing(feature: str) -> TorchCompatError:
+    return TorchCompatError(
+        f"pieceworks needs {feature}, which torch {torch.__version__} does not have. pieceworks supports torch "
+        f"2.11-2.15. Fix: install a torch in that range"
+    )
+
+
+def standalone_compile(gm: torch.fx.GraphModule, example_args: list[Any], dynamic_shapes: str,
+                       options: dict[str, Any]) -> Any:
+    """`torch._inductor.standalone_compile`: a `CompiledArtifact` (callable, `.save(path=, format=)`)."""
+    fn = getattr(torch._inductor, "standalone_compile", None)
+    if fn is None:
+        raise _missing("torch._inductor.standalone_compile")
+    return fn(gm, example_args, dynamic_shapes=dynamic_shapes, options=options)
+
+
+def load_artifact(path: str) -> Any:
+    """`torch._inductor.CompiledArtifact.load(path=, format="binary")`."""
+    artifact = getattr(torch._inductor, "CompiledArtifact", None)
+    if artifact is None or not hasattr(artifact, "load"):
+        raise _missing("torch._inductor.CompiledArtifact.load")
+    return artifact.load(path=path, format="binary")
+
+
+def example_value(node: torch.fx.Node) -> Any:
+    """The FakeTensor/SymInt a node was traced with: Dynamo's `example_value`, else `val`, else None."""
+    meta = node.meta
+    return meta["example_value"] if "example_value" in meta else meta.get("val")
+
+
+def op_identity(target: Any) -> tuple[str, str | None] | None:
+    """`("ns::op", overload)` for a torch op: overload None for a packet (`torch.ops.ns.op`), its name (`"default"`
+    for the default) for an `OpOverload`; None for anything that is not a torch op."""
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name, None
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name, target._overloadname or "default"
+    return None
+
+
+def op_schema(target: Any) -> Any:
+    """The schema of a torch op (a packet's default overload), or None: what its arguments alias and write."""
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        target = getattr(target, "default", None)
+    return target._schema if isinstance(target, torch._ops.OpOverload) else None
+
+
+def _load_split_module() -> Callable[..., torch.fx.GraphModule]:
+    """`torch.fx.passes.split_module.split_module`, called as `split_module(gm, gm, callback,
+    keep_original_order=True)`; a stand-in that raises `TorchCompatError` if this torch lacks it."""
+    try:
+        from torch.fx.passes.split_module import split_module as fn
+    except ImportError:
+        fn = None
+    if fn is not None and "keep_original_order" in inspect.signature(fn).parameters:
+        return fn
+
+    def unavailable(*args: Any, **kwargs: Any) -> torch.fx.GraphModule:
+        raise _missing("torch.fx.passes.split_module.split_module(keep_original_order=...)")
+
+    return unavailable
+
+
+split_module = _load_split_module()
+
+
+def data_dependent_tracing() -> Any:
+    """A context in which Dynamo keeps data-dependent ops (`.item()`, `nonzero`) in its graph instead of breaking."""
+    config = getattr(getattr(torch, "_dynamo", None), "config", None)
+    if config is None or not hasattr(config, "capture_dynamic_output_shape_ops"):
+        raise _missing("torch._dynamo.config.capture_dynamic_output_shape_ops")
+    return config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True)
+
+
+def fake_mode_of(values: list[Any]) -> Any:
+    """The FakeTensorMode (hence the shape environment) of the first FakeTensor in `values`, or None."""
+    return next((v.fake_mode for v in values if hasattr(v, "fake_mode")), None)
+
+
+def symbol_name(value: Any) -> str | None:
+    """The expression of a SymInt as a string (`"s0"`), None for anything else."""
+    return str(value) if isinstance(value, torch.SymInt) else None
+
+
+def unbacked_symbols(value: Any) -> set[str]:
+    """The names of the data-dependent (unbacked) symbols in a FakeTensor's sizes or a SymInt (`{"u0"}`)."""
+    try:
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    except ImportError:
+        raise _missing("torch.fx.experimental.symbolic_shapes.free_unbacked_symbols") from None
+    return {str(s) for s in free_unbacked_symbols(value)}
+
+
+def registered_ops() -> list[str]:
+    """Every op name the dispatcher knows ("ns::op.overload"), for error messages; empty where torch cannot list
+    them (then messages just list fewer candidates)."""
+    list_ops = getattr(torch._C, "_dispatch_get_all_op_names", None)
+    return list(list_ops()) if list_ops is not None else []

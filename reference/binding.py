@@ -1,0 +1,99 @@
+"""Calling the compiled graph without Dynamo: call arguments to graph inputs, graph outputs to the model's output.
+
+Dynamo hands a backend `example_inputs`: the real values of the graph's placeholders in the tracing call (the
+call's tensors, the model's parameters and buffers, and the batch size as a SymInt). `bind` proves, from that one
+call, how to build them for any later call:
+- a placeholder whose example is (by identity) a tensor argument of the tracing call reads that argument;
+- a placeholder whose example value is a batch-size symbol gets the call's batch size;
+- a placeholder whose example is a parameter or buffer of the model is bound to that object once, so in-place
+  updates and `p.data = t` swaps stay visible (replacing the Parameter object itself is not: compile again);
+and the model's output is the graph's outputs arranged as in the tracing call: each output tensor found by identity
+among the graph's outputs, `None` kept, inside tuples, lists and dicts.
+
+Anything else (a tensor the model reads from a global or a plain attribute, an output Dynamo built outside the
+graph, a namedtuple or dataclass output, a non-tensor output) makes `bind` return why not, and the caller keeps
+calling through Dynamo. Python side effects of `forward` (attribute writes, prints) happen in the tracing call only:
+after it, the graph is the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from ._compat import example_value, symbol_name
+from .values import tree_map
+
+__all__ = ["Binder", "bind"]
+
+_ARG, _BATCH, _BOUND = 0, 1, 2
+
+
+class _Leaf:
+    """A position in the output template: the graph output `index`, or a constant."""
+
+    __slots__ = ("index", "value")
+
+    def __init__(self, index: int | None, value: Any = None) -> None:
+        self.index = index
+        self.value = value
+
+
+class Binder:
+    """`inputs(args, batch)`: the graph's flat inputs for a call; `outputs(flat)`: the model's output."""
+
+    def __init__(self, sources: list[tuple[int, Any]], template: Any) -> None:
+        self.sources = sources
+        self.template = template
+        self._single = template.index if isinstance(template, _Leaf) else None
+
+    def inputs(self, args: Sequence[Any], batch: int) -> list[Any]:
+        return [args[v] if kind == _ARG else (batch if kind == _BATCH else v) for kind, v in self.sources]
+
+    def outputs(self, flat: Sequence[Any]) -> Any:
+        if self._single is not None:
+            return flat[self._single]
+        return tree_map(lambda leaf: leaf.value if leaf.index is None else flat[leaf.index], self.template)
+
+
+def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequence[Any], call_args: Sequence[Any],
+         batch_symbols: set[str], call_output: Any, graph_output: Any) -> Binder | str:
+    """A `Binder` for the graph traced from `model(*call_args)` (see the module doc), or why it cannot be proven."""
+    if len(placeholders) != len(example_inputs):
+        return f"{len(placeholders)} graph inputs but {len(example_inputs)} example inputs"
+    by_id = {id(a): k for k, a in enumerate(call_args) if isinstance(a, torch.Tensor)}
+    state = {}
+    if isinstance(model, torch.nn.Module):
+        named = (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
+        state = {id(t): t for _, t in named}
+    sources: list[tuple[int, Any]] = []
+    for node, example in zip(placeholders, example_inputs):
+        if isinstance(example, torch.Tensor) and id(example) in by_id:
+            sources.append((_ARG, by_id[id(example)]))
+        elif symbol_name(example_value(node)) in batch_symbols:
+            sources.append((_BATCH, None))
+        elif isinstance(example, torch.Tensor) and id(example) in state:
+            sources.append((_BOUND, state[id(example)]))
+        else:
+            return (f"graph input {node.name} is neither a call argument, a parameter or buffer of the model, nor the "
+                    f"batch size")
+    if not isinstance(graph_output, (tuple, list)):
+        return "the graph did not return a tuple"
+    index = {id(t): k for k, t in enumerate(graph_output) if isinstance(t, torch.Tensor)}
+    problems = []
+
+    def leaf(value: Any) -> _Leaf:
+        if value is None:
+            return _Leaf(None)
+        if isinstance(value, torch.Tensor) and id(value) in index:
+            return _Leaf(index[id(value)])
+        problems.append(type(value).__name__)
+        return _Leaf(None)
+
+    template = tree_map(leaf, call_output)
+    if problems:
+        return f"the model's output holds values that are not graph outputs ({', '.join(problems)})"
+    return Binder(sources, template)

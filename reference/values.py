@@ -1,0 +1,32 @@
+"""The two value helpers every layer shares: walking nested outputs, and repeating rows to a batch size."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["tree_map", "tensors_in", "cycle_rows"]
+
+
+def tree_map(fn: Callable[[Any], Any], value: Any) -> Any:
+    """`value` with `fn` applied to every leaf; tuples, lists and dicts are walked (their exact types are kept)."""
+    if type(value) in (tuple, list):
+        return type(value)(tree_map(fn, v) for v in value)
+    if type(value) is dict:
+        return {k: tree_map(fn, v) for k, v in value.items()}
+    return fn(value)
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors in `value`, a tensor or a nested tuple, list or dict, in order."""
+    found: list[torch.Tensor] = []
+    tree_map(lambda v: found.append(v) if isinstance(v, torch.Tensor) else None, value)
+    return found
+
+
+def cycle_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """A new tensor of `n` rows: `t`'s rows repeated in order (row i is `t[i % len(t)]`); valid values, never
+    uninitialised memory, so a padded row is always a legal input (a token id stays a valid index)."""
+    return t.index_select(0, torch.arange(n, device=t.device) % t.shape[0])
