@@ -13,7 +13,8 @@ from pieceworks.harness.strategies import register_profiles
 register_profiles()
 
 # One Inductor cache for the whole session, never a developer's ~/.cache or a previous run's leftovers.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="pieceworks-tests-inductor-"))
+# Assigned, not setdefault: importing torch already sets it (to the machine-wide /tmp/torchinductor_<user>).
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="pieceworks-tests-inductor-")
 
 
 @pytest.fixture(autouse=True)
