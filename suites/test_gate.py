@@ -24,7 +24,8 @@ from pieceworks.gate.thresholds import DEFAULT_PATH
 from pieceworks.gate.verdicts import iqr_spread
 
 REPO = Path(__file__).resolve().parent.parent
-SOURCE = REPO / "suites" / "data" / "asv_sample"  # the committed H100 run: REPO / "results" / "asv"
+SOURCE = REPO / "suites" / "data" / "asv_sample"  # written by asv 0.6.6 from stand-ins with the suites' names
+H100 = REPO / "results" / "asv"  # the committed H100 run
 
 THRESHOLDS = load_thresholds(DEFAULT_PATH)
 
@@ -167,6 +168,22 @@ def test_identical_sets_pass(sets):
     assert status == 0
     assert {r.verdict for r in rows} <= {"ok", "skipped", "info"}
     assert all(r.ratio == 1.0 for r in rows if r.verdict in ("ok", "info"))
+
+
+def test_the_committed_h100_run_never_regresses_against_itself():
+    """The real H100 result set against itself: no regression, every ratio 1.0; entries whose own spread exceeds
+    max_noise (eager and Inductor without graphs: host-bound, IQR up to ~40% of the median) are 'too noisy' (exit
+    2: rerun on a quiet GPU), never ok, and no graph mode of pieceworks is among them."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pieceworks.gate", "--base", str(H100), "--head", str(H100)],
+                          capture_output=True, text=True)
+    lines = proc.stdout.splitlines()
+    assert not any(" regression" in line for line in lines), proc.stdout[-2000:]
+    noisy = [line for line in lines if "too noisy" in line]
+    assert proc.returncode == (2 if noisy else 0), proc.stdout[-2000:]
+    assert not any("pieceworks-piecewise" in line or "pieceworks-full" in line for line in noisy), noisy
 
 
 def test_latency_regression_fails_with_a_table(sets):
