@@ -241,7 +241,7 @@ def _checks_parameters_not_split_outputs(mp: pytest.MonkeyPatch) -> None:
 def _unpad_with(cut: Callable) -> Callable:
     import torch
 
-    def unpad(value, batch, n):
+    def unpad(value, batch, n, batched=None):  # the shape rule, ignoring the trace's marks
         if isinstance(value, torch.Tensor):
             return cut(value, batch, n) if value.dim() > 0 and value.shape[0] == n else value
         if isinstance(value, (tuple, list)):
@@ -256,7 +256,7 @@ def _unpad_top_level_only(mp: pytest.MonkeyPatch) -> None:
 
     import pieceworks.runtime as runtime
 
-    def unpad(value, batch, n):
+    def unpad(value, batch, n, batched=None):  # the shape rule, ignoring the trace's marks
         if isinstance(value, (tuple, list)):
             return type(value)(v[:batch] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
                                for v in value)
@@ -321,6 +321,52 @@ def _warmup_writes_twice(mp: pytest.MonkeyPatch) -> None:
     original = cudagraph.CapturePool.capture
     # nothing saved before the warm-ups, nothing put back before the capture
     mp.setattr(cudagraph.CapturePool, "capture", lambda self, fn, args, mutated: original(self, fn, args, []))
+
+
+def _unpad_cuts_every_n_rows(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.runtime as runtime
+
+    # no marks from the trace: every tensor whose dim 0 equals the padded size is cut, a [n] weight included
+    mp.setattr(runtime.Runtime, "_batched_outputs", lambda self, trace_args, trace_output: None)
+
+
+def _unpad_skips_namedtuples(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.padding as padding
+
+    original = padding._children
+    mp.setattr(padding, "_children", lambda value: None if hasattr(value, "_fields") else original(value))
+
+
+def _first_call_runs_twice(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.api as api
+
+    original = api.CompiledModel._first_call
+
+    def first_call(self, args):
+        original(self, args)  # the tracing run, then the call again
+        return self.runtime.serve(args, self._check(args))
+
+    mp.setattr(api.CompiledModel, "_first_call", first_call)
+
+
+def _trace_writes_not_restored(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.api as api
+
+    original = api.CompiledModel._compile_graph
+
+    def compile_graph(self, gm, example_inputs):
+        self._keep_args = None  # nothing saved before the tracing run on copies, so nothing put back
+        return original(self, gm, example_inputs)
+
+    mp.setattr(api.CompiledModel, "_compile_graph", compile_graph)
+
+
+def _value_check_ignores_type(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.api as api
+
+    original = api.CompiledModel._signature_entry
+    mp.setattr(api.CompiledModel, "_signature_entry",
+               staticmethod(lambda a: ("value", object, a) if original(a)[0] == "value" else original(a)))
 
 
 def _capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
@@ -837,6 +883,16 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "warmup_writes_twice": ("inputs written in place are not restored after the warm-ups", _warmup_writes_twice),
     "capture_snapshots_weights": ("captured graphs read copies of the parameters taken at capture",
                                   _capture_snapshots_weights),
+    "unpad_cuts_every_n_rows": ("outputs are cut wherever dim 0 equals the padded size, not where the trace has the "
+                                "batch (test_properties, test_replay_safety_gpu)", _unpad_cuts_every_n_rows),
+    "unpad_skips_namedtuples": ("padded outputs inside a namedtuple are not cut back (test_properties)",
+                                _unpad_skips_namedtuples),
+    "first_call_runs_twice": ("the first call runs the model twice: the tracing run, then the call (test_properties)",
+                              _first_call_runs_twice),
+    "trace_writes_not_restored": ("what the batch-1 tracing run on copies wrote into model state stays "
+                                  "(test_properties)", _trace_writes_not_restored),
+    "value_check_ignores_type": ("argument checks compare plain values with == only: 2 passes for 2.0 "
+                                 "(test_properties)", _value_check_ignores_type),
 }
 
 

@@ -4,13 +4,17 @@ Contracts of the returned `CompiledModel`:
 - dim 0 of every tensor argument is the batch dimension, the only dynamic one; all tensor arguments share it;
 - the first call traces the model with Dynamo once (with a batch of at least 2, so that Dynamo's 0/1
   specialisation cannot bake in the size) and compiles every piece for every compile range and size before it
-  returns; no later call traces or compiles, batch 1 included;
+  returns; no later call traces or compiles, batch 1 included. The model runs once per call, the first included:
+  a first call of batch >= 2 (contiguous tensors) is traced with its own arguments and returns the tracing run's
+  result; a first call of batch 1 is traced on a 2-row copy, and whatever that run wrote in place besides the copy
+  (the graph's mutated inputs: buffers, a KV cache, parameters) is put back before the call runs. That costs one
+  temporary copy of exactly the state the graph writes in place, at that one call;
 - after the first call no call enters Dynamo: the compiled graph is called directly, its inputs bound once (see
   binding.py; where the binding cannot be proven, logged once, calls go through Dynamo with its guards dropped).
   Python side effects of `forward` happen in the first call only;
 - Dynamo's guards are dropped (`guard_filter_fn`), so pieceworks checks arguments itself on every call: the same
-  count, dtypes, devices, ranks and non-batch sizes as the first call, and equal non-tensor arguments (which the
-  trace baked in). A mismatch raises `InputError` naming the argument;
+  count, dtypes, devices, ranks and non-batch sizes as the first call, and non-tensor arguments of the same type
+  and value (which the trace baked in: `2.0` where the trace saw `2`, or `1` for `True`, raises). A mismatch raises `InputError` naming the argument;
 - with CUDA graphs (`capture()` called, or `lazy_capture`), a batch of b rows is copied into static buffers,
   padded to the smallest captured size n >= b, run, and its outputs cut back to b rows. Outputs then alias graph
   memory and are valid until the next call (vLLM's contract): clone what you keep. Batches above the largest
@@ -78,7 +82,7 @@ def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device})"
-    return repr(value)
+    return f"{value!r} ({type(value).__name__})"
 
 
 class CompiledModel:
@@ -97,10 +101,12 @@ class CompiledModel:
         CompiledModel._count += 1
         entry = _own_entry_point(model, f"pieceworks_model_{CompiledModel._count}")
         self._dynamo_fn = torch.compile(
-            entry, backend=self.backend, fullgraph=True, dynamic=False,
+            entry, backend=self._compile_graph, fullgraph=True, dynamic=False,
             options={"guard_filter_fn": _drop_all_guards},
         )
         self._signature: list[Any] | None = None
+        self._keep_args: set[int] | None = None  # while tracing on copies: ids of the copies (not saved)
+        self._saved_state: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tensor, value before the tracing run)
         self.runtime: Runtime | None = None  # once the first call has traced and compiled the model
         counters.num_models_seen += 1
 
@@ -130,10 +136,15 @@ class CompiledModel:
 
     @staticmethod
     def _signature_of(args: tuple) -> list[Any]:
-        return [
-            (a.dtype, a.device, a.dim(), tuple(a.shape[1:])) if isinstance(a, torch.Tensor) else ("value", a)
-            for a in args
-        ]
+        return [CompiledModel._signature_entry(a) for a in args]
+
+    @staticmethod
+    def _signature_entry(a: Any) -> tuple:
+        """What a later call must repeat: a tensor's dtype, device, rank and trailing sizes; a value's type and value
+        (`2 == 2.0 == True` in Python, but the trace baked in the type too)."""
+        if isinstance(a, torch.Tensor):
+            return (a.dtype, a.device, a.dim(), tuple(a.shape[1:]))
+        return ("value", type(a), a)
 
     def _check(self, args: tuple) -> int:
         batch = self._batch_of(args)
@@ -142,10 +153,10 @@ class CompiledModel:
             raise InputError(f"compiled for {len(signature)} arguments, called with {len(args)}")
         for i, a in enumerate(args):
             want = signature[i]
-            got = (a.dtype, a.device, a.dim(), tuple(a.shape[1:])) if isinstance(a, torch.Tensor) else ("value", a)
+            got = self._signature_entry(a)
             if got != want:
                 if want[0] == "value":
-                    expected = f"the value {want[1]!r}"
+                    expected = f"the value {want[2]!r} ({want[1].__name__})"
                 else:
                     expected = f"dtype={want[0]}, device={want[1]}, rank {want[2]}, trailing shape {want[3]}"
                 raise InputError(
@@ -155,15 +166,32 @@ class CompiledModel:
         return batch
 
     # ---- calls ----------------------------------------------------------------------------------------------
-    def _first_call(self, args: tuple) -> None:
-        """Trace and compile with a copy of `args` of batch >= 2 whose dim 0 is marked dynamic."""
-        trace_batch = max(self._batch_of(args), 2)
+    def _compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Runtime:
+        """The backend Dynamo calls: `self.backend`'s runtime. While tracing on copies (a first call of batch 1), it
+        saves what the tracing run is about to write in place besides the copies, for `_first_call` to put back."""
+        runtime = self.backend(gm, example_inputs)
+        if self._keep_args is not None:
+            written = (example_inputs[i] for i in runtime.mutated_inputs)
+            self._saved_state = [(t, t.clone()) for t in written
+                                 if isinstance(t, torch.Tensor) and id(t) not in self._keep_args]
+        return runtime
+
+    def _first_call(self, args: tuple) -> Any:
+        """Trace and compile with tensors of batch >= 2 whose dim 0 is marked dynamic; return this call's output.
+
+        Batch >= 2 and contiguous tensors: traced with aliases of the call's own tensors (`detach()`: same memory,
+        so the marks stay off the caller's tensors), and the tracing run is the call. Otherwise: traced on
+        contiguous copies of 2 (or batch) rows, the model state that run wrote is restored, and the call runs."""
+        batch = self._batch_of(args)
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        own = batch >= 2 and all(a.is_contiguous() for a in tensors)
         trace_args = []
         for a in args:
             if isinstance(a, torch.Tensor):
-                a = cycle_rows(a, trace_batch)
+                a = a.detach() if own else cycle_rows(a, max(batch, 2))
                 torch._dynamo.mark_dynamic(a, 0)
             trace_args.append(a)
+        self._keep_args = None if own else {id(a) for a in trace_args}
         start = time.perf_counter()
         counters.num_dynamo_traces += 1
         try:
@@ -176,18 +204,26 @@ class CompiledModel:
             if isinstance(inner, ConfigError):
                 raise inner from None
             raise
-        log.info("pieceworks: traced and compiled in %.3f s (batch %d)", time.perf_counter() - start, trace_batch)
+        finally:
+            self._keep_args = None
+        saved, self._saved_state = self._saved_state, []
+        log.info("pieceworks: traced and compiled in %.3f s (batch %d)", time.perf_counter() - start, max(batch, 2))
         if len(self.backend.runtimes) != 1:
             raise RuntimeError(f"expected one Dynamo graph, got {len(self.backend.runtimes)}")
         runtime = self.backend.runtimes[0]
         runtime.start_serving(self.model, trace_args, output, self._dynamo_fn)
         self._signature = self._signature_of(args)
         self.runtime = runtime
+        if own:
+            return output
+        for tensor, before in saved:
+            tensor.copy_(before)
+        return runtime.serve(args, self._check(args))
 
     def __call__(self, *args: Any) -> Any:
         with torch.no_grad():
             if self.runtime is None:
-                self._first_call(args)
+                return self._first_call(args)
             return self.runtime.serve(args, self._check(args))
 
     def capture(self, sizes: Iterable[int] | None = None) -> dict[str, Any]:

@@ -6,18 +6,22 @@
 rows of an earlier call), never uninitialised memory: a token id there is always a valid index. The model must
 treat rows independently (as every batched inference model does), so padded rows cannot change real ones.
 Memory: one max-size copy of each input. Not thread-safe.
+
+`unpad` cuts an output back to the real rows: exactly the leaves `batched_outputs` marked once from the trace
+(outputs whose dim 0 is the batch symbol, in tuples, lists, dicts and namedtuples), never a tensor that only
+happens to have n rows (a weight of size n).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from .values import cycle_rows, tree_map
 
-__all__ = ["StaticInputs", "unpad"]
+__all__ = ["StaticInputs", "batched_outputs", "unpad"]
 
 
 class StaticInputs:
@@ -43,8 +47,45 @@ class StaticInputs:
         return self.views(n)
 
 
-def unpad(value: Any, batch: int, n: int) -> Any:
-    """`value` with every tensor whose dim 0 is the padded size n cut back to the real batch."""
-    return tree_map(
-        lambda v: v[:batch] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v, value
-    )
+def _children(value: Any) -> list[Any] | None:
+    """The items of a container output (tuple, list, namedtuple, dict values), None for a leaf."""
+    if type(value) in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
+        return list(value)
+    if type(value) is dict:
+        return list(value.values())
+    return None
+
+
+def _rebuild(like: Any, items: list[Any]) -> Any:
+    """A container of `like`'s exact type (a namedtuple stays one) holding `items`."""
+    if type(like) is dict:
+        return dict(zip(like.keys(), items))
+    if type(like) in (tuple, list):
+        return type(like)(items)
+    return type(like)(*items)
+
+
+def batched_outputs(output: Any, is_batched: Callable[[Any], bool]) -> Any:
+    """Which leaves of `output` (the tracing call's output) `unpad` cuts: a tree of `output`'s shape whose leaves
+    are `is_batched(leaf)`; a subtree with nothing to cut collapses to False, so a call walks only what it cuts."""
+    items = _children(output)
+    if items is None:
+        return bool(is_batched(output))
+    masks = [batched_outputs(v, is_batched) for v in items]
+    return _rebuild(output, masks) if any(m is not False for m in masks) else False
+
+
+def unpad(value: Any, batch: int, n: int, batched: Any = None) -> Any:
+    """`value` (an output at padded size n) with the leaves marked in `batched` (see `batched_outputs`) cut back to
+    the real `batch` rows; the structure and its types are kept. `batched=None` (no trace to tell): every tensor
+    whose dim 0 is n, in tuples, lists and dicts."""
+    if batch == n or batched is False:
+        return value
+    if batched is None:
+        return tree_map(
+            lambda v: v[:batch] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v, value
+        )
+    if batched is True:
+        return value[:batch]
+    items = _children(value)
+    return _rebuild(value, [unpad(v, batch, n, m) for v, m in zip(items, _children(batched))])

@@ -23,6 +23,7 @@ import dataclasses
 import enum
 import gc
 import logging
+import operator
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -30,14 +31,14 @@ from typing import Any
 import torch
 import torch.fx
 
-from ._compat import example_value
+from ._compat import example_value, symbol_name
 from .binding import Binder, bind
 from .capturability import input_provenance, mutated_inputs, uncapturable_reason
 from .config import CompilationConfig, CUDAGraphMode
 from .counters import counters
 from .cudagraph import AddressCheck, CapturePool, check_addresses, non_owning_alias
 from .dispatch import padded_size
-from .padding import StaticInputs, unpad
+from .padding import StaticInputs, batched_outputs, unpad
 from .piece import BatchLocator, CompiledPiece
 from .plan import GraphPiece, ReplayPlan, record_plan
 from .split import SplitItem
@@ -127,6 +128,7 @@ class Runtime:
         # kept until start_serving has bound them (pieceworks.compile); a raw backend never binds
         self._example_inputs: list[Any] | None = list(example_inputs) if for_compile else None
         self._traced_output: Any = None
+        self.output_batched: Any = None  # the output leaves `serve` cuts back to the batch (padding.batched_outputs)
         self.binder: Binder | None = None  # how `serve` calls the graph directly; None: through Dynamo
         self._fallback: Callable[..., Any] | None = None
         self._mutated_args: list[int] = []
@@ -217,6 +219,7 @@ class Runtime:
         self._mutated_args = [ids[id(example_inputs[i])] for i in self.mutated_inputs if id(example_inputs[i]) in ids]
         found = bind(model, self.placeholders, example_inputs, trace_args, self.locate_batch.symbols,
                      trace_output, self._traced_output)
+        self.output_batched = self._batched_outputs(trace_args, trace_output)
         self._traced_output = None
         if isinstance(found, str):
             log.info("pieceworks: calls go through Dynamo (%s)", found)
@@ -228,6 +231,48 @@ class Runtime:
             if self.config.lazy_capture:
                 self.phase = Phase.SERVING
 
+    def _batched_outputs(self, trace_args: Sequence[Any], trace_output: Any) -> Any:
+        """Which leaves of the model's output have the batch as dim 0 (`padding.batched_outputs`): a graph output
+        whose trace value's dim 0 is the batch symbol, or a tensor argument returned as it is; nothing else (a
+        weight of n rows is not cut at padded size n)."""
+        flat = self._traced_output if isinstance(self._traced_output, (tuple, list)) else ()
+        graph_batched = [self._is_batch_sized(v) for v in self._output_examples()]
+        index = {id(t): k for k, t in enumerate(flat) if isinstance(t, torch.Tensor)}
+        args = {id(a) for a in trace_args if isinstance(a, torch.Tensor)}
+
+        def is_batched(leaf: Any) -> bool:
+            if not isinstance(leaf, torch.Tensor):
+                return False
+            k = index.get(id(leaf))
+            return id(leaf) in args if k is None else k < len(graph_batched) and graph_batched[k]
+
+        return batched_outputs(trace_output, is_batched)
+
+    def _is_batch_sized(self, value: Any) -> bool:
+        return isinstance(value, torch.Tensor) and value.dim() > 0 \
+            and symbol_name(value.shape[0]) in self.locate_batch.symbols
+
+    def _output_examples(self) -> list[Any]:
+        """The trace's value (FakeTensor) of each graph output, read from the output nodes of the pieces that make
+        them (the stitching module's own output nodes carry none)."""
+        graphs = {item.submod_name: item.graph for item in self.items}
+
+        def piece_output(name: str) -> Any:
+            return next(n for n in graphs[name].graph.nodes if n.op == "output").args[0]
+
+        def example(node: Any) -> Any:
+            if not isinstance(node, torch.fx.Node):
+                return None
+            if node.op == "call_module":  # a piece with one output returns it as it is
+                node = piece_output(node.target)
+            elif node.op == "call_function" and node.target is operator.getitem \
+                    and getattr(node.args[0], "op", None) == "call_module":
+                node = piece_output(node.args[0].target)[node.args[1]]
+            return example_value(node) if isinstance(node, torch.fx.Node) else None
+
+        output = next(n for n in self.split_gm.graph.nodes if n.op == "output").args[0]
+        return [example(node) for node in (output if isinstance(output, (tuple, list)) else (output,))]
+
     def serve(self, args: Sequence[Any], batch: int) -> Any:
         """One call of `pieceworks.compile`'s model with checked `args` of batch `batch`."""
         static = self.static
@@ -237,7 +282,7 @@ class Runtime:
                 out = self._call_static(static.load(args, batch, n), n)
                 for i in self._mutated_args:
                     args[i].copy_(static.buffers[i][:batch])
-                return unpad(out, batch, n)
+                return unpad(out, batch, n, self.output_batched)
         if self.binder is None:
             return self._fallback(*args)
         return self.binder.outputs(self.run(self.binder.inputs(args, batch), batch, static=False))

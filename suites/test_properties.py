@@ -7,7 +7,9 @@ test_properties_gpu.py. Profiles: `--hypothesis-profile ci|dev|nightly` or PIECE
 
 from __future__ import annotations
 
+import collections
 import os
+import re
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from pieceworks import CompilationConfig, CUDAGraphMode, counters
 from pieceworks.api import InputError
 from pieceworks.cache import CacheIndexError, CompileCache, cache_key, parse_index, serialize_index
 from pieceworks.dispatch import BatchSizeError, compile_target, padded_size
+from pieceworks.padding import unpad
 from pieceworks.harness import strategies as S
 from pieceworks.harness.tracing import dynamo_graph
 from pieceworks.split import is_splitting_op, split_graph
@@ -160,6 +163,54 @@ def test_padding_picks_the_smallest_captured_size_at_least_the_batch(sizes, batc
     assert chosen == (min(fitting) if fitting else None)
 
 
+_Wrapped = collections.namedtuple("_Wrapped", ["out", "weight"])
+
+
+class _WrappedStructure(torch.nn.Module):
+    """A `StructureModule`'s output and a [HIDDEN] weight, in a namedtuple (which Dynamo rebuilds outside the graph)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x, y):
+        return _Wrapped(self.module(x, y), self.module.program.weight[0] * 1.0)
+
+
+@given(program=S.programs(max_len=4, splitting=("attention",), mutate_inputs=False),
+       structure=S.output_structures(dicts=True, unbatched=True), wrap=st.booleans(), batch=st.integers(1, S.HIDDEN))
+def test_padded_outputs_are_cut_back_exactly_where_the_trace_has_the_batch(program, structure, wrap, batch):
+    """At padded size n = HIDDEN, `unpad` with the marks the runtime took from the trace cuts every output whose dim
+    0 is the batch (in tuples, lists, dicts, a namedtuple, which keeps its type) to the real rows, and leaves the
+    [HIDDEN] weights whole: the result equals eager at the real batch (rows are independent)."""
+    torch._dynamo.reset()
+    module = S.StructureModule(program, structure)
+    module = _WrappedStructure(module) if wrap else module
+    config = CompilationConfig(splitting_ops=SPLIT, compiler="eager", cudagraph_mode=CUDAGraphMode.NONE)
+    compiled = pieceworks.compile(module, config)
+    n = S.HIDDEN
+    x, y = S.program_inputs(n, seed=1)
+    padded = compiled(x.clone(), y.clone())
+    got = unpad(padded, batch, n, compiled.runtime.output_batched)
+    expected = module(x[:batch].clone(), y[:batch].clone())
+    _same_tree(got, expected)
+
+
+def _same_tree(got, expected):
+    assert type(got) is type(expected), (type(got), type(expected))
+    if isinstance(expected, torch.Tensor):
+        assert got.shape == expected.shape, (got.shape, expected.shape)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, equal_nan=True)
+    elif isinstance(expected, dict):
+        assert list(got) == list(expected), (list(got), list(expected))
+        for k in expected:
+            _same_tree(got[k], expected[k])
+    else:
+        assert len(got) == len(expected), (len(got), len(expected))
+        for g, e in zip(got, expected):
+            _same_tree(g, e)
+
+
 @given(ends=S.compile_ranges(), sizes=st.lists(st.integers(1, 512), max_size=4, unique=True),
        batch=st.integers(1, 600))
 def test_compile_dispatch_exact_size_then_range_else_clear_error(ends, sizes, batch):
@@ -213,27 +264,43 @@ def test_any_argument_mismatch_is_an_input_error_naming_the_argument(signature, 
             assert f"argument {i} " in message, message
 
 
+@pytest.mark.parametrize(("compiled_with", "called_with"), [(2, 2.0), (2.0, 2), (1, True), (True, 1), (0, False)])
+def test_a_plain_value_of_another_type_is_an_input_error(compiled_with, called_with):
+    """`2 == 2.0 == True` in Python, but the trace baked in the type: a model compiled with `2` and called with `2.0`
+    would return int64 where eager gives float32. The argument check compares type and value."""
+    torch._dynamo.reset()
+    module = S.SignatureModule()
+    compiled = pieceworks.compile(module, CompilationConfig(compiler="eager", cudagraph_mode=CUDAGraphMode.NONE))
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(compiled(x, compiled_with), module(x, compiled_with))
+    with pytest.raises(InputError, match=re.escape(f"argument 1 is {called_with!r} ({type(called_with).__name__})")):
+        compiled(x, called_with)
+
+
 # ---- in-place writes (CPU part of the GPU suite's test_writes_gpu.py) ----------------------------------------------
 class _CountsCalls(torch.nn.Module):
+    """Writes its buffer and its argument in place; the argument's write and the output read the buffer."""
+
     def __init__(self):
         super().__init__()
         self.register_buffer("calls", torch.zeros(1, dtype=torch.int64))
 
     def forward(self, x):
         self.calls.add_(1)
-        return x * 2
+        x.add_(self.calls)
+        return x * 2 + self.calls
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug (issue 12, item 4; reported to the lead): the first call runs the compiled model on the tracing copy "
-    "of its arguments and then again on the arguments, so state the model writes in place (a buffer, a KV cache) is "
-    "written twice. Remove this marker with the fix (trace with the call's own arguments where batch >= 2)."))
-@pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize("batch", [1, 2, 5])
 def test_first_call_writes_model_state_once(batch):
+    """The first call (which traces: on a 2-row copy at batch 1, on the call's own tensors above) writes the model's
+    state and its arguments once, like eager; so do later calls."""
     torch._dynamo.reset()
-    model = _CountsCalls()
+    model, twin = _CountsCalls(), _CountsCalls()
     compiled = pieceworks.compile(model, CompilationConfig(compiler="eager", cudagraph_mode=CUDAGraphMode.NONE))
-    compiled(torch.randn(batch, 3))
-    assert int(model.calls) == 1, "the first call wrote the model's buffer more than once"
-    compiled(torch.randn(batch + 1, 3))
-    assert int(model.calls) == 2
+    for call, rows in enumerate([batch, batch + 1, 1]):
+        x = torch.randn(rows, 3)
+        x_eager = x.clone()
+        torch.testing.assert_close(compiled(x), twin(x_eager))
+        assert int(model.calls) == call + 1, f"call {call} wrote the model's buffer {int(model.calls) - call} times"
+        torch.testing.assert_close(x, x_eager)  # the argument written once, with the state of this call

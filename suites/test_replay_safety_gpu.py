@@ -116,7 +116,8 @@ class _OneInput(nn.Module):
          mode=CUDAGraphMode.PIECEWISE)
 def test_caller_inputs_that_move_raise_or_are_right_never_stale(program, sizes, steps, mode):
     """Through the raw backend the caller owns the input buffers: a captured size called with a tensor that is not
-    the one captured (`move`) must raise or be right; called with the captured buffer it replays."""
+    the one captured (`move`) must raise or be right; called with the captured buffer it replays. The capture phase
+    runs on the `Runtime` the backend returned to Dynamo, through Dynamo, from slices of one static buffer."""
     torch._dynamo.reset()
     module = _OneInput(program).cuda()
     config = CompilationConfig(splitting_ops=["silly::attention"], compiler="eager", cudagraph_mode=mode,
@@ -128,7 +129,9 @@ def test_caller_inputs_that_move_raise_or_are_right_never_stale(program, sizes, 
     first = static[:3].clone()
     torch._dynamo.mark_dynamic(first, 0)
     fn(first)
-    backend.graphs[0].capture(sizes, lambda n: fn(static[:n]))
+    (runtime,) = backend.runtimes
+    runtime.capture(sizes, lambda n: fn(static[:n]))
+    assert sorted(runtime.replays) == sorted(sizes), "every size captured: the steps below replay, not run eagerly"
     for i, (batch, move) in enumerate(steps):
         fresh = _inputs(batch, seed=i + 1)[0]
         if move or batch > max(sizes):
