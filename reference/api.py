@@ -14,9 +14,11 @@ Contracts of the returned `CompiledModel`:
   Python side effects of `forward` happen in the first call only;
 - Dynamo's guards are dropped (`guard_filter_fn`), so pieceworks checks arguments itself on every call: the same
   count, dtypes, devices, ranks and non-batch sizes as the first call, and non-tensor arguments of the same type
-  and value (which the trace baked in: `2.0` where the trace saw `2`, or `1` for `True`, raises). A mismatch raises `InputError` naming the argument;
+  and value (which the trace baked in: `2.0` where the trace saw `2`, or `1` for `True`, raises). A mismatch
+  raises `InputError` naming the argument;
 - with CUDA graphs (`capture()` called, or `lazy_capture`), a batch of b rows is copied into static buffers,
-  padded to the smallest captured size n >= b, run, and its outputs cut back to b rows. Outputs then alias graph
+  padded to the smallest captured size n >= b, run, and its outputs cut back to b rows (exactly the outputs whose
+  dim 0 the trace shows is the batch, in tuples, lists, dicts and namedtuples). Outputs then alias graph
   memory and are valid until the next call (vLLM's contract): clone what you keep. Batches above the largest
   captured size run without graphs. Arguments the model writes to in place are copied back after the call;
 - inference only: calls run under `torch.no_grad()`.
