@@ -78,8 +78,9 @@ def batched_outputs(output: Any, is_batched: Callable[[Any], bool]) -> Any:
 def unpad(value: Any, batch: int, n: int, batched: Any = None) -> Any:
     """`value` (an output at padded size n) with the leaves marked in `batched` (see `batched_outputs`) cut back to
     the real `batch` rows; the structure and its types are kept. `batched=None` (no trace to tell): every tensor
-    whose dim 0 is n, in tuples, lists and dicts."""
-    if batch == n or batched is False:
+    whose dim 0 is n, in tuples, lists and dicts. Batch-sized outputs are new view objects on every call, also when
+    batch == n: the objects a plan keeps must never reach the caller (a kept output would then be the next call's)."""
+    if batched is False:
         return value
     if batched is None:
         return tree_map(

@@ -254,12 +254,15 @@ def test_serving_calls_the_graph_directly_and_the_tracing_call_captures_nothing(
                                lazy_capture=True)
     compiled = pieceworks.compile(model, config)
     captured = counters.num_cudagraph_captured
-    # The first call traces with throw-away inputs (capturing nothing from them), then serves its batch through the
-    # static buffers, which lazily captures that batch's padded size: every graph it made belongs to size 4's plan,
-    # and that plan reads the static buffers, not the tracing call's inputs.
-    compiled(*inputs(3))
+    # The first call (batch >= 2) traces on the caller's own tensors and returns that run's result: it runs the
+    # model once and captures nothing. The next call of a capture size captures it lazily, from the static buffers:
+    # every graph it makes belongs to that size's plan, and the plan reads the static buffers.
+    args = inputs(3)
+    torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
     runtime = compiled.runtime
     assert runtime.binder is not None and runtime.phase is Phase.SERVING
+    assert runtime.capture_order == [] and counters.num_cudagraph_captured == captured
+    torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
     assert runtime.capture_order == [4]
     plan = runtime.replays[4]
     assert counters.num_cudagraph_captured - captured == len(plan.graphs)
