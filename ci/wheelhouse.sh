@@ -53,7 +53,9 @@ no_deps = set(os.environ.get("WHEELHOUSE_NO_DEPS", "piecewise-cuda-graphs").spli
 name = lambda req: re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0].lower().replace("_", "-")
 reqs = [r for e in wanted for r in extras[e] if not r.startswith("pieceworks[")]
 reqs = [r for r in reqs if name(r) != "torch" and name(r) not in exclude]
-reqs.append("setuptools>=70.1")  # builds the editable install offline (bdist_wheel is built in from 70.1)
+# builds the editable install offline (bdist_wheel is built in from 70.1); torch 2.13 needs >= 77.0.3, torch 2.11
+# (the GPU image) < 82: a version outside that range makes pip refuse the whole set (piecewise-cuda-graphs pulls torch in)
+reqs.append("setuptools>=77.0.3,<82")
 with open(os.path.join(tmp, "deps.txt"), "w") as f:
     f.write("\n".join(r for r in reqs if name(r) not in no_deps) + "\n")
 with open(os.path.join(tmp, "nodeps.txt"), "w") as f:

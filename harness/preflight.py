@@ -4,8 +4,11 @@
 clocks, power limit, persistence, compute and MIG mode), driver and CUDA versions, torch, Triton, Python, the
 compile-cache key factors (pieceworks.fingerprint) and the environment variables that change compiled code, and
 checks through NVML, before this process touches CUDA, that no other process holds memory or SM time on the GPU,
-then, under a short matmul load of its own, that the SM clock reaches its maximum (or --expect-sm-mhz, for
-runners with locked clocks) and no thermal, power-brake or hardware slowdown is active.
+then, under a short load of its own, that the SM clock reaches its maximum (or --expect-sm-mhz, for runners with
+locked clocks) and no thermal, power-brake or hardware slowdown is active. The load is launch-bound, like the
+benchmarks (small kernels back to back): a dense GEMM load would reach the board's power limit and lower the clock
+on a healthy GPU (seen on the lent H100: 1980 MHz falling to 1440 MHz after ~0.5 s of 4096^3 bf16 GEMMs, with no
+slowdown reason reported), which says nothing about the latency benchmarks, whose kernels never draw that power.
 
 Exit status: 0 ready; 1 no usable GPU (no CUDA device, NVML missing); 75 (EX_TEMPFAIL, try later) busy or
 throttled, with one line per finding. --allow-busy records the findings, warns, and exits 0: for a human who
@@ -162,20 +165,26 @@ def _read_idle(nvml, handle) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _read_under_load(nvml, handle, seconds: float) -> dict[str, Any]:
-    """SM clock and slowdown reasons sampled while bf16 matmuls of our own keep the GPU busy."""
+    """SM clock and slowdown reasons sampled while a launch-bound load of our own (small GEMMs and elementwise
+    kernels back to back, as in the latency benchmarks) keeps the GPU busy without reaching its power limit."""
     import torch
 
     reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+
+    def burst() -> None:
+        for _ in range(25):
+            (a @ b).mul_(0.5)
+
     for _ in range(20):  # let the clock ramp from idle
-        a @ b
+        burst()
     torch.cuda.synchronize()
     clocks, reasons = [], set()
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        for _ in range(50):
-            a @ b
+        burst()
+        torch.cuda.synchronize()  # the clock read belongs to this burst, not to a queue of earlier ones
         clocks.append(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
         reasons.update(_reasons(_call(reasons_fn, handle, default=0) or 0))
     torch.cuda.synchronize()
