@@ -11,12 +11,19 @@ dropping the last reference frees them (after `torch.cuda.synchronize()` and a g
 implementation of a model at a time: torch.compile-based adapters reset Dynamo when they build.
 
 Built in: `eager`; `inductor` (`torch.compile` defaults, no graphs); `reduce-overhead` (Inductor + CUDA-graph trees,
-one recording per size, no padding); `pieceworks-none|piecewise|full|full_and_piecewise`; `meta-pcg` (Meta's
-`piecewise-cuda-graphs`, the optional extra `pcg`: unavailable, with the reason, where it is not installed).
+one recording per size, no padding); `dynamo-cudagraphs` (`torch.compile(backend="cudagraphs")`: AOT eager + CUDA-graph
+trees, one recording per size); `make-graphed-callables` (`torch.cuda.make_graphed_callables`, one graphed callable
+per captured size, no padding); `pieceworks-none|piecewise|full|full_and_piecewise`; `meta-pcg` (Meta's
+`piecewise-cuda-graphs`, the optional extra `pcg`); `vllm` (vLLM's compilation backend, where `vllm` is importable).
+An adapter whose package is missing is unavailable, with the reason.
 
-Registry: `IMPLEMENTATIONS` maps a name to an `Implementation`; `resolve(spec)` takes a registered name or a
-`package.module:Attribute` path naming an `Implementation` instance or subclass, so users can point the harness at
-their own backend; `load_user_implementations()` registers the paths listed in $PIECEWORKS_IMPLEMENTATIONS
+`Implementation.contracts` maps a capability the implementation does not claim to why (its contract, not a bug), so a
+property that needs it is reported as not applicable with that reason; the keys "pool" and "compiles" say why
+`Built.pool` / `Built.capture_order` or `Built.compiles` are not observable.
+
+Registry: `IMPLEMENTATIONS` maps a name to an `Implementation`; `resolve(spec)` takes a registered name, a
+`package.module:Attribute` path or a `path/to/file.py:Attribute` path naming an `Implementation` instance or subclass,
+so users can point the harness at their own backend; `load_user_implementations()` registers the paths listed in $PIECEWORKS_IMPLEMENTATIONS
 (comma-separated), which is how the benchmarks pick them up.
 """
 
@@ -25,8 +32,11 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import hashlib
 import importlib
+import importlib.util
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,6 +74,7 @@ class Built:
     `pool`: the graph memory pool handle (`torch.cuda.graph_pool_handle()`), for per-pool allocator bytes.
     `capture_seconds`: wall time of the capture phase. `owner`: whatever must stay alive while `fn` is used.
     `capture_report`: the implementation's own account of its capture (pieceworks: `CompiledModel.capture()`).
+    `compiles`: how many pieces the build compiled afresh (a warm start from a compile cache: 0); None: not observable.
     """
 
     fn: Callable[..., Any]
@@ -72,6 +83,7 @@ class Built:
     capture_seconds: float | None = None
     owner: Any = None
     capture_report: dict[str, Any] | None = None  # what the implementation itself reported about its capture
+    compiles: int | None = None
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
@@ -82,6 +94,7 @@ class Implementation:
 
     name: str = "?"
     capabilities: Capabilities = Capabilities()
+    contracts: dict[str, str] = {}  # capability not claimed -> why (the implementation's contract)
 
     def unavailable_reason(self) -> str | None:
         """None when this implementation can run here; else why not (missing package, no CUDA)."""
@@ -101,6 +114,7 @@ class Implementation:
 
 class Eager(Implementation):
     name = "eager"
+    contracts = {"cuda_graphs": "runs the model eagerly: no CUDA graphs (the reference the others are compared with)"}
 
     def build(self, model, make_inputs, capture_sizes, splitting_ops):
         return Built(model)
@@ -120,6 +134,13 @@ class Pieceworks(Implementation):
             cuda_graphs=graphs, padding=graphs, piecewise=mode in ("PIECEWISE", "FULL_AND_PIECEWISE"),
             shared_pool=graphs, compile_cache=compiler == "inductor", needs_cuda=False,
         )
+        self.contracts = {}
+        if not graphs:
+            self.contracts.update(cuda_graphs="cudagraph_mode NONE: compiled pieces, no CUDA graphs",
+                                  padding="cudagraph_mode NONE: no graphs, nothing padded",
+                                  shared_pool="cudagraph_mode NONE: no graphs, no graph pool")
+        if compiler != "inductor":
+            self.contracts["compile_cache"] = f"compiler {compiler!r}: nothing compiled with Inductor, nothing cached"
 
     def build(self, model, make_inputs, capture_sizes, splitting_ops):
         import time
@@ -131,13 +152,15 @@ class Pieceworks(Implementation):
             cudagraph_capture_sizes=list(capture_sizes), cache_dir=self.cache_dir, **self.config,
         )
         compiled = pieceworks.compile(model, config)
+        before = pieceworks.counters.num_inductor_compiles + pieceworks.counters.num_eager_compiles
         compiled(*make_inputs(min(3, max(capture_sizes))))  # trace and compile
+        compiles = pieceworks.counters.num_inductor_compiles + pieceworks.counters.num_eager_compiles - before
         start = time.perf_counter()
         report = compiled.capture()
         seconds = time.perf_counter() - start
         runtime = compiled.runtime
         return Built(compiled, capture_order=list(runtime.capture_order) or None, pool=runtime.pool.handle,
-                     capture_seconds=seconds, owner=compiled, capture_report=report)
+                     capture_seconds=seconds, owner=compiled, capture_report=report, compiles=compiles)
 
 
 def _batch_of(args: Sequence[Any]) -> int:
@@ -148,11 +171,14 @@ def _batch_of(args: Sequence[Any]) -> int:
 
 
 def _cut(value: Any, batch: int, n: int) -> Any:
-    """`value` with every tensor whose dim 0 is the padded size `n` cut back to `batch` rows (tuples, lists too)."""
+    """`value` with every tensor whose dim 0 is the padded size `n` cut back to `batch` rows (tuples, lists and dicts
+    too)."""
     if isinstance(value, torch.Tensor):
         return value[:batch] if value.dim() > 0 and value.shape[0] == n else value
     if isinstance(value, (tuple, list)):
         return type(value)(_cut(v, batch, n) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, _cut(v, batch, n)) for k, v in value.items())
     return value
 
 
@@ -173,6 +199,7 @@ class Inductor(Implementation):
 
     name = "inductor"
     capabilities = Capabilities()
+    contracts = {"cuda_graphs": "torch.compile's defaults: Inductor kernels, no CUDA graphs"}
 
     def build(self, model, make_inputs, capture_sizes, splitting_ops):
         torch._dynamo.reset()
@@ -181,6 +208,20 @@ class Inductor(Implementation):
             for n in sorted(set(capture_sizes)):
                 compiled(*make_inputs(n))
         return Built(compiled, owner=compiled)
+
+
+def _record_per_size(compiled: Callable[..., Any], make_inputs: InputsMaker, sizes: list[int]) -> None:
+    """Call `compiled` three times at each size, largest first: CUDA-graph trees warm up, then record, per size."""
+    with torch.no_grad():
+        for n in sizes:
+            inputs = make_inputs(n)
+            for _ in range(3):
+                compiled(*inputs)
+    torch.cuda.synchronize()
+
+
+_PER_SIZE = "records one CUDA graph per batch size (a new size compiles and records when first called) instead of padding"
+_TREES_POOL = "CUDA-graph trees keep their pool private to torch: Built.pool is None, pool bytes are not observable"
 
 
 class ReduceOverhead(Implementation):
@@ -193,19 +234,66 @@ class ReduceOverhead(Implementation):
 
     name = "reduce-overhead"
     capabilities = Capabilities(cuda_graphs=True, shared_pool=True, needs_cuda=True)
+    contracts = {"padding": _PER_SIZE, "pool": _TREES_POOL}
 
     def build(self, model, make_inputs, capture_sizes, splitting_ops):
         torch._dynamo.reset()
         sizes = sorted(set(capture_sizes), reverse=True)
-        _raise_recompile_limit(len(sizes) + 2)
+        _raise_recompile_limit(len(sizes) + 8)
         compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+        _record_per_size(compiled, make_inputs, sizes)
+        return Built(compiled, owner=compiled)
+
+
+class DynamoCudagraphs(Implementation):
+    """`torch.compile(model, backend="cudagraphs", dynamic=False)`: Dynamo's CUDA-graph backend (AOT eager, no
+    Inductor, CUDA-graph trees). Like reduce-overhead: one trace and one recording per batch size, no padding."""
+
+    name = "dynamo-cudagraphs"
+    capabilities = Capabilities(cuda_graphs=True, shared_pool=True, needs_cuda=True)
+    contracts = {"padding": _PER_SIZE, "pool": _TREES_POOL}
+
+    def build(self, model, make_inputs, capture_sizes, splitting_ops):
+        torch._dynamo.reset()
+        sizes = sorted(set(capture_sizes), reverse=True)
+        _raise_recompile_limit(len(sizes) + 8)
+        compiled = torch.compile(model, backend="cudagraphs", dynamic=False)
+        _record_per_size(compiled, make_inputs, sizes)
+        return Built(compiled, owner=compiled)
+
+
+class GraphedCallables(Implementation):
+    """`torch.cuda.make_graphed_callables`: one graphed callable per captured size (each warmed up and captured by
+    torch, in a pool of its own), largest first; any other size runs the eager model. No padding, no compiler.
+
+    The model is passed as a plain function, so torch neither replaces its `forward` nor treats its parameters as
+    inputs (inference only). Every argument must be a tensor (make_graphed_callables' rule).
+    """
+
+    name = "make-graphed-callables"
+    capabilities = Capabilities(cuda_graphs=True, needs_cuda=True)
+    contracts = {
+        "padding": "one graphed callable per captured size; other sizes run eagerly: no padding",
+        "shared_pool": "each graphed callable captures into a pool of its own",
+    }
+
+    def build(self, model, make_inputs, capture_sizes, splitting_ops):
+        import time
+
+        sizes = sorted(set(capture_sizes), reverse=True)
+        graphed: dict[int, Callable[..., Any]] = {}
+        start = time.perf_counter()
         with torch.no_grad():
             for n in sizes:
-                inputs = make_inputs(n)
-                for _ in range(3):
-                    compiled(*inputs)
+                graphed[n] = torch.cuda.make_graphed_callables(lambda *args: model(*args), tuple(make_inputs(n)))
         torch.cuda.synchronize()
-        return Built(compiled, owner=compiled)
+        seconds = time.perf_counter() - start
+
+        def serve(*args: Any) -> Any:
+            fn = graphed.get(_batch_of(args))
+            return fn(*args) if fn is not None else model(*args)
+
+        return Built(serve, capture_order=sizes, capture_seconds=seconds, owner=graphed)
 
 
 class _NoGraphBreaks(torch.overrides.TorchFunctionMode):
@@ -306,6 +394,100 @@ class MetaPCG(Implementation):
         return Built(serve, capture_order=sizes, pool=pool, capture_seconds=seconds, owner=(captured, warmup_pool))
 
 
+def _vllm_model(model: torch.nn.Module, arity: int, support_torch_compile: Callable[..., Any], vllm_config: Any):
+    """`model` behind a module vLLM's `@support_torch_compile` can compile: forward takes `arity` tensors named
+    a0..a{arity-1}, each with its dim 0 (the token count) dynamic."""
+    names = [f"a{i}" for i in range(arity)]
+
+    class _Wrapped(torch.nn.Module):
+        def __init__(self, *, vllm_config: Any, prefix: str = "", inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, a0, a1=None, a2=None, a3=None):
+            return self.inner(*(a0, a1, a2, a3)[:arity])
+
+    if arity > 4:
+        raise ValueError(f"the vllm adapter takes models of at most 4 tensor arguments, not {arity}")
+    wrapped = support_torch_compile(dynamic_arg_dims={name: 0 for name in names})(_Wrapped)
+    return wrapped(vllm_config=vllm_config, prefix="", inner=model)
+
+
+class VLLM(Implementation):
+    """vLLM's compilation backend (`vllm.compilation`), driven as vLLM's own piecewise tests and model runner drive
+    it: the model behind `@support_torch_compile` under a `VllmConfig` with `CompilationMode.VLLM_COMPILE`,
+    `CUDAGraphMode.PIECEWISE`, the splitting ops and capture sizes given; each call under `set_forward_context` with
+    the runtime mode and a `BatchDescriptor(num_tokens=n)`.
+
+    Serving does what vLLM's model runner does: a batch of b rows is copied into persistent buffers (one max-size
+    buffer per argument), padded to the smallest capture size n >= b, run under PIECEWISE with num_tokens=n and cut
+    back to b rows; above the largest size it runs under runtime mode NONE (compiled, no graphs). `build` compiles
+    with one run under NONE, then captures each size largest first (vLLM's wrapper captures a size on first sight).
+    Written against vLLM's API as of its 0.11 line (`CompilationMode`, `set_forward_context(..., batch_descriptor)`).
+    """
+
+    name = "vllm"
+    capabilities = Capabilities(cuda_graphs=True, padding=True, piecewise=True, shared_pool=True, needs_cuda=True)
+    contracts = {
+        "pool": "vLLM captures into one graph pool global to the process (current_platform.get_global_graph_pool()):"
+                " not observable per model",
+        "compile_cache": "vLLM keeps its own compile cache (~/.cache/vllm/torch_compile_cache); this adapter does not"
+                         " observe its compiles",
+    }
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            import vllm  # noqa: F401
+        except ImportError as exc:
+            return (f"vllm is not importable here ({exc}). vLLM pins a torch build of its own and is installed from "
+                    "the network, so it is not installable on the lent GPU image (torch 2.11, no network). Fix: pip "
+                    "install vllm in an environment whose torch is the one vLLM pins, and run there")
+        return super().unavailable_reason()
+
+    def build(self, model, make_inputs, capture_sizes, splitting_ops):
+        import time
+
+        from vllm.compilation.decorators import support_torch_compile
+        from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode, VllmConfig, set_current_vllm_config
+        from vllm.forward_context import BatchDescriptor, set_forward_context
+
+        sizes = sorted(set(capture_sizes))
+        static = [a.clone() for a in make_inputs(sizes[-1])]
+        vllm_config = VllmConfig(compilation_config=CompilationConfig(
+            mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=CUDAGraphMode.PIECEWISE,
+            splitting_ops=list(splitting_ops), cudagraph_capture_sizes=sizes,
+        ))
+        with set_current_vllm_config(vllm_config):
+            compiled = _vllm_model(model, len(static), support_torch_compile, vllm_config)
+
+        def run(args: Sequence[Any], n: int | None) -> Any:
+            mode = CUDAGraphMode.NONE if n is None else CUDAGraphMode.PIECEWISE
+            descriptor = None if n is None else BatchDescriptor(num_tokens=n)
+            with set_current_vllm_config(vllm_config), set_forward_context(
+                    None, vllm_config, cudagraph_runtime_mode=mode, batch_descriptor=descriptor):
+                return compiled(*args)
+
+        def serve(*args: Any) -> Any:
+            batch = _batch_of(args)
+            i = bisect.bisect_left(sizes, batch)
+            if i == len(sizes):
+                return run(args, None)
+            n = sizes[i]
+            for buffer, a in zip(static, args):
+                buffer[:batch].copy_(a)
+            return _cut(run([s[:n] for s in static], n), batch, n)
+
+        start = time.perf_counter()
+        with torch.no_grad():
+            run(static, None)  # trace and compile
+            for n in reversed(sizes):
+                run([s[:n] for s in static], n)
+        if static[0].is_cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        return Built(serve, capture_order=list(reversed(sizes)), capture_seconds=seconds, owner=(compiled, static))
+
+
 IMPLEMENTATIONS: dict[str, Implementation] = {}
 
 
@@ -316,14 +498,43 @@ def register(impl: Implementation) -> Implementation:
 
 
 for _impl in [
-    Eager(), Inductor(), ReduceOverhead(), *(Pieceworks(m) for m in ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")),
-    MetaPCG(),
+    Eager(), Inductor(), ReduceOverhead(), DynamoCudagraphs(), GraphedCallables(),
+    *(Pieceworks(m) for m in ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")), MetaPCG(), VLLM(),
 ]:
     register(_impl)
 
 
+def _import_module(spec: str, module_name: str) -> Any:
+    """A module by dotted name, or by file path (`path/to/file.py`: loaded under its stem, once per path)."""
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = os.path.abspath(module_name)
+        if not os.path.isfile(path):
+            raise ImportError(f"implementation {spec!r}: no file {path}. Fix: name an existing .py file, or write "
+                              f"'package.module:Adapter'")
+        name = f"pieceworks_user_{os.path.basename(path)[:-3]}_{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+        if name not in sys.modules:
+            file_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(file_spec)
+            sys.modules[name] = module
+            try:
+                file_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+        return sys.modules[name]
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(
+            f"implementation {spec!r}: cannot import module {module_name!r} ({exc}). Fix: make it importable "
+            f"(installed, or its folder on PYTHONPATH) and write 'package.module:Adapter', or give its file: "
+            f"'path/to/file.py:Adapter'"
+        ) from exc
+
+
 def resolve(spec: str) -> Implementation:
-    """A registered name, or `package.module:Attribute` naming an `Implementation` instance or subclass."""
+    """A registered name, or `package.module:Attribute` or `path/to/file.py:Attribute` naming an `Implementation`
+    instance or subclass."""
     if spec in IMPLEMENTATIONS:
         return IMPLEMENTATIONS[spec]
     if ":" not in spec:
@@ -331,14 +542,8 @@ def resolve(spec: str) -> Implementation:
             f"unknown implementation {spec!r}; registered: {sorted(IMPLEMENTATIONS)}. Fix: pass one of those, or "
             f"'package.module:Adapter' for your own (a pieceworks.harness.implementations.Implementation)"
         )
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ImportError(
-            f"implementation {spec!r}: cannot import module {module_name!r} ({exc}). Fix: make it importable "
-            f"(installed, or its folder on PYTHONPATH) and write 'package.module:Adapter'"
-        ) from exc
+    module_name, _, attr = spec.rpartition(":")
+    module = _import_module(spec, module_name)
     try:
         target = getattr(module, attr)
     except AttributeError:
