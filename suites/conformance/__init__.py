@@ -1,0 +1,11 @@
+"""The conformance suite: one specification, any piecewise CUDA-graph implementation.
+
+Run from anywhere: `pytest --pyargs pieceworks.conformance [--impl NAME ...] [--conformance-json PATH]`. Each property
+runs for every selected implementation (an adapter of `pieceworks.harness.implementations`: a registered name, or your
+own as `package.module:Adapter` or `path/to/file.py:Adapter`) and every model of `cases.py` (SillyModel, ToyLlama,
+the closed-form tractable ToyLlama, a tiny random-weight Hugging Face Llama). A property needing a capability the
+implementation does not claim (`Capabilities`, `Implementation.contracts`) is reported "not applicable" with the
+reason; an implementation or model that cannot run here is "unavailable" with the reason. The properties (their table
+names, `subjects.PROPERTIES`) are in test_replay.py, test_padding.py, test_addresses.py, test_memory.py and
+test_compile_cache.py. `python -m pieceworks.harness.conformance_table PATH` turns the JSON into the table.
+"""

@@ -1,0 +1,73 @@
+"""Comparisons the properties share: outputs against eager, structure first, with dtype-appropriate tolerances."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+__all__ = ["CAPTURE_SIZES", "BATCHES", "assert_same", "clone", "main_tensor", "tolerances", "is_clear_error"]
+
+# Few capture sizes keep per-size compilers (reduce-overhead) quick; the served batches hit every captured size, sizes
+# between them (padded, or recorded anew), and one above the largest (no graph).
+CAPTURE_SIZES = [1, 4, 8]
+BATCHES = [1, 2, 4, 5, 8, 11]
+
+
+def tolerances(dtype: torch.dtype) -> dict[str, float]:
+    """rtol/atol for comparing an implementation with eager in `dtype` (compiled kernels fuse and reorder)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return {"rtol": 2e-2, "atol": 2e-2}
+    if dtype == torch.float64:
+        return {"rtol": 1e-7, "atol": 1e-7}
+    return {"rtol": 1e-4, "atol": 1e-4}
+
+
+def clone(value: Any) -> Any:
+    """A deep copy of an output structure's tensors (outputs are valid only until the next call)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(clone(v) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, clone(v)) for k, v in value.items())
+    return value
+
+
+def main_tensor(value: Any) -> torch.Tensor:
+    """The first tensor of an output structure (depth first, dicts in order)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    items = value.values() if isinstance(value, dict) else value
+    return next(main_tensor(v) for v in items)
+
+
+def assert_same(got: Any, expected: Any, where: str = "output") -> None:
+    """`got` has `expected`'s structure (types, keys, lengths), every tensor its shape and dtype, and its values within
+    `tolerances` (NaN equal to NaN: poisoned rows of the reference stay NaN)."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{where}: a {type(got).__name__}, eager gives a tensor"
+        assert got.shape == expected.shape, f"{where}: shape {tuple(got.shape)}, eager's {tuple(expected.shape)}"
+        assert got.dtype == expected.dtype, f"{where}: dtype {got.dtype}, eager's {expected.dtype}"
+        torch.testing.assert_close(got, expected, equal_nan=True, msg=lambda m: f"{where}: {m}",
+                                   **tolerances(expected.dtype))
+    elif isinstance(expected, dict):
+        assert isinstance(got, dict) and list(got) == list(expected), f"{where}: keys {list(got)}, eager's {list(expected)}"
+        for k in expected:
+            assert_same(got[k], expected[k], f"{where}[{k!r}]")
+    elif isinstance(expected, (tuple, list)):
+        assert type(got) is type(expected) and len(got) == len(expected), (
+            f"{where}: {type(got).__name__} of {len(got)}, eager gives {type(expected).__name__} of {len(expected)}")
+        for i, (g, e) in enumerate(zip(got, expected)):
+            assert_same(g, e, f"{where}[{i}]")
+    else:
+        assert got == expected, f"{where}: {got!r}, eager gives {expected!r}"
+
+
+_CLEAR = re.compile(r"input|address|argument|moved", re.IGNORECASE)
+
+
+def is_clear_error(exc: BaseException) -> bool:
+    """An error a caller can act on: it says which input or address is at fault."""
+    return bool(_CLEAR.search(str(exc)))

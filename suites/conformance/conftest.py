@@ -1,0 +1,169 @@
+"""Parametrisation, order and builds of the conformance suite (its options are registered by the pieceworks plugin).
+
+- Every test taking `subject` runs once per selected implementation x model (`--impl`, `--conformance-model`).
+- Tests run subject by subject (model, then implementation, then property), so each subject is built once
+  (`Builds`); the compile-cache tests of a model run after all its other tests, when every implementation has
+  written its cache entries.
+- With `--conformance-device cuda` (the default) every subject test is a gpu test with a timeout of 300 s (its
+  build included); without CUDA they are skipped with the plugin's reason.
+- No Dynamo reset between tests (it would invalidate torch.compile-based builds); calls run under no_grad; one
+  pieceworks cache directory for the session (what the warm-start property's fresh process reads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from pieceworks.harness import pytest_plugin
+from pieceworks.harness.strategies import register_profiles
+
+from .checks import BATCHES, CAPTURE_SIZES
+from .subjects import (PROPERTIES, Builds, Subject, impl_unavailable, not_applicable, not_observable, select,
+                       unavailable)
+
+register_profiles()
+
+_SUBJECTS = pytest.StashKey[list]()
+_BUILDS = pytest.StashKey[Builds]()
+_ORDER = list(PROPERTIES)
+
+
+def _device(config: pytest.Config) -> str:
+    return config.getoption("--conformance-device")
+
+
+def _subjects(config: pytest.Config) -> list[Subject]:
+    if _SUBJECTS not in config.stash:
+        try:
+            config.stash[_SUBJECTS] = select(config.getoption("--impl"), config.getoption("--conformance-model"))
+        except (KeyError, ImportError, AttributeError, TypeError, ValueError) as exc:
+            raise pytest.UsageError(f"pieceworks conformance: {exc}") from exc
+    return config.stash[_SUBJECTS]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "subject" in metafunc.fixturenames:
+        subjects = _subjects(metafunc.config)
+        metafunc.parametrize("subject", subjects, ids=[s.id for s in subjects])
+
+
+def _property_of(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("conformance")
+    if marker is None or marker.args[0] not in PROPERTIES:
+        raise pytest.UsageError(f"{item.nodeid}: a conformance test needs @pytest.mark.conformance(<one of "
+                                f"{list(PROPERTIES)}>)")
+    return marker.args[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    subjects = config.stash.get(_SUBJECTS, [])
+    rank = {s.id: i for i, s in enumerate(subjects)}
+    models = list(dict.fromkeys(s.case.name for s in subjects))
+    gpu = _device(config) == "cuda"
+
+    def key(item: pytest.Item) -> tuple:
+        subject = getattr(item, "callspec", None) and item.callspec.params.get("subject")
+        if subject is None:
+            return (-1,)
+        prop = _property_of(item)
+        return (models.index(subject.case.name), prop == "warm-start-compiles-nothing", rank[subject.id],
+                _ORDER.index(prop))
+
+    for item in items:
+        subject = getattr(item, "callspec", None) and item.callspec.params.get("subject")
+        if subject is None:
+            continue
+        item.user_properties.append((pytest_plugin.CONFORMANCE_KEY, {
+            "impl": subject.impl.name, "model": subject.case.name, "property": _property_of(item),
+            "fixtures": list(item.fixturenames)}))
+        if gpu:
+            item.add_marker(pytest.mark.gpu)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(300))
+    items.sort(key=key)
+    config.stash[pytest_plugin.CONFORMANCE_META] = _describe(config, subjects)
+
+
+def _describe(config: pytest.Config, subjects: list[Subject]) -> dict:
+    """The run, for the JSON: device, versions, capture sizes, implementations with capabilities and reasons."""
+    device = _device(config)
+    impls, cases = {}, {}
+    for s in subjects:
+        impls.setdefault(s.impl.name, {
+            "spec": s.spec, "capabilities": dataclasses.asdict(s.impl.capabilities), "contracts": dict(s.impl.contracts),
+            "unavailable": impl_unavailable(s.impl, device),
+        })
+        cases.setdefault(s.case.name, {"splitting_ops": list(s.case.splitting_ops), "unavailable": s.case.unavailable()})
+    cuda = torch.cuda.is_available()
+    return {
+        "device": device,
+        "gpu": torch.cuda.get_device_name() if cuda and device == "cuda" else None,
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "capture_sizes": CAPTURE_SIZES, "batches": BATCHES,
+        "properties": {name: text for name, (_, text) in PROPERTIES.items()},
+        "implementations": impls, "models": cases,
+    }
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo_and_cache():
+    """Overrides the repository's fixture of this name: no Dynamo reset between tests (builds outlive a test)."""
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory):
+    """One pieceworks cache for the session, unless $PIECEWORKS_CACHE_DIR names one (the warm start reads it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PIECEWORKS_CACHE_DIR", str(tmp_path_factory.mktemp("pieceworks-cache")))
+        patch.delenv("PIECEWORKS_DISABLE_CACHE", raising=False)
+        yield os.environ["PIECEWORKS_CACHE_DIR"]
+
+
+@pytest.fixture(scope="session")
+def builds(request) -> Builds:
+    value = Builds(_device(request.config))
+    yield value
+    value.drop()
+
+
+@pytest.fixture
+def device(request) -> str:
+    return _device(request.config)
+
+
+@pytest.fixture
+def selected(request) -> list[Subject]:
+    """Every subject of this run."""
+    return _subjects(request.config)
+
+
+@pytest.fixture
+def served(request, subject: Subject, builds: Builds, device: str):
+    """(eager model, build) of the subject, after the checks that make the test's property not applicable or the
+    subject unavailable (each a skip whose reason starts with "not applicable:" / "unavailable:")."""
+    prop = _property_of(request.node)
+    reason = unavailable(subject, device)
+    if reason:
+        pytest.skip(f"unavailable: {reason}")
+    reason = not_applicable(subject, prop, device)
+    if reason:
+        pytest.skip(f"not applicable: {reason}")
+    if prop == "warm-start-compiles-nothing":  # needs a build this session (its cache entries), not the current one
+        if subject.id not in builds.compiles:
+            builds.get(subject)
+        if builds.compiles[subject.id] is None:
+            pytest.skip(f"not applicable: {subject.impl.name}: "
+                        f"{subject.impl.contracts.get('compiles', 'Built.compiles is None: compiles not observable')}")
+        return None
+    model, built = builds.get(subject)
+    reason = not_observable(subject, prop, built)
+    if reason:
+        pytest.skip(f"not applicable: {reason}")
+    return model, built

@@ -1,0 +1,171 @@
+"""What the conformance suite tests: subjects (implementation x model), which properties apply to each, and builds.
+
+- `PROPERTIES`: each property's table name -> (capabilities it needs, what it checks). A subject whose
+  implementation lacks a needed capability gets "not applicable: <why>" (`not_applicable`), the why taken from the
+  adapter's `contracts` where it states one.
+- `Builds`: one build at a time, shared by every property of a subject (tests are ordered subject by subject).
+  torch.compile-based adapters reset Dynamo when they build, which would invalidate an earlier build, so building
+  another subject drops the current one.
+- `warm_start_case`: the compile-cache property's fresh process (run by `scenario.run_case`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from typing import Any
+
+import torch
+
+from pieceworks.harness.implementations import IMPLEMENTATIONS, Built, Implementation, load_user_implementations, resolve
+
+from .cases import CASES, ModelCase
+from .checks import CAPTURE_SIZES
+
+__all__ = ["PROPERTIES", "Subject", "select", "impl_unavailable", "unavailable", "not_applicable", "not_observable",
+           "Builds", "warm_start_case"]
+
+PROPERTIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "replay-matches-eager": ((), "any batch sequence (captured, between, above) gives eager's outputs, padding "
+                                 "rows poisoned with NaN/inf first"),
+    "outputs-cut-to-batch": (("padding",), "a padded call's outputs have eager's structure and batch-sized shapes"),
+    "poison-stays-in-its-rows": (("padding",), "rows poisoned in one call never reach a later call's real rows"),
+    "moved-inputs-never-stale": (("cuda_graphs",), "an input that moves or changes in place between calls gives "
+                                                   "fresh results or a clear error, never stale ones"),
+    "capture-largest-first": (("shared_pool",), "sizes are captured largest first into the shared pool"),
+    "one-pool-for-all-sizes": (("shared_pool",), "the pool of every size holds <= 1.05x the largest size alone"),
+    "replays-grow-no-memory": (("cuda_graphs",), "hundreds of replays of random sizes grow no reserved bytes"),
+    "warm-start-compiles-nothing": (("compile_cache",), "a fresh process with the cache compiles nothing"),
+}
+
+_MEANING = {
+    "cuda_graphs": "replays CUDA graphs", "padding": "pads a batch to a captured size",
+    "shared_pool": "captures every size into one pool", "compile_cache": "keeps an on-disk compile cache",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Subject:
+    spec: str  # how it was named: a registered name or a path (what a fresh process resolves again)
+    impl: Implementation
+    case: ModelCase
+
+    @property
+    def id(self) -> str:
+        return f"{self.impl.name}@{self.case.name}"
+
+
+def select(impl_specs: list[str], model_names: list[str]) -> list[Subject]:
+    """Subjects for the given specs and model names; empty lists mean every registered implementation (users' ones
+    from $PIECEWORKS_IMPLEMENTATIONS included) and every model. Raises ValueError naming an unknown model."""
+    load_user_implementations()
+    specs = impl_specs or list(IMPLEMENTATIONS)
+    unknown = [m for m in model_names if m not in CASES]
+    if unknown:
+        raise ValueError(f"unknown conformance model(s) {unknown}; the suite has {list(CASES)}")
+    impls = [(spec, resolve(spec)) for spec in dict.fromkeys(specs)]
+    return [Subject(spec, impl, CASES[m]) for m in (model_names or list(CASES)) for spec, impl in impls]
+
+
+def impl_unavailable(impl: Implementation, device: str) -> str | None:
+    """Why the implementation cannot run here, or None."""
+    if device == "cpu" and impl.capabilities.needs_cuda:
+        return f"{impl.name} needs CUDA; this run is --conformance-device cpu"
+    return impl.unavailable_reason()
+
+
+def unavailable(subject: Subject, device: str) -> str | None:
+    """Why the subject cannot run here (the implementation or the model), or None."""
+    return impl_unavailable(subject.impl, device) or subject.case.unavailable()
+
+
+def _why_not(impl: Implementation, key: str, fallback: str) -> str:
+    return f"{impl.name}: {impl.contracts.get(key) or fallback}"
+
+
+def not_applicable(subject: Subject, prop: str, device: str) -> str | None:
+    """Why `prop` does not apply to the subject, before building it (capabilities, device), or None."""
+    impl = subject.impl
+    for capability in PROPERTIES[prop][0]:
+        if not getattr(impl.capabilities, capability):
+            return _why_not(impl, capability, f"does not claim {capability} ({_MEANING[capability]})")
+    if device != "cuda" and prop in ("one-pool-for-all-sizes", "replays-grow-no-memory"):
+        return "memory properties read the CUDA caching allocator; this run is --conformance-device cpu"
+    return None
+
+
+def not_observable(subject: Subject, prop: str, built: Built) -> str | None:
+    """Why `prop` cannot be checked on this build (what the adapter does not expose), or None."""
+    impl = subject.impl
+    if prop == "capture-largest-first" and built.capture_order is None:
+        return _why_not(impl, "pool", "Built.capture_order is None: the capture order is not observable")
+    if prop == "one-pool-for-all-sizes" and built.pool is None:
+        return _why_not(impl, "pool", "Built.pool is None: the graph pool is not observable")
+    return None
+
+
+def make_inputs(case: ModelCase, device: str):
+    return lambda batch: case.inputs(batch, batch, torch.device(device))
+
+
+class Builds:
+    """The current build (one subject at a time) and the subjects built at least once this session."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.key: str | None = None
+        self.current: tuple[torch.nn.Module, Built] | None = None
+        self.compiles: dict[str, int | None] = {}  # subject id -> Built.compiles of its (first) build this session
+        self.failed: dict[str, str] = {}
+
+    def get(self, subject: Subject) -> tuple[torch.nn.Module, Built]:
+        """(eager model, build) for `subject`, built now unless it is the current one."""
+        if subject.id in self.failed:
+            raise RuntimeError(f"building {subject.id} failed earlier in this session: {self.failed[subject.id]}")
+        if self.key != subject.id:
+            self.drop()
+            case = subject.case
+            try:
+                model = case.make(torch.device(self.device))
+                with torch.no_grad():
+                    built = subject.impl.build(model, make_inputs(case, self.device), CAPTURE_SIZES,
+                                               list(case.splitting_ops))
+            except Exception as exc:
+                self.failed[subject.id] = f"{type(exc).__name__}: {exc}"[:500]
+                raise
+            self.key, self.current = subject.id, (model, built)
+            self.compiles.setdefault(subject.id, built.compiles)
+        return self.current
+
+    def drop(self) -> None:
+        """Forget the current build and free what it held."""
+        self.key, self.current = None, None
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+
+def warm_start_case(specs: list[str], model: str, device: str) -> dict[str, Any]:
+    """In a fresh process (the cache directory from $PIECEWORKS_CACHE_DIR): build `model` with each implementation
+    in `specs` and report, per spec, the pieces it compiled afresh, how many outputs matched eager, or its error."""
+    from .checks import BATCHES, assert_same
+
+    load_user_implementations()
+    case = CASES[model]
+    report: dict[str, Any] = {}
+    for spec in specs:
+        try:
+            eager = case.make(torch.device(device))
+            with torch.no_grad():
+                built = resolve(spec).build(eager, make_inputs(case, device), CAPTURE_SIZES, list(case.splitting_ops))
+                for batch in BATCHES:
+                    args = case.inputs(batch, 7 + batch, torch.device(device))
+                    assert_same(built(*args), eager(*args), f"batch {batch}")
+            report[spec] = {"compiles": built.compiles, "checked": len(BATCHES), "error": None}
+        except Exception as exc:  # noqa: BLE001 - reported per spec, the others still run
+            report[spec] = {"compiles": None, "checked": 0, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        finally:
+            built = eager = None
+            gc.collect()
+    return report

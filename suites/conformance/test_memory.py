@@ -1,0 +1,73 @@
+"""Memory (implementations that claim a shared pool, or CUDA graphs), on the CUDA caching allocator.
+
+- capture-largest-first: the build captured its sizes largest first (smaller sizes then reuse the blocks the larger
+  ones freed); needs an observable `Built.capture_order`.
+- one-pool-for-all-sizes: the pool holding every captured size has at most 1.05x the bytes of a build capturing the
+  largest size alone; needs an observable `Built.pool`. (The suite's models are small: their pools are a few small-
+  block segments; test_pool_gpu.py measures pieceworks on a model whose pools are hundreds of MiB.)
+- replays-grow-no-memory: a stream of random sizes (captured, padded, above), served once to warm the allocator, then
+  again: reserved bytes (and the pool's, where observable) are the same after as before; outputs stay eager's.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+
+import pytest
+import torch
+
+from pieceworks.harness.memory import pool_bytes
+
+from .checks import BATCHES, CAPTURE_SIZES, assert_same, clone
+from .subjects import make_inputs
+
+
+@pytest.mark.conformance("capture-largest-first")
+def test_sizes_are_captured_largest_first(served):
+    _, built = served
+    assert built.capture_order == sorted(CAPTURE_SIZES, reverse=True)
+
+
+@pytest.mark.conformance("one-pool-for-all-sizes")
+def test_one_pool_for_all_sizes_costs_no_more_than_the_largest_alone(subject, served, builds, device):
+    model, built = served
+    shared = pool_bytes(built.pool)
+    try:
+        alone = subject.impl.build(model, make_inputs(subject.case, device), [max(CAPTURE_SIZES)],
+                                   list(subject.case.splitting_ops))
+        torch.cuda.synchronize()
+        largest = pool_bytes(alone.pool)
+    finally:
+        builds.drop()  # a second build may have reset Dynamo under the first: build again for later tests
+    assert largest > 0, "capturing the largest size alone put nothing in its pool"
+    assert shared <= 1.05 * largest, (
+        f"one pool for sizes {CAPTURE_SIZES} holds {shared / 2**20:.2f} MiB, the largest size alone "
+        f"{largest / 2**20:.2f} MiB: smaller sizes should reuse the blocks the larger ones freed")
+
+
+@pytest.mark.conformance("replays-grow-no-memory")
+def test_replays_of_random_sizes_grow_no_memory(subject, served, device):
+    model, built = served
+    case = subject.case
+    args = {b: case.inputs(b, 8000 + b, device) for b in BATCHES}
+    expected = {b: model(*clone(args[b])) for b in BATCHES}
+    rng = random.Random(0)
+    stream = [rng.choice(BATCHES) for _ in range(300)]
+
+    def measure():
+        gc.collect()
+        torch.cuda.synchronize()
+        return {"reserved": torch.cuda.memory_reserved(),
+                "pool": pool_bytes(built.pool) if built.pool is not None else None}
+
+    for batch in stream:  # warm: every size served once, every recording made
+        built(*args[batch])
+    before = measure()
+    for i, batch in enumerate(stream):
+        out = built(*args[batch])
+        if i % 25 == 0:
+            assert_same(out, expected[batch], f"call {i} (batch {batch})")
+    del out
+    after = measure()
+    assert after == before, f"allocator bytes before {before}, after {len(stream)} more calls {after}"

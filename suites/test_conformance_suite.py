@@ -1,0 +1,85 @@
+"""The conformance suite end to end, on a CPU, as a user runs it: `pytest --pyargs pieceworks.conformance` from
+another directory, with adapters from a file of the user's (`--impl path/to/file.py:Class`), then the table.
+
+The user's file holds two adapters that pad on the CPU (eager model on static buffers): `Padding`, correct, and
+`Uncut`, which forgets to cut outputs back to the batch. The run must pass Padding's applicable properties, fail
+Uncut's with a minimal example, report every other property as not applicable with the reason, write the JSON,
+and the table must show all of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from pieceworks.harness import conformance_table
+
+ADAPTERS = textwrap.dedent('''
+    import bisect
+
+    import torch
+
+    from pieceworks.harness.implementations import Built, Capabilities, Implementation
+
+
+    class Padding(Implementation):
+        """Pads each batch to the next capture size in static buffers and runs the eager model there."""
+
+        name = "user-padding"
+        capabilities = Capabilities(padding=True)
+        cut = True
+
+        def build(self, model, make_inputs, capture_sizes, splitting_ops):
+            sizes = sorted(capture_sizes)
+            static = [a.clone() for a in make_inputs(sizes[-1])]
+
+            def serve(*args):
+                batch = args[0].shape[0]
+                i = bisect.bisect_left(sizes, batch)
+                if i == len(sizes):
+                    return model(*args)
+                n = sizes[i]
+                for buffer, a in zip(static, args):
+                    buffer[:batch].copy_(a)
+                out = model(*[s[:n] for s in static])
+                return out[:batch] if self.cut else out
+
+            return Built(serve)
+
+
+    class Uncut(Padding):
+        name = "user-uncut"
+        cut = False
+''')
+
+
+def test_a_users_adapters_run_through_the_installed_suite_and_make_a_table(tmp_path):
+    (tmp_path / "my_adapters.py").write_text(ADAPTERS)
+    out = tmp_path / "run.json"
+    env = {**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "pieceworks.conformance", "-q", "-p", "no:cacheprovider",
+         "--conformance-device", "cpu", "--conformance-model", "silly", "--conformance-model", "toy-llama",
+         "--impl", "my_adapters.py:Padding", "--impl", f"{tmp_path / 'my_adapters.py'}:Uncut",
+         "--conformance-json", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # Uncut fails, nothing else goes wrong
+    assert "pieceworks conformance" in proc.stdout and "n/a: user-padding: does not claim" in proc.stdout
+    document = json.loads(out.read_text())
+    outcomes = {(r["impl"], r["model"], r["property"]): r for r in document["results"]}
+    assert len(outcomes) == 2 * 2 * len(document["meta"]["properties"])
+    for model in ["silly", "toy-llama"]:
+        for prop in ["replay-matches-eager", "outputs-cut-to-batch", "poison-stays-in-its-rows"]:
+            assert outcomes["user-padding", model, prop]["outcome"] == "pass", outcomes["user-padding", model, prop]
+            failed = outcomes["user-uncut", model, prop]
+            assert failed["outcome"] == "fail" and "shape" in failed["example"], failed
+        moved = outcomes["user-padding", model, "moved-inputs-never-stale"]
+        assert moved["outcome"] == "n/a" and "does not claim cuda_graphs" in moved["reason"]
+    example = outcomes["user-uncut", "silly", "replay-matches-eager"]["example"]
+    assert "example: test_replay_matches_eager" in example and "    sequence=[" in example and "served=" not in example
+    table = conformance_table.render(document)
+    assert "| user-padding | pass | pass | pass | n/a [" in table and "| user-uncut | **FAIL** |" in table
+    assert "### user-uncut / toy-llama / outputs-cut-to-batch (fail)" in table
