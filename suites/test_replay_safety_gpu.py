@@ -119,15 +119,17 @@ def test_caller_inputs_that_move_raise_or_are_right_never_stale(program, sizes, 
     the one captured (`move`) must raise or be right; called with the captured buffer it replays. The capture phase
     runs on the `Runtime` the backend returned to Dynamo, through Dynamo, from slices of one static buffer."""
     torch._dynamo.reset()
-    # One more output computed from x: a program that only returns its input has nothing to capture (found on the
-    # H100: `((sin x,), (x,))` with PIECEWISE, whose graph is `return x`), and the property needs replays.
+    # One more output computed from x: a program that only returns its input has nothing to capture (its graph is
+    # `return x`), and the property needs replays.
     module = _OneInput(S.with_extra_output(program)).cuda()
     config = CompilationConfig(splitting_ops=["silly::attention"], compiler="eager", cudagraph_mode=mode,
                                cudagraph_capture_sizes=sizes)
     backend = pieceworks.Backend(config)
     fn = torch.compile(module, backend=backend, fullgraph=True, dynamic=False,
                        options={"guard_filter_fn": lambda entries: [False] * len(entries)})
-    static = _inputs(max(sizes))[0]
+    # At least 3 rows, whatever the sizes: the tracing call must have a batch >= 2, or Dynamo specialises the batch
+    # to 1 and no later call has a batch size to capture (found on the H100 with sizes=[1]).
+    static = _inputs(max(*sizes, 3))[0]
     first = static[:3].clone()
     torch._dynamo.mark_dynamic(first, 0)
     fn(first)

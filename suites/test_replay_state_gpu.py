@@ -93,3 +93,26 @@ class ServingMachine(RuleBasedStateMachine):
 
 ServingMachine.TestCase.settings = S.gpu_settings(fraction=5, stateful_step_count=12)
 test_serving_any_sequence_matches_eager = ServingMachine.TestCase
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL"])
+def test_weights_loaded_in_place_reach_every_captured_size(mode):
+    """A weight update in place (new values written into the parameters) is read by every captured graph's next
+    replay: graphs read the parameters' own memory, never a copy taken at capture. The deterministic core of the
+    state machine's `load_weights` rule, which a short random run may not reach."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = models.ToyLlama(CONFIG).cuda()
+    compiled = pieceworks.compile(model, CompilationConfig(
+        splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_mode=mode, cudagraph_capture_sizes=[4, 8]))
+    compiled(*_inputs(3, seed=0))
+    compiled.capture()
+    assert sorted(compiled.runtime.replays) == [4, 8], "both sizes captured: the calls below replay"
+    generator = torch.Generator().manual_seed(1)
+    for round_ in range(2):
+        for param in model.parameters():
+            param.add_((torch.randn(param.shape, generator=generator) * 0.05).to(param.device))
+        for batch in (3, 8):
+            args = _inputs(batch, seed=10 * round_ + batch)
+            torch.testing.assert_close(compiled(*args), model(*args), **TOLERANCE,
+                                       msg=f"{mode}, weights set #{round_ + 1}, batch {batch}")
