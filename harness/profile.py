@@ -73,3 +73,78 @@ def kernel_profile(fn: Callable[[], Any], calls: int = 5, top: int = 5) -> dict[
             for name, (us, count) in ranked[:top]
         ],
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Time, then profile, implementations side by side in one process (CUDA): the numbers behind a latency ratio.
+
+    `python -m pieceworks.harness.profile --impl pieceworks-full --impl reduce-overhead [--model toy_llama|silly]
+    [--layers 12] [--dtype bfloat16] [--batches 8 64 512] [--out FILE.json]`. Each implementation is built once
+    (padding ones capture vLLM's sizes up to the largest batch, the others the batches themselves), every batch is
+    timed (CUDA events, median and IQR of 200 calls after 20), and only then profiled (a profiler session leaves
+    CUPTI loaded, so no timing follows one). Prints per batch: each implementation's median, its ratio to the first
+    implementation, its kernel µs per forward, GPU busy share and top kernels.
+    """
+    import argparse
+    import json
+
+    from pieceworks import default_capture_sizes
+
+    from . import models
+    from .implementations import load_user_implementations, resolve
+    from .timing import cuda_time_us
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("--impl", action="append", required=True, help="implementation name or module:Adapter")
+    parser.add_argument("--model", choices=["toy_llama", "silly"], default="toy_llama")
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batches", type=int, nargs="+", default=[8, 64, 512])
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs CUDA: torch sees no CUDA device")
+    load_user_implementations()
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    if args.model == "silly":
+        model = models.SillyModel().cuda().to(dtype)
+        make_inputs = lambda b: (torch.randn(b, generator=torch.Generator().manual_seed(b)).to("cuda", dtype),)  # noqa: E731
+    else:
+        config = models.ToyLlamaConfig(num_layers=args.layers)
+        model = models.ToyLlama(config).to("cuda", dtype)
+        make_inputs = lambda b: models.toy_llama_inputs(b, config, device="cuda", seed=b)  # noqa: E731
+    batches = sorted(set(args.batches))
+    built, report = {}, {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
+                         "layers": args.layers, "dtype": args.dtype, "batches": batches, "timings": {}, "profiles": {}}
+    with torch.no_grad():
+        for name in args.impl:
+            impl = resolve(name)
+            sizes = default_capture_sizes(max(batches)) if impl.capabilities.padding else batches
+            built[name] = impl.build(model, make_inputs, sizes, models.SPLITTING_OPS)
+            for b in batches:
+                inputs = make_inputs(b)
+                report["timings"][f"{name}|{b}"] = cuda_time_us(lambda: built[name](*inputs))
+        for name in args.impl:
+            for b in batches:
+                inputs = make_inputs(b)
+                report["profiles"][f"{name}|{b}"] = kernel_profile(lambda: built[name](*inputs), calls=3)
+    first = args.impl[0]
+    for b in batches:
+        base = report["timings"][f"{first}|{b}"]["median_us"]
+        for name in args.impl:
+            t, p = report["timings"][f"{name}|{b}"], report["profiles"][f"{name}|{b}"]
+            tops = "; ".join(f"{k['name'][:60]} {k['us_per_call']:.1f} us x{k['calls_per_call']:.0f}" for k in p["top"][:3])
+            print(f"batch {b:4d} {name:24s} {t['median_us']:8.1f} us (IQR {t['iqr_us']:.1f}) "
+                  f"{t['median_us'] / base:5.2f}x {first} | kernels {p['device_us_per_call']:.0f} us "
+                  f"({p['device_us_per_call'] / t['median_us']:.0%} busy) | {tops}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -12,6 +12,11 @@ from pieceworks.harness.strategies import register_profiles
 
 register_profiles()
 
+# The conformance suite runs on its own (`pytest --pyargs pieceworks.conformance`, or `pytest suites/conformance`):
+# it builds every implementation x model and would take minutes of `pytest suites -m gpu`, whose own GPU tests cover
+# pieceworks. Its CPU tests (suites/test_conformance_*.py) run with the rest.
+collect_ignore = ["conformance"]
+
 # One Inductor cache for the whole session, never a developer's ~/.cache or a previous run's leftovers.
 # Assigned, not setdefault: importing torch already sets it (to the machine-wide /tmp/torchinductor_<user>).
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="pieceworks-tests-inductor-")

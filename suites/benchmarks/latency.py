@@ -3,8 +3,9 @@
 Each class's `setup_cache` builds one implementation at a time on the same model (vLLM's 51 capture sizes up to
 512 for implementations that pad; the timed sizes themselves for those that do not), checks its output against
 the eager model, and times batches 1, 2, 8, 64, 256 and 512 with CUDA events after 20 warm-up calls (200
-samples: median and interquartile range, in µs). ToyLlama classes then profile eager, pieceworks PIECEWISE and
-Meta pcg once per batch size, after every timing (torch.profiler: which kernels dominate; written to the details
+samples: median and interquartile range, in µs). ToyLlama classes then profile eager, pieceworks PIECEWISE, Meta
+pcg, pieceworks FULL and reduce-overhead (both sides of each target ratio) once per batch size, after every timing
+(torch.profiler: which kernels dominate; written to the details
 file; a profiler session leaves CUPTI loaded, so no timing follows one). All numbers
 of a class come from one process, so the report's ratios (PIECEWISE / Meta pcg, FULL / reduce-overhead) compare
 numbers measured side by side.
@@ -18,7 +19,7 @@ from . import _shared
 from ._shared import BATCHES, GPU_TIMEOUT, IMPLEMENTATIONS
 
 REPS = 200
-PROFILED = ["eager", "pieceworks-piecewise", "meta-pcg"]
+PROFILED = ["eager", "pieceworks-piecewise", "meta-pcg", "pieceworks-full", "reduce-overhead"]
 
 
 def measure(model_name: str, dtype: str) -> dict:
