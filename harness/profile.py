@@ -115,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         model = models.ToyLlama(config).to("cuda", dtype)
         make_inputs = lambda b: models.toy_llama_inputs(b, config, device="cuda", seed=b)  # noqa: E731
     batches = sorted(set(args.batches))
+    import datetime
+    import os
+
     built, report = {}, {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
+                         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                         "commit": os.environ.get("PIECEWORKS_COMMIT"),  # the tree measured, where the caller knows it
                          "layers": args.layers, "dtype": args.dtype, "batches": batches, "timings": {}, "profiles": {}}
     with torch.no_grad():
         for name in args.impl:

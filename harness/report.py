@@ -6,6 +6,8 @@
 - the details the suites wrote beside them (`results/bench/NAME/*.json`: environment, skip reasons, errors
   against eager, kernel profiles);
 - pytest-benchmark's JSON of the host-overhead suite (`results/bench/NAME/host_overhead.json`), if present;
+- side-by-side profiles (`results/bench/NAME/profile_*.json`, `python -m pieceworks.harness.profile --out`), which
+  explain a target's misses where the latency run profiled only one side of the ratio;
 and writes `results/bench/NAME/REPORT.md` and `results/bench/NAME/plots/*.png` (matplotlib; without it, the
 tables only). Every ratio is computed from numbers of the same run. Nothing is measured here.
 """
@@ -153,9 +155,30 @@ class Report:
             note = "; ".join(self._profile_note(d, b, what) for _, d, b in sorted(misses, reverse=True)[:3])
             self.targets.append((label, measured, _verdict(not misses), note))
 
+    def _side_by_side(self, dtype: str, batch: int, impls: tuple[str, str]) -> str | None:
+        """Both sides of a ratio from one side-by-side profile file (same dtype and batch), or None."""
+        for doc in self._profile_files():
+            first, second = (f"{i}|{batch}" for i in impls)
+            if doc.get("dtype") != dtype or not all(k in doc["profiles"] for k in (first, second)):
+                continue
+            parts = []
+            for key in (first, second):
+                prof, med = doc["profiles"][key], doc["timings"][key]["median_us"]
+                parts.append(f"{key.split('|')[0]} {med:.0f} µs, kernels {prof['device_us_per_call']:.0f} µs "
+                             f"({100 * prof['device_us_per_call'] / med:.0f}% busy)")
+            return f"{dtype} b{batch} (side-by-side profile): " + " vs ".join(parts)
+        return None
+
+    def _profile_files(self) -> list[dict]:
+        return [d for name, d in sorted(self.details.items()) if name.startswith("profile_") and "profiles" in d]
+
     def _profile_note(self, dtype: str, batch: int, impls: tuple[str, str]) -> str:
         profiles = self.details.get(f"latency_toy_llama_{dtype}", {}).get("profiles", {})
         entries = self.details.get(f"latency_toy_llama_{dtype}", {}).get("entries", {})
+        if not all(f"{i}|{batch}" in profiles for i in impls):
+            found = self._side_by_side(dtype, batch, impls)
+            if found is not None:
+                return found
         parts = []
         for impl in (impls[0], impls[1], "eager"):
             prof = profiles.get(f"{impl}|{batch}")
@@ -171,7 +194,7 @@ class Report:
         return f"{dtype} b{batch}: " + ("; ".join(parts) if parts else "no profile recorded")
 
     def _profiles(self) -> None:
-        rows = []
+        rows, side = [], []
         for dtype in ("bfloat16", "float32"):
             profiles = self.details.get(f"latency_toy_llama_{dtype}", {}).get("profiles", {})
             for key, prof in sorted(profiles.items(), key=lambda kv: (kv[0].split("|")[0], int(kv[0].split("|")[1]))):
@@ -184,6 +207,14 @@ class Report:
                             f"{100 * prof['library_share']:.0f}%{' (library dominates)' if dominated else ''} | "
                             f"`{top['name'][:70]}` {top['us_per_call'] / max(top['calls_per_call'], 1):.1f} µs × "
                             f"{top['calls_per_call']:.0f} |")
+        for doc in self._profile_files():
+            for key, prof in doc["profiles"].items():
+                impl, batch = key.split("|")
+                med = doc["timings"][key]["median_us"]
+                kernels = "; ".join(f"`{k['name'][:48]}` {k['us_per_call']:.1f} µs × {k['calls_per_call']:.0f}"
+                                    for k in prof["top"][:4])
+                side.append(f"| {doc['dtype']} | {impl} | {batch} | {med:.1f} | {prof['device_us_per_call']:.0f} | "
+                            f"{100 * prof['device_us_per_call'] / med:.0f}% | {kernels} |")
         if rows:
             self.lines += ["### Kernel profiles (torch.profiler, once per size; ToyLlama)", "",
                            "GPU kernel µs per forward, the share of library GEMM/GEMV kernels (cuBLAS, cuBLASLt, "
@@ -191,6 +222,16 @@ class Report:
                            "dominates that size), and the top kernel (µs per call × calls per forward).", "",
                            "| dtype | implementation | batch | kernel µs | library share | top kernel |",
                            "|---|---|---:|---:|---:|---|", *rows, ""]
+        if side:
+            self.lines += ["### Side-by-side profiles (`python -m pieceworks.harness.profile`; ToyLlama 12 layers)", "",
+                           "Both sides of a target ratio built, timed (CUDA events, median of 200) and then profiled in "
+                           "one process; kernel µs = GPU kernel time per forward (graph replays included); busy = "
+                           "kernel time / median. The top kernels: µs per forward × launches per forward. Runs: "
+                           + "; ".join(f"{d.get('device')}, torch {d.get('torch')}, {d.get('date') or 'date: see results/README.md'}"
+                                       f"{', commit ' + d['commit'][:12] if d.get('commit') else ''}"
+                                       for d in self._profile_files()) + ".", "",
+                           "| dtype | implementation | batch | median µs | kernel µs | busy | top kernels |",
+                           "|---|---|---:|---:|---:|---:|---|", *side, ""]
 
     # ---- memory and capture ---------------------------------------------------------------------------------
     def memory(self) -> None:
@@ -274,7 +315,9 @@ class Report:
                 continue
             gpu_rows.append(info | {"wall_us": bench["stats"]["median"] * 1e6, "test": bench["name"]})
         if gpu_rows:
-            self.lines += ["pytest-benchmark (`suites/test_host_overhead.py`): forward and the pieces' own work "
+            self.lines += [f"Run {(pytest_benchmark or {}).get('datetime', '?')[:19]} UTC (see results/README.md for the "
+                           "commit). "
+                           "pytest-benchmark (`suites/test_host_overhead.py`): forward and the pieces' own work "
                            "timed alone (graph replays, splitting ops called directly) with CUDA events; overhead = "
                            "forward − work (negative where host work overlaps GPU work). Wall = pytest-benchmark's "
                            "synchronised clock, 20 forwards a round.", "",

@@ -28,6 +28,7 @@ SOURCE = REPO / "suites" / "data" / "asv_sample"  # written by asv 0.6.6 from st
 H100 = REPO / "results" / "asv"  # the committed H100 run
 
 THRESHOLDS = load_thresholds(DEFAULT_PATH)
+UNJUDGED = {"ok", "skipped", "info", "control"}  # verdicts of items nothing happened to
 
 
 def _is_number(x) -> bool:
@@ -45,6 +46,10 @@ def _source_file() -> Path:
         return sum(_is_number(v) for row in data["results"].values() for v in (row[col] or []))
 
     return max(files, key=measured)
+
+
+def _params(results, name: str, combo: tuple) -> dict[str, str]:
+    return {n: str(v).strip("'\"") for n, v in zip(results.param_names(name), combo)}
 
 
 class Sets:
@@ -72,6 +77,8 @@ class Sets:
                 continue
             if value is not None and item.value != value:
                 continue
+            if THRESHOLDS.controls and THRESHOLDS.controls.covers(_params(measured, name, combo)):
+                continue  # a control item is never judged itself: it tells drift (test_drift_* below)
             spread = max(item.spread, iqr_spread(measured, item, rule))
             if quiet and rule.noise_k * spread > rule.max_ratio - 1:
                 continue
@@ -166,7 +173,7 @@ def test_the_source_is_an_asv_result_set_with_every_metric():
 def test_identical_sets_pass(sets):
     rows, status = sets.run()
     assert status == 0
-    assert {r.verdict for r in rows} <= {"ok", "skipped", "info"}
+    assert {r.verdict for r in rows} <= {"ok", "skipped", "info", "control"}
     assert all(r.ratio == 1.0 for r in rows if r.verdict in ("ok", "info"))
 
 
@@ -194,7 +201,7 @@ def test_latency_regression_fails_with_a_table(sets):
     bad = [r for r in rows if r.verdict == "regression"]
     assert len(bad) == 1 and (bad[0].benchmark, bad[0].params) == (name, _row(rows, sets, name, i).params)
     assert bad[0].ratio == pytest.approx(1.25, rel=1e-9) and bad[0].threshold == pytest.approx(0.10)
-    assert {r.verdict for r in rows if r is not bad[0]} <= {"ok", "skipped", "info"}
+    assert {r.verdict for r in rows if r is not bad[0]} <= UNJUDGED
 
 
 def test_memory_regression_beyond_two_percent_fails(sets):
@@ -257,7 +264,8 @@ def test_noise_guard_reads_the_iqr_reported_beside_a_median(sets):
              for (name, combo), item in measured.items.items()
              if rule and THRESHOLDS.rule_for(name, measured.unit(name)) is rule and isinstance(item.value, float)
              and isinstance(measured.items.get((name.rsplit(".", 1)[0] + "." + rule.iqr_from, combo), item).value, float)
-             and (name.rsplit(".", 1)[0] + "." + rule.iqr_from, combo) in measured.items]
+             and (name.rsplit(".", 1)[0] + "." + rule.iqr_from, combo) in measured.items
+             and not THRESHOLDS.controls.covers(_params(measured, name, combo))]
     if not pairs:
         pytest.skip(f"{SOURCE} has no latency median with an IQR benchmark beside it")
     name, i = pairs[0]
@@ -283,7 +291,7 @@ def test_missing_benchmark_or_parameter_is_incomplete(sets):
     rows, status = sets.run()
     assert status == 2
     assert set(_verdicts(rows, name).values()) == {"missing"}
-    assert {v for (n, _), v in _verdicts(rows).items() if n != name} <= {"ok", "skipped", "info"}
+    assert {v for (n, _), v in _verdicts(rows).items() if n != name} <= UNJUDGED
 
     sets.head = copy.deepcopy(sets.base)
     name, i = sets.pick("latency")
@@ -419,3 +427,65 @@ def test_unusable_input_exits_3_naming_the_problem(sets, tmp_path, capfd):
     with pytest.raises(SystemExit) as exc:
         main(["--base", str(base)])  # usage errors exit 3 too: 2 means an incomplete comparison
     assert exc.value.code == 3
+
+
+# ---- drift: implementations whose code no change here touches (thresholds' "controls") --------------------------
+def _h100_latency_set(tmp_path: Path, scale) -> tuple:
+    """The committed H100 run as base, and a head whose latency medians are scaled by `scale(implementation)`."""
+    source = next(p for p in (H100 / "nvidia-h100-80gb-hbm3").glob("*.json") if p.name != "machine.json")
+    base = json.loads(source.read_text())
+    head = copy.deepcopy(base)
+    cols = base["result_columns"]
+    for name, row in head["results"].items():
+        if not name.startswith("latency.") or not name.endswith("track_median_us"):
+            continue
+        params = row[cols.index("params")]
+        impls = [str(v).strip("'") for v in params[0]]
+        per_impl = len(row[cols.index("result")]) // len(impls)
+        for i, value in enumerate(row[cols.index("result")]):
+            if _is_number(value):
+                row[cols.index("result")][i] = value * scale(impls[i // per_impl])
+    sides = []
+    for side, data in (("base", base), ("head", head)):
+        folder = tmp_path / side / data["params"]["machine"]
+        folder.mkdir(parents=True)
+        (tmp_path / side / "benchmarks.json").write_text((H100 / "benchmarks.json").read_text())
+        (folder / source.name).write_text(json.dumps(data))
+        sides.append(load_result_set(str(folder)))
+    rows = compare(*sides, THRESHOLDS)
+    latency = [r for r in rows if r.benchmark.startswith("latency.") and r.benchmark.endswith("track_median_us")]
+    return latency, exit_status(rows)
+
+
+def _is_control(row) -> bool:
+    return "implementation='" in row.params and row.params.split("implementation='")[1].split("'")[0] in \
+        THRESHOLDS.controls.values
+
+
+def test_drift_of_the_environment_is_incomplete_not_a_regression(tmp_path):
+    """Everything 30% slower, unchanged code included (another load, a slower clock): exit 2, every judged latency
+    item 'environment drift' naming the controls' move, none a regression."""
+    rows, status = _h100_latency_set(tmp_path, lambda impl: 1.3)
+    judged = [r for r in rows if not _is_control(r) and r.verdict != "too noisy"]
+    assert status == 2 and judged
+    assert {r.verdict for r in judged} == {"environment drift"}, {r.verdict for r in judged}
+    assert all("+30%" in r.note for r in judged), judged[0].note
+    assert {r.verdict for r in rows if _is_control(r)} == {"control"}
+
+
+def test_a_regression_of_ours_with_steady_controls_fails(tmp_path):
+    """pieceworks 30% slower, the controls unchanged: regressions, exit 1."""
+    rows, status = _h100_latency_set(tmp_path, lambda impl: 1.3 if impl.startswith("pieceworks") else 1.0)
+    ours = [r for r in rows if "pieceworks" in r.params and r.threshold is not None and r.threshold < 0.3]
+    assert ours and {r.verdict for r in ours} == {"regression"}  # (a noise-widened threshold above 30% lets it pass)
+    assert "environment drift" not in {r.verdict for r in rows}
+    # 1, or 2 where the committed run has items too noisy to judge at all (seen: eager's wide IQRs)
+    assert status == (2 if any(r.verdict == "too noisy" for r in rows) else 1)
+
+
+def test_controls_that_moved_hide_no_improvement_or_regression(tmp_path):
+    """Controls 30% faster while ours stayed: the runs cannot be compared (drift), not an improvement of nothing or a
+    regression relative to the controls."""
+    rows, status = _h100_latency_set(tmp_path, lambda impl: 1.0 if impl.startswith("pieceworks") else 0.7)
+    ours = [r for r in rows if "pieceworks" in r.params and r.verdict != "too noisy"]
+    assert status == 2 and {r.verdict for r in ours} == {"environment drift"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .verdicts import INCOMPLETE, REGRESSION, Row, IMPROVED, OK, INFO, NEW
+from .verdicts import CONTROL, INCOMPLETE, REGRESSION, Row, IMPROVED, OK, INFO, NEW
 
 __all__ = ["format_value", "text_table", "markdown"]
 
@@ -84,13 +84,14 @@ def markdown(rows: list[Row], status: int, base_label: str, head_label: str) -> 
     """A PR comment: the verdict line, the rows that need attention, the rest folded away."""
     ordered = sorted(rows, key=_rank)
     attention = [r for r in ordered if _rank(r) < 3]
-    rest = [r for r in ordered if _rank(r) == 3 and r.verdict in (OK, INFO, NEW)]
+    rest = [r for r in ordered if _rank(r) == 3 and r.verdict in (OK, INFO, NEW, CONTROL)]
     out = [f"### Benchmark gate: {summary(rows, status)}", "",
            f"base `{base_label}` → head `{head_label}`; ratio = head / base (lower is better); threshold = allowed "
            "increase, widened where the measured spread is larger.", ""]
     out += _md_table(attention) if attention else ["Nothing regressed, improved, failed or went missing."]
     if rest:
-        out += ["", f"<details><summary>{len(rest)} unchanged (within threshold), new or informational</summary>", ""]
+        out += ["", f"<details><summary>{len(rest)} unchanged (within threshold), new, informational or controls"
+                f"</summary>", ""]
         out += _md_table(rest)
         out += ["", "</details>"]
     return "\n".join(out) + "\n"

@@ -16,6 +16,12 @@ lists any) fit a benchmark judges it. Fields of a rule:
 - `gate`: false to show a metric without judging it.
 
 A benchmark that no rule fits is an error, so that a new benchmark gets a threshold on purpose.
+
+The file may also name `controls`: `{"param": "implementation", "values": ["eager", ...]}`, items measuring code that
+no change of this project touches (torch's eager mode, Inductor, reduce-overhead, Meta's pcg). They are shown, never
+judged as regressions; when a benchmark's controls moved beyond its rule's threshold (median head / base ratio), the
+environment drifted between the base and head runs (another load, a clock or host change), and every gated item of
+that benchmark is reported as `environment drift` (exit 2: rerun), not as a regression or an improvement.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import fnmatch
 import json
 import os
 
-__all__ = ["Rule", "Thresholds", "ThresholdsError", "DEFAULT_PATH", "load_thresholds"]
+__all__ = ["Controls", "Rule", "Thresholds", "ThresholdsError", "DEFAULT_PATH", "load_thresholds"]
 
 DEFAULT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "thresholds.json")
 _FIELDS = {"metric", "match", "units", "max_ratio", "abs_tolerance", "noise_k", "max_noise", "gate", "iqr_from", "about"}
@@ -58,9 +64,21 @@ class Rule:
 
 
 @dataclasses.dataclass(frozen=True)
+class Controls:
+    """Items whose parameter `param` is one of `values` measure code the change under test cannot touch."""
+
+    param: str
+    values: frozenset[str]
+
+    def covers(self, params: dict[str, str]) -> bool:
+        return params.get(self.param) in self.values
+
+
+@dataclasses.dataclass(frozen=True)
 class Thresholds:
     path: str
     rules: tuple[Rule, ...]
+    controls: Controls | None = None
 
     def rule_for(self, benchmark: str, unit: str | None) -> Rule | None:
         return next((r for r in self.rules if r.fits(benchmark, unit)), None)
@@ -104,4 +122,16 @@ def load_thresholds(path: str = DEFAULT_PATH) -> Thresholds:
     rules = data.get("rules") if isinstance(data, dict) else None
     if not isinstance(rules, list) or not rules:
         raise ThresholdsError(f'{path}: needs a non-empty "rules" list (see ci/README.md)')
-    return Thresholds(path, tuple(_rule(path, i, raw) for i, raw in enumerate(rules)))
+    return Thresholds(path, tuple(_rule(path, i, raw) for i, raw in enumerate(rules)), _controls(path, data))
+
+
+def _controls(path: str, data: dict) -> Controls | None:
+    raw = data.get("controls")
+    if raw is None:
+        return None
+    values = raw.get("values") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or not isinstance(raw.get("param"), str) or not isinstance(values, list) \
+            or not values or not all(isinstance(v, str) for v in values) or set(raw) - {"param", "values", "about"}:
+        raise ThresholdsError(f'{path}: "controls" is {{"param": NAME, "values": [VALUE, ...]}}, e.g. '
+                              f'{{"param": "implementation", "values": ["eager"]}}')
+    return Controls(raw["param"], frozenset(values))

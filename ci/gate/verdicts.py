@@ -2,13 +2,16 @@
 
 Every benchmark and parameter combination that base measured must be measured by head, or the comparison is
 incomplete (exit 2). Items base did not measure (new benchmarks, or ones base skipped or failed) are shown as
-`new` and never fail the gate: the base set defines what is guarded.
+`new` and never fail the gate: the base set defines what is guarded. Control items (thresholds' `controls`) are
+shown as `control`; controls of a benchmark that moved beyond its threshold turn its judged items into
+`environment drift` (exit 2): the two runs cannot be compared.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 
 from .results import FAILED, SKIPPED, Item, ResultSet
 from .thresholds import Rule, Thresholds
@@ -18,7 +21,8 @@ __all__ = ["Row", "compare", "exit_status", "INCOMPLETE", "REGRESSION"]
 # Verdicts. INCOMPLETE ones make the exit status 2, REGRESSION 1; the others are shown only.
 MISSING, FAILED_IN_HEAD, SKIPPED_IN_HEAD, TOO_NOISY, NO_RULE = "missing", "failed", "skipped in head", "too noisy", "no rule"
 REGRESSED, IMPROVED, OK, NEW, SKIPPED_BOTH, INFO = "regression", "improved", "ok", "new", "skipped", "info"
-INCOMPLETE = frozenset({MISSING, FAILED_IN_HEAD, SKIPPED_IN_HEAD, TOO_NOISY, NO_RULE})
+CONTROL, DRIFT = "control", "environment drift"
+INCOMPLETE = frozenset({MISSING, FAILED_IN_HEAD, SKIPPED_IN_HEAD, TOO_NOISY, NO_RULE, DRIFT})
 REGRESSION = frozenset({REGRESSED})
 
 
@@ -86,6 +90,41 @@ def judge(base: Item, head: Item, thresholds: Thresholds, unit: str | None, base
     return OK, ratio, threshold, rule.metric, note
 
 
+def _params_of(text: str) -> dict[str, str]:
+    """`implementation='eager', batch=1` -> {"implementation": "eager", "batch": "1"}."""
+    pairs = (part.split("=", 1) for part in text.split(", ") if "=" in part)
+    return {name: value.strip("'\"") for name, value in pairs}
+
+
+def _with_drift(rows: list[Row], thresholds: Thresholds) -> list[Row]:
+    """Control rows become `control`; where a benchmark's controls moved (median ratio) beyond the threshold its
+    rule allows them, its judged rows become `environment drift`."""
+    controls = thresholds.controls
+    if controls is None:
+        return rows
+    is_control = [controls.covers(_params_of(r.params)) and r.ratio is not None for r in rows]
+    drifted: dict[str, str] = {}
+    for name in {r.benchmark for r, c in zip(rows, is_control) if c}:
+        moved = [(r.ratio, r.threshold) for r, c in zip(rows, is_control)
+                 if c and r.benchmark == name and r.threshold is not None and r.verdict != TOO_NOISY]
+        if not moved:
+            continue
+        ratio = statistics.median(m[0] for m in moved)
+        allowed = statistics.median(m[1] for m in moved)
+        if ratio > 1.0 + allowed or ratio < 1.0 / (1.0 + allowed):
+            drifted[name] = (f"controls ({', '.join(sorted(controls.values))}) moved {ratio - 1.0:+.0%} (median of "
+                             f"{len(moved)}), beyond {allowed:.0%}: the environment changed between the runs; rerun")
+    out = []
+    for row, control in zip(rows, is_control):
+        if control:
+            row = dataclasses.replace(row, verdict=CONTROL, note="; ".join(filter(None, [row.note, "unchanged code: "
+                                      "shows drift between the runs"])))
+        elif row.benchmark in drifted and row.verdict in (REGRESSED, IMPROVED, OK):
+            row = dataclasses.replace(row, verdict=DRIFT, note=drifted[row.benchmark])
+        out.append(row)
+    return out
+
+
 def compare(base: ResultSet, head: ResultSet, thresholds: Thresholds) -> list[Row]:
     rows = []
     keys = list(base.items) + [k for k in head.items if k not in base.items]
@@ -118,7 +157,7 @@ def compare(base: ResultSet, head: ResultSet, thresholds: Thresholds) -> list[Ro
         if bver and hver and bver != hver:
             note = "; ".join(filter(None, [note, "benchmark code changed since base"]))
         rows.append(Row(**cell, ratio=ratio, threshold=threshold, verdict=verdict, metric=metric, note=note))
-    return rows
+    return _with_drift(rows, thresholds)
 
 
 def exit_status(rows: list[Row]) -> int:
