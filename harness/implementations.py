@@ -224,42 +224,38 @@ _PER_SIZE = "records one CUDA graph per batch size (a new size compiles and reco
 _TREES_POOL = "CUDA-graph trees keep their pool private to torch: Built.pool is None, pool bytes are not observable"
 
 
-class ReduceOverhead(Implementation):
-    """`torch.compile(model, mode="reduce-overhead", dynamic=False)`: Inductor plus CUDA-graph trees.
+class _PerSizeRecording(Implementation):
+    """`torch.compile(model, dynamic=False, **options)` with CUDA-graph trees: one trace, compile and recording per
+    batch size, no padding. `build` records every given size (largest first, three calls each: trees warm up before
+    they record); a size not given compiles and records when first called. The trees' pool is private to torch, so
+    `Built.pool` is None."""
 
-    One compile and one recording per batch size, no padding: `build` records every given size (largest first,
-    three calls each: trees warm up before they record); a size not given compiles and records when first called.
-    The trees' pool is private to torch, so `Built.pool` is None.
-    """
+    capabilities = Capabilities(cuda_graphs=True, shared_pool=True, needs_cuda=True)
+    contracts = {"padding": _PER_SIZE, "pool": _TREES_POOL}
+    options: dict[str, Any] = {}
+
+    def build(self, model, make_inputs, capture_sizes, splitting_ops):
+        torch._dynamo.reset()
+        sizes = sorted(set(capture_sizes), reverse=True)
+        _raise_recompile_limit(len(sizes) + 8)
+        compiled = torch.compile(model, dynamic=False, **self.options)
+        _record_per_size(compiled, make_inputs, sizes)
+        return Built(compiled, owner=compiled)
+
+
+class ReduceOverhead(_PerSizeRecording):
+    """`torch.compile(model, mode="reduce-overhead", dynamic=False)`: Inductor plus CUDA-graph trees."""
 
     name = "reduce-overhead"
-    capabilities = Capabilities(cuda_graphs=True, shared_pool=True, needs_cuda=True)
-    contracts = {"padding": _PER_SIZE, "pool": _TREES_POOL}
-
-    def build(self, model, make_inputs, capture_sizes, splitting_ops):
-        torch._dynamo.reset()
-        sizes = sorted(set(capture_sizes), reverse=True)
-        _raise_recompile_limit(len(sizes) + 8)
-        compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
-        _record_per_size(compiled, make_inputs, sizes)
-        return Built(compiled, owner=compiled)
+    options = {"mode": "reduce-overhead"}
 
 
-class DynamoCudagraphs(Implementation):
+class DynamoCudagraphs(_PerSizeRecording):
     """`torch.compile(model, backend="cudagraphs", dynamic=False)`: Dynamo's CUDA-graph backend (AOT eager, no
-    Inductor, CUDA-graph trees). Like reduce-overhead: one trace and one recording per batch size, no padding."""
+    Inductor, CUDA-graph trees)."""
 
     name = "dynamo-cudagraphs"
-    capabilities = Capabilities(cuda_graphs=True, shared_pool=True, needs_cuda=True)
-    contracts = {"padding": _PER_SIZE, "pool": _TREES_POOL}
-
-    def build(self, model, make_inputs, capture_sizes, splitting_ops):
-        torch._dynamo.reset()
-        sizes = sorted(set(capture_sizes), reverse=True)
-        _raise_recompile_limit(len(sizes) + 8)
-        compiled = torch.compile(model, backend="cudagraphs", dynamic=False)
-        _record_per_size(compiled, make_inputs, sizes)
-        return Built(compiled, owner=compiled)
+    options = {"backend": "cudagraphs"}
 
 
 class GraphedCallables(Implementation):
