@@ -385,6 +385,19 @@ def _capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
 
 
 # ---- CI (issue 11): the benchmark gate and the preflight ----
+def _gate_ignores_controls(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.verdicts as verdicts
+
+    mp.setattr(verdicts, "_with_drift", lambda rows, thresholds: rows)
+
+
+def _report_ignores_side_by_side_profiles(mp: pytest.MonkeyPatch) -> None:
+    from pieceworks.harness import report
+
+    mp.setattr(report.Report, "_side_by_side", lambda self, dtype, batch, impls: None)
+
+
+
 def _gate_ratio_inverted(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
 
@@ -840,6 +853,10 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "gate_missing_is_ok": ("benchmarks missing from head are left out of the table", _gate_missing_is_ok),
     "gate_failures_pass": ("a benchmark that failed in head does not make the comparison incomplete",
                            _gate_failures_pass),
+    "gate_ignores_controls": ("the gate judges every item, the controls that show drift between runs included",
+                              _gate_ignores_controls),
+    "report_ignores_side_by_side_profiles": ("the report explains a missed target only from the latency run's own "
+                                             "profiles, never both sides", _report_ignores_side_by_side_profiles),
     "gate_improvements_fail": ("an improvement beyond the threshold fails like a regression", _gate_improvements_fail),
     "preflight_ignores_other_processes": ("the preflight reads other processes on the GPU but lets them pass",
                                           _preflight_ignores_other_processes),

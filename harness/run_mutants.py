@@ -86,6 +86,9 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
     "gate_missing_is_ok": _GATE + "test_missing_benchmark_or_parameter_is_incomplete",
     "gate_failures_pass": _GATE + "test_failed_benchmark_is_incomplete",
     "gate_improvements_fail": _GATE + "test_improvement_is_shown_not_failed",
+    "gate_ignores_controls": _GATE + "test_drift_of_the_environment_is_incomplete_not_a_regression",
+    "report_ignores_side_by_side_profiles":
+        "suites/test_report.py::test_a_miss_is_explained_by_both_sides_of_a_side_by_side_profile",
     "preflight_ignores_other_processes": "suites/test_preflight.py::test_another_process_on_the_gpu_is_busy",
     "preflight_ignores_the_clock": "suites/test_preflight.py::test_a_clock_held_below_its_maximum_is_throttled",
     # the runtime on CPU: replay plans, direct calls without Dynamo
@@ -121,7 +124,8 @@ GPU_TARGETS = {  # several targets: space-separated node ids, run in one pytest
     "warmup_writes_twice": _WRITES + "test_inplace_writes_happen_once_per_call",
     "replay_copies_outputs": _WRITES + "test_outputs_are_valid_until_the_next_call_and_overwritten_by_it",
     "outputs_alias_freed_memory": _WRITES + "test_outputs_are_valid_until_the_next_call_and_overwritten_by_it",
-    "capture_snapshots_weights": "suites/test_replay_state_gpu.py",
+    # the serving state machine may not load weights and then replay in a short run; this deterministic test does
+    "capture_snapshots_weights": "suites/test_replay_state_gpu.py::test_weights_loaded_in_place_reach_every_captured_size",
     # chosen by reading the tests (no GPU where they were added): the behaviour exists only with CUDA graphs or CUDA
     "pcg_pads_to_the_size_below": "suites/test_implementations.py::test_meta_pcg_pads_and_serves_like_eager",
     "data_dependent_pieces_captured":
