@@ -384,6 +384,12 @@ def _capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(cudagraph.CapturePool, "capture", capture)
 
 
+def _empty_pieces_through_inductor(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.compiler as compiler
+
+    mp.setattr(compiler, "computes_tensors", lambda graph: True)
+
+
 # ---- CI (issue 11): the benchmark gate and the preflight ----
 def _gate_ignores_controls(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
@@ -853,6 +859,8 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "gate_missing_is_ok": ("benchmarks missing from head are left out of the table", _gate_missing_is_ok),
     "gate_failures_pass": ("a benchmark that failed in head does not make the comparison incomplete",
                            _gate_failures_pass),
+    "empty_pieces_through_inductor": ("pieces that return nothing and write nothing go through Inductor, which saves "
+                                      "no artifact for them: every warm start compiles them again", _empty_pieces_through_inductor),
     "gate_ignores_controls": ("the gate judges every item, the controls that show drift between runs included",
                               _gate_ignores_controls),
     "report_ignores_side_by_side_profiles": ("the report explains a missed target only from the latency run's own "

@@ -86,6 +86,8 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
     "gate_missing_is_ok": _GATE + "test_missing_benchmark_or_parameter_is_incomplete",
     "gate_failures_pass": _GATE + "test_failed_benchmark_is_incomplete",
     "gate_improvements_fail": _GATE + "test_improvement_is_shown_not_failed",
+    "empty_pieces_through_inductor":
+        "suites/test_properties.py::test_split_model_through_inductor_equals_original_and_reloads",
     "gate_ignores_controls": _GATE + "test_drift_of_the_environment_is_incomplete_not_a_regression",
     "report_ignores_side_by_side_profiles":
         "suites/test_report.py::test_a_miss_is_explained_by_both_sides_of_a_side_by_side_profile",

@@ -21,6 +21,8 @@ from typing import Any
 import torch.fx
 
 from . import inductor
+from ._compat import example_value
+from .capturability import mutated_inputs
 from .cache import CompileCache, cache_key
 from .config import CompilationConfig
 from .counters import counters
@@ -33,8 +35,9 @@ from .fingerprint import (
     inductor_config_factors,
 )
 from .split import SplitItem
+from .values import tensors_in
 
-__all__ = ["PieceCompiler", "Target", "cache_factors", "open_cache", "entry_name", "entry_claim"]
+__all__ = ["PieceCompiler", "Target", "cache_factors", "computes_tensors", "open_cache", "entry_name", "entry_claim"]
 
 log = logging.getLogger("pieceworks")
 
@@ -75,7 +78,7 @@ class PieceCompiler:
             self.shared += 1
             counters.num_shared_piece_compiles += 1
             return self.done[key]
-        if self.cache is None:
+        if self.cache is None or not computes_tensors(item.graph):
             fn = self._compile(item, isinstance(target, int), example_args)[0]
         else:
             chosen = "cpp_cache_precompile_headers" in self.config.inductor_compile_config
@@ -112,13 +115,22 @@ class PieceCompiler:
 
     def _compile(self, item: SplitItem, static: bool, example_args: Sequence[Any]) -> tuple[Callable, Any]:
         self.compiled += 1
-        if self.config.compiler == "eager":
+        if self.config.compiler == "eager" or not computes_tensors(item.graph):
             counters.num_eager_compiles += 1
             return inductor.compile_eager(item.graph), None
         counters.num_inductor_compiles += 1
         return inductor.compile_inductor(
             item.graph, list(example_args), static=static, inductor_config=self.config.inductor_compile_config
         )
+
+
+def computes_tensors(graph: torch.fx.GraphModule) -> bool:
+    """Whether a piece returns a tensor or writes one of its inputs in place. One that does neither (size checks a
+    split leaves alone in a piece, work whose results nothing reads) gives Inductor nothing to generate: its compile
+    saves no artifact, so it would be compiled again on every warm start. Such a piece runs as traced (the eager
+    compiler) and is never cached."""
+    output = next(n for n in graph.graph.nodes if n.op == "output")
+    return any(tensors_in(example_value(n)) for n in output.all_input_nodes) or bool(mutated_inputs(graph))
 
 
 def cache_factors(gm: torch.fx.GraphModule, fakes: Sequence[Any], config: CompilationConfig) -> dict[str, str]:

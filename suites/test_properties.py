@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import pieceworks
@@ -60,6 +60,9 @@ def test_split_model_equals_original(program, batches):
 @pytest.mark.inductor
 @settings(max_examples=3)
 @given(program=S.programs(max_len=6), batches=st.lists(st.integers(1, 40), min_size=1, max_size=2))
+# Found by the dev profile: pieces that return nothing and write nothing (the batch-size check alone before
+# silly::pair, the unread tanh of its outputs after it) leave Inductor no artifact to save: compiled on every start.
+@example(program=((("pair", 0),), (0,)), batches=[1])
 def test_split_model_through_inductor_equals_original_and_reloads(program, batches, tmp_path_factory):
     cache = str(tmp_path_factory.mktemp("cache"))
     compiled = _compile(program, compiler="inductor", cache_dir=cache)
