@@ -8,7 +8,10 @@ forward ran: a callable that redoes only that piece's own work on the arguments 
 - FULL: the one graph's `replay()`.
 `measure(...)` times the forward, the compiled pieces' work back to back and the splitting ops back to back with
 one timer, and reports the difference as host overhead: the argument checks, static copies, dispatch and
-stitching around the work. Where host work overlaps GPU work, the GPU-time overhead can be negative.
+stitching around the work. Where host work overlaps GPU work, the GPU-time overhead can be negative. Given
+`replay_run(compiled, batch)` (the replay plan or FULL graph of the padded size run alone on the static buffers: no
+argument checks, no static copies, no cut back), it also reports the forward / replay ratio: what
+`CompiledModel.__call__` costs over its replay.
 
 This reads pieceworks internals (the runtime's replay plans and FULL graphs, and its stitching module). It changes with the
 runtime; suites/test_host_overhead.py checks that the recorded work recomputes the forward's output, so a change
@@ -25,7 +28,7 @@ from typing import Any
 import torch
 import torch.fx
 
-__all__ = ["PieceWork", "record", "measure"]
+__all__ = ["PieceWork", "record", "measure", "replay_run"]
 
 
 @dataclasses.dataclass
@@ -155,6 +158,20 @@ def _plan_work(runtime: Any, plan: Any, n: int) -> list[PieceWork]:
     return work
 
 
+def replay_run(compiled: Any, batch: int) -> Callable[[], Any]:
+    """The replay (PIECEWISE plan or FULL graph) of `batch`'s padded size, run alone on the static buffers of a
+    traced and captured `pieceworks.CompiledModel`, as `CompiledModel.__call__` runs it (no checks)."""
+    runtime = compiled.runtime
+    if runtime is None or runtime.binder is None or runtime.static is None:
+        raise ValueError("replay_run() needs a traced, captured model whose calls bind directly (no Dynamo fallback)")
+    n = min((s for s in runtime.replays if s >= batch), default=None)
+    if n is None:
+        raise ValueError(f"no captured size >= {batch} (captured: {sorted(runtime.replays)}): call capture() first")
+    replay = runtime.replays[n]
+    flat = runtime.binder.inputs(runtime.static.views(n), n)
+    return lambda: replay.run(flat, ())
+
+
 def _in_order(fns: list[Callable[[], Any]]) -> Callable[[], None]:
     def run() -> None:
         for fn in fns:
@@ -165,16 +182,22 @@ def _in_order(fns: list[Callable[[], Any]]) -> Callable[[], None]:
 
 def measure(
     forward: Callable[[], Any], work: Sequence[PieceWork], time_us: Callable[[Callable[[], Any]], dict[str, float]],
+    replay: Callable[[], Any] | None = None,
 ) -> dict[str, float]:
     """Median µs of `forward()`, of the compiled pieces' work back to back, and of the splitting ops back to back,
-    each timed by `time_us` (e.g. timing.cuda_time_us or timing.host_time_us); the rest is host overhead."""
+    each timed by `time_us` (e.g. timing.cuda_time_us or timing.host_time_us); the rest is host overhead. With
+    `replay` (see `replay_run`): its median µs too, and forward / replay."""
     compiled_work = [w.run for w in work if not w.splitting]
     splitting_work = [w.run for w in work if w.splitting]
     forward_us = time_us(forward)["median_us"]
     compiled_us = time_us(_in_order(compiled_work))["median_us"] if compiled_work else 0.0
     splitting_us = time_us(_in_order(splitting_work))["median_us"] if splitting_work else 0.0
     overhead = forward_us - compiled_us - splitting_us
-    return {
+    extra = {}
+    if replay is not None:
+        replay_us = time_us(replay)["median_us"]
+        extra = {"replay_run_us": replay_us, "call_over_replay": forward_us / replay_us}
+    return extra | {
         "forward_us": forward_us,
         "compiled_pieces_alone_us": compiled_us,
         "splitting_ops_alone_us": splitting_us,

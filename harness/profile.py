@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["kernel_profile", "kernel_kind"]
+__all__ = ["kernel_profile", "kernel_kind", "kernels_only_in"]
 
 _LIBRARY = re.compile(r"gemm|gemv|xmma|cublas|cutlass|nvjet|cutlass|splitk", re.IGNORECASE)
 
@@ -43,7 +43,8 @@ def kernel_profile(fn: Callable[[], Any], calls: int = 5, top: int = 5) -> dict[
     """Profile `calls` calls of `fn()` (CUDA); return device µs per call and the `top` kernels by time per call.
 
     Result: `{"device_us_per_call", "library_share", "top": [{"name", "kind", "us_per_call", "calls_per_call",
-    "share"}]}`; `share` is of all kernel time. Names are cut to 120 characters.
+    "share"}], "kernels": {name: [us_per_call, calls_per_call]}}`: `share` is of all kernel time; `kernels` lists
+    every kernel (for telling two profiles apart: `kernels_only_in`). Names are cut to 120 characters.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -72,7 +73,18 @@ def kernel_profile(fn: Callable[[], Any], calls: int = 5, top: int = 5) -> dict[
              "calls_per_call": count / calls, "share": us / total if total else 0.0}
             for name, (us, count) in ranked[:top]
         ],
+        "kernels": {name[:120]: [us / calls, count / calls] for name, (us, count) in ranked},
     }
+
+
+def kernels_only_in(first: dict[str, Any], second: dict[str, Any], limit: int = 3) -> list[tuple[str, float, float]]:
+    """The kernels `first`'s profile runs and `second`'s does not (by name), most time first: `(name, µs per call,
+    launches per call)`, at most `limit`. Empty when either profile predates the `kernels` field."""
+    mine, theirs = first.get("kernels"), second.get("kernels")
+    if not mine or theirs is None:
+        return []
+    only = sorted(((n, us, c) for n, (us, c) in mine.items() if n not in theirs), key=lambda k: -k[1])
+    return only[:limit]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,7 @@ __all__ = ["load_asv", "main"]
 
 TARGETS = {
     "piecewise_vs_pcg": 0.9, "full_vs_reduce_overhead": 1.02, "pool_51_vs_largest": 1.05, "capture_51_s": 1.0,
-    "warm_vs_cold": 0.10, "overhead_per_piece_us": 2.0,
+    "warm_vs_cold": 0.10, "overhead_per_piece_us": 2.0, "call_vs_replay": 1.03,
 }
 LIBRARY_DOMINATES = 0.5  # a library kernel family above this share of GPU time dominates the batch size
 
@@ -77,6 +77,17 @@ def _fmt(value: Any, digits: int = 1) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def _difference(impls: tuple[str, str], first: dict, second: dict) -> str:
+    """"; kernels only in A: ..." from two kernel profiles (see `profile.kernels_only_in`), or ""."""
+    from pieceworks.harness.profile import kernels_only_in
+
+    only = kernels_only_in(first, second)
+    if not only:
+        return ""
+    return f"; kernels only in {impls[0]}: " + ", ".join(
+        f"`{name[:48]}` {us:.1f} µs × {calls:.0f}" for name, us, calls in only)
 
 
 def _verdict(ok: bool | None) -> str:
@@ -166,7 +177,8 @@ class Report:
                 prof, med = doc["profiles"][key], doc["timings"][key]["median_us"]
                 parts.append(f"{key.split('|')[0]} {med:.0f} µs, kernels {prof['device_us_per_call']:.0f} µs "
                              f"({100 * prof['device_us_per_call'] / med:.0f}% busy)")
-            return f"{dtype} b{batch} (side-by-side profile): " + " vs ".join(parts)
+            return f"{dtype} b{batch} (side-by-side profile): " + " vs ".join(parts) + \
+                _difference(impls, doc["profiles"][first], doc["profiles"][second])
         return None
 
     def _profile_files(self) -> list[dict]:
@@ -179,6 +191,13 @@ class Report:
             found = self._side_by_side(dtype, batch, impls)
             if found is not None:
                 return found
+        if all(f"{i}|{batch}" in profiles for i in impls):
+            first, second = (profiles[f"{i}|{batch}"] for i in impls)
+            meds = [entries.get(f"{i}|{batch}", {}).get("median_us") for i in impls]
+            return (f"{dtype} b{batch}: " + " vs ".join(
+                f"{i} {_fmt(m, 0)} µs, kernels {p['device_us_per_call']:.0f} µs"
+                f" ({_fmt(m and 100 * p['device_us_per_call'] / m, 0)}% busy)"
+                for i, m, p in zip(impls, meds, (first, second))) + _difference(impls, first, second))
         parts = []
         for impl in (impls[0], impls[1], "eager"):
             prof = profiles.get(f"{impl}|{batch}")
@@ -320,14 +339,18 @@ class Report:
                            "pytest-benchmark (`suites/test_host_overhead.py`): forward and the pieces' own work "
                            "timed alone (graph replays, splitting ops called directly) with CUDA events; overhead = "
                            "forward − work (negative where host work overlaps GPU work). Wall = pytest-benchmark's "
-                           "synchronised clock, 20 forwards a round.", "",
+                           "synchronised clock, 20 forwards a round. Replay = the plan (PIECEWISE) or graph (FULL) "
+                           "of the padded size run alone on the static buffers; forward / replay = what "
+                           "`CompiledModel.__call__` costs over it (argument checks, static copies, cut back).", "",
                            "| device | mode | batch | pieces | forward µs | compiled pieces alone (graph replays) | "
-                           "splitting ops alone | overhead µs | per piece µs | wall µs |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                           "splitting ops alone | overhead µs | per piece µs | replay µs | forward / replay | wall µs |",
+                           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
             for r in sorted(gpu_rows, key=lambda r: (str(r.get("device")), r["mode"], r.get("batch", 0))):
                 self.lines.append(
                     f"| {r.get('device')} | {r['mode']} | {r.get('batch', 4)} | {r['pieces']} | "
                     f"{r['forward_us']:.1f} | {r['compiled_pieces_alone_us']:.1f} | {r['splitting_ops_alone_us']:.1f}"
-                    f" | {r['overhead_us']:.1f} | {r['overhead_per_piece_us']:.2f} | {r['wall_us']:.1f} |")
+                    f" | {r['overhead_us']:.1f} | {r['overhead_per_piece_us']:.2f} | {_fmt(r.get('replay_run_us'), 1)}"
+                    f" | {_fmt(r.get('call_over_replay'), 3)} | {r['wall_us']:.1f} |")
             self.lines.append("")
         piecewise = [r for r in gpu_rows if r["mode"] == "PIECEWISE" and r.get("device") != "cpu"]
         if piecewise:
@@ -337,6 +360,11 @@ class Report:
                 _verdict(ok), ""))
         else:
             self.targets.append(("host overhead ≤ 2 µs per piece (PIECEWISE, GPU)", "n/a", _verdict(None), ""))
+        ratios = sorted((r["mode"], r["batch"], r["call_over_replay"]) for r in gpu_rows
+                        if r.get("call_over_replay") is not None and r.get("device") != "cpu")
+        self.targets.append(("CompiledModel call ≤ 1.03× its replay run alone (GPU)", ", ".join(
+            f"{m} b{b}: {x:.3f}×" for m, b, x in ratios) or "n/a",
+            _verdict(all(x <= TARGETS["call_vs_replay"] for _, _, x in ratios) if ratios else None), ""))
         base = "host_overhead.HostOverheadCPU."
         cpu = {m: {k: self.value(base + f"track_{k}", m) for k in ("forward_us", "overhead_per_forward_us",
                                                                     "overhead_per_piece_us")} for m in ("tiny", "toy_llama")}

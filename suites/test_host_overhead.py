@@ -11,7 +11,8 @@ nothing compiles, traces or captures while it is timed.
 - CPU (runs everywhere, quickly): eager compiler, mode NONE, a tiny ToyLlama; host clock, torch on one thread.
 - GPU (`-m gpu`): Inductor, PIECEWISE and FULL, ToyLlama 12 layers in bfloat16 at batch 1, 64 and 256, vLLM's 51
   capture sizes; CUDA events for the breakdown, and pytest-benchmark's own timer waits for the GPU
-  (`timing.synchronized_clock`), 20 forwards per round.
+  (`timing.synchronized_clock`), 20 forwards per round. Also the replay alone (`breakdown.replay_run`: the plan or
+  FULL graph on the static buffers) and forward / replay, the cost of `CompiledModel.__call__` over its replay.
 """
 
 from __future__ import annotations
@@ -111,9 +112,14 @@ def test_host_overhead_gpu(benchmark, shared_cache_dir, mode, batch):
     for w in work:
         last = w.run()
     torch.testing.assert_close(_output_like(last, out)[:batch], out, rtol=0, atol=0)
+    # The replay alone (plan or FULL graph on the static buffers) must compute the same output: forward / replay is
+    # what the call costs over it.
+    replay = breakdown.replay_run(compiled, batch)
+    _output_like(last, out).fill_(float("nan"))
+    torch.testing.assert_close(_output_like(replay(), out)[:batch], out, rtol=0, atol=0)
 
     with torch.no_grad(), counters.expect(**NO_WORK_BUILT):
-        parts = breakdown.measure(lambda: compiled(*args), work, cuda_time_us)
+        parts = breakdown.measure(lambda: compiled(*args), work, cuda_time_us, replay=replay)
         benchmark.extra_info.update(parts, device=torch.cuda.get_device_name(), model="ToyLlama(12 layers)",
                                     dtype="bfloat16", mode=mode, batch=batch, torch=torch.__version__)
         benchmark.pedantic(compiled, args=args, rounds=50, iterations=20, warmup_rounds=5)
