@@ -58,7 +58,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="implementation to test: a registered name, package.module:Adapter or path/to/file.py:Adapter"
                          " (repeatable; default: every registered implementation)")
     group.addoption("--conformance-model", action="append", default=[], metavar="NAME",
-                    help="model to test (repeatable; default: every model of the suite)")
+                    help="model to test (repeatable; default: silly, toy-llama, hf-llama; 'all': every model of the suite)")
     group.addoption("--conformance-device", choices=["cuda", "cpu"], default="cuda",
                     help="cuda (default): the properties as GPU tests; cpu: those that need no CUDA, on the CPU")
     group.addoption("--conformance-json", default=None, metavar="PATH",

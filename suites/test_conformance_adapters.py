@@ -180,3 +180,17 @@ def test_the_table_shows_outcomes_reasons_and_failures():
     assert "| c | unavailable [2] |" in text and "1. a: records per size" in text and "2. needs vllm" in text
     assert "### b / silly / p1 (fail)" in text and "sequence=[5]" in text
     assert conformance_table.render(document) == text
+
+
+def test_the_default_selection_is_every_implementation_on_the_three_default_models():
+    from pieceworks.conformance import subjects
+    from pieceworks.conformance.cases import CASES
+
+    default = subjects.select([], [])
+    assert [m for m in dict.fromkeys(s.case.name for s in default)] == list(subjects.DEFAULT_MODELS)
+    assert {s.impl.name for s in default} == set(implementations.IMPLEMENTATIONS)
+    assert len(default) == len(subjects.DEFAULT_MODELS) * len(implementations.IMPLEMENTATIONS)
+    assert [m for m in dict.fromkeys(s.case.name for s in subjects.select(["eager"], ["all"]))] == list(CASES)
+    assert {s.case.name for s in subjects.select(["eager"], ["toy-llama-tractable"])} == {"toy-llama-tractable"}
+    with pytest.raises(ValueError, match="unknown conformance model.*'toy'"):
+        subjects.select(["eager"], ["toy"])

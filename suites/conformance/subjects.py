@@ -22,7 +22,7 @@ from pieceworks.harness.implementations import IMPLEMENTATIONS, Built, Implement
 from .cases import CASES, ModelCase
 from .checks import CAPTURE_SIZES
 
-__all__ = ["PROPERTIES", "Subject", "select", "impl_unavailable", "unavailable", "not_applicable", "not_observable",
+__all__ = ["PROPERTIES", "DEFAULT_MODELS", "Subject", "select", "impl_unavailable", "unavailable", "not_applicable", "not_observable",
            "Builds", "warm_start_case"]
 
 PROPERTIES: dict[str, tuple[tuple[str, ...], str]] = {
@@ -55,16 +55,24 @@ class Subject:
         return f"{self.impl.name}@{self.case.name}"
 
 
+# The default models: one of each kind (tiny, llama-shaped, Hugging Face), so that every registered implementation
+# on all three fits in 5 minutes on an H100. ToyLlama's closed-form variant (`toy-llama-tractable`) repeats
+# ToyLlama's pieces with an answer known in closed form: name it, or "all", to run it too.
+DEFAULT_MODELS = ("silly", "toy-llama", "hf-llama")
+
+
 def select(impl_specs: list[str], model_names: list[str]) -> list[Subject]:
-    """Subjects for the given specs and model names; empty lists mean every registered implementation (users' ones
-    from $PIECEWORKS_IMPLEMENTATIONS included) and every model. Raises ValueError naming an unknown model."""
+    """Subjects for the given specs and model names. No specs: every registered implementation (users' ones from
+    $PIECEWORKS_IMPLEMENTATIONS included); no model names: `DEFAULT_MODELS`; "all": every model of the suite.
+    Raises ValueError naming an unknown model."""
     load_user_implementations()
     specs = impl_specs or list(IMPLEMENTATIONS)
-    unknown = [m for m in model_names if m not in CASES]
+    names = list(CASES) if "all" in model_names else (model_names or list(DEFAULT_MODELS))
+    unknown = [m for m in names if m not in CASES]
     if unknown:
-        raise ValueError(f"unknown conformance model(s) {unknown}; the suite has {list(CASES)}")
+        raise ValueError(f"unknown conformance model(s) {unknown}; the suite has {list(CASES)} (or 'all')")
     impls = [(spec, resolve(spec)) for spec in dict.fromkeys(specs)]
-    return [Subject(spec, impl, CASES[m]) for m in (model_names or list(CASES)) for spec, impl in impls]
+    return [Subject(spec, impl, CASES[m]) for m in dict.fromkeys(names) for spec, impl in impls]
 
 
 def impl_unavailable(impl: Implementation, device: str) -> str | None:
