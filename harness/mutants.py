@@ -403,6 +403,12 @@ def _report_ignores_side_by_side_profiles(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(report.Report, "_side_by_side", lambda self, dtype, batch, impls: None)
 
 
+def _report_hides_the_kernel_difference(mp: pytest.MonkeyPatch) -> None:
+    from pieceworks.harness import profile
+
+    mp.setattr(profile, "kernels_only_in", lambda first, second, limit=3: [])
+
+
 
 def _gate_ratio_inverted(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
@@ -865,6 +871,8 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
                               _gate_ignores_controls),
     "report_ignores_side_by_side_profiles": ("the report explains a missed target only from the latency run's own "
                                              "profiles, never both sides", _report_ignores_side_by_side_profiles),
+    "report_hides_the_kernel_difference": ("the report's miss notes never name the kernels only the slower side runs",
+                                           _report_hides_the_kernel_difference),
     "gate_improvements_fail": ("an improvement beyond the threshold fails like a regression", _gate_improvements_fail),
     "preflight_ignores_other_processes": ("the preflight reads other processes on the GPU but lets them pass",
                                           _preflight_ignores_other_processes),
