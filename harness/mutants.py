@@ -403,6 +403,12 @@ def _report_ignores_side_by_side_profiles(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(report.Report, "_side_by_side", lambda self, dtype, batch, impls: None)
 
 
+def _report_hides_where_the_first_call_went(mp: pytest.MonkeyPatch) -> None:
+    from pieceworks.harness import report
+
+    mp.setattr(report.Report, "_first_call_parts", staticmethod(lambda entry, first_call: (None, None, None)))
+
+
 def _report_hides_the_kernel_difference(mp: pytest.MonkeyPatch) -> None:
     from pieceworks.harness import profile
 
@@ -871,6 +877,8 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
                               _gate_ignores_controls),
     "report_ignores_side_by_side_profiles": ("the report explains a missed target only from the latency run's own "
                                              "profiles, never both sides", _report_ignores_side_by_side_profiles),
+    "report_hides_where_the_first_call_went": ("the compile table and the warm-start miss never split the first call "
+                                               "into the backend's time and Dynamo's", _report_hides_where_the_first_call_went),
     "report_hides_the_kernel_difference": ("the report's miss notes never name the kernels only the slower side runs",
                                            _report_hides_the_kernel_difference),
     "gate_improvements_fail": ("an improvement beyond the threshold fails like a regression", _gate_improvements_fail),

@@ -135,7 +135,9 @@ def build_runtime(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig, *, for_compile: bool = False
 ) -> Runtime:
     """Split `gm`, compile its pieces for every target, and return the runtime that calls, captures and replays
-    them."""
+    them. The runtime's `build_seconds` says where this call's time went: `split`, `compile` (compiling or loading
+    every piece) and `backend` (this call up to the runtime's construction: the cache key and the rest included)."""
+    build_start = time.perf_counter()
     counters.num_graphs_seen += 1
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fakes = [example_value(n) for n in placeholders]
@@ -159,10 +161,8 @@ def build_runtime(
     compiled_items = [item for item in items if not item.is_splitting_graph]
     counters.num_piecewise_graphs_seen += len(items)
     counters.num_piecewise_capturable_graphs_seen += len(compiled_items)
-    log.info(
-        "pieceworks split: %d pieces, %d compiled, in %.3f s", len(items), len(compiled_items),
-        time.perf_counter() - start,
-    )
+    seconds = {"split": time.perf_counter() - start}
+    log.info("pieceworks split: %d pieces, %d compiled, in %.3f s", len(items), len(compiled_items), seconds["split"])
 
     start = time.perf_counter()
     names = {item.submod_name for item in compiled_items}
@@ -196,13 +196,14 @@ def build_runtime(
             config.compile_sizes, config.ranges(),
         )
         specs.append(PieceSpec(item, piece, tuple(fake_args)))
+    seconds["compile"] = time.perf_counter() - start
     log.info(
         "pieceworks compile (%s): %d pieces, %d distinct targets compiled, %d loaded from cache, "
         "%d served by an identical piece, in %.3f s",
-        config.compiler, len(compiled_items), compiler.compiled, compiler.loaded, compiler.shared,
-        time.perf_counter() - start,
+        config.compiler, len(compiled_items), compiler.compiled, compiler.loaded, compiler.shared, seconds["compile"],
     )
+    seconds["backend"] = time.perf_counter() - build_start
     return Runtime(
         split_gm, specs, items, BatchLocator(fakes, batch_symbols), example_inputs, sorted(written), config,
-        for_compile=for_compile, cache_dir=cache.directory if cache is not None else None,
+        for_compile=for_compile, cache_dir=cache.directory if cache is not None else None, build_seconds=seconds,
     )

@@ -106,17 +106,19 @@ class Runtime:
     def __init__(
         self, split_gm: torch.fx.GraphModule, specs: Sequence[PieceSpec], items: Sequence[SplitItem],
         locate_batch: BatchLocator, example_inputs: Sequence[Any], mutated: Sequence[int], config: CompilationConfig,
-        *, for_compile: bool = False, cache_dir: str | None = None,
+        *, for_compile: bool = False, cache_dir: str | None = None, build_seconds: dict[str, float] | None = None,
     ) -> None:
         """`example_inputs`: what Dynamo handed the backend; `mutated`: indices of the graph inputs it writes to in
         place. `for_compile`: owned by `pieceworks.compile`, which calls `start_serving` after its tracing call;
-        otherwise (a raw torch.compile backend) `lazy_capture` is armed at once."""
+        otherwise (a raw torch.compile backend) `lazy_capture` is armed at once. `build_seconds`: where building it
+        took its time (`backend.build_runtime`), kept for reading."""
         self.split_gm = split_gm
         self.items = list(items)
         self.pieces = {spec.item.submod_name: spec.compiled for spec in specs}
         self.locate_batch = locate_batch
         self.config = config
         self.cache_dir = cache_dir
+        self.build_seconds = dict(build_seconds or {})
         self.placeholders = [n for n in split_gm.graph.nodes if n.op == "placeholder"]
         self.mode = self._effective_mode(config.cudagraph_mode, example_inputs)
         self.phase = Phase.COMPILING

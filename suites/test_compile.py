@@ -111,6 +111,20 @@ def test_registered_backend_and_backend_object():
     assert len(backend.runtimes) == 1 and len(backend.runtimes[0].items) == 5
 
 
+def test_the_runtime_says_where_its_build_took_its_time():
+    import time
+
+    model = models.ToyLlama(models.ToyLlamaConfig(num_layers=2))
+    compiled = pieceworks.compile(model, eager_config())
+    start = time.perf_counter()
+    compiled(*models.toy_llama_inputs(3))
+    first_call = time.perf_counter() - start
+    seconds = compiled.runtime.build_seconds
+    assert set(seconds) == {"split", "compile", "backend"}
+    assert 0 < seconds["split"] and 0 < seconds["compile"]
+    assert seconds["split"] + seconds["compile"] <= seconds["backend"] < first_call
+
+
 def test_compile_logs_each_phase(caplog):
     caplog.set_level("INFO", logger="pieceworks")
     pieceworks.compile(models.SillyModel(), eager_config())(torch.randn(3))

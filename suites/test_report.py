@@ -61,3 +61,26 @@ def test_a_side_by_side_profile_explains_a_miss_the_latency_run_profiled_one_sid
 
     without = _full_target(_regenerate(tmp_path / "without", drop=("profile_*.json",), one_side=True))
     assert "side-by-side" not in without and " vs reduce-overhead " not in without and "**missed**" in without
+
+
+def test_a_warm_start_miss_says_where_the_first_call_went(tmp_path):
+    """With the compile benchmark's breakdown recorded (backend seconds, of which compile or load), the compile table
+    shows it and a missed warm-start target is split into Dynamo's side and the backend's; without it, n/a."""
+    results = tmp_path / "results"
+    _regenerate(tmp_path)
+    details = results / "bench" / MACHINE / "compile.json"
+    doc = json.loads(details.read_text())
+    first_call = {}
+    for start, entry in doc["entries"].items():
+        entry.update(backend_seconds=0.25 * entry["first_call_seconds"], compile_or_load_seconds=0.2 * entry["first_call_seconds"])
+        first_call[start] = entry["first_call_seconds"]
+    details.write_text(json.dumps(doc))
+    assert report.main(["--results", str(results), "--machine", MACHINE]) == 0
+    text = (results / "bench" / MACHINE / "REPORT.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| warm start:"))
+    warm = first_call["warm"]
+    assert "**missed**" in row
+    assert f"warm: {warm:.2f} s = {0.75 * warm:.2f} s outside the backend" in row
+    assert f"+ {0.25 * warm:.2f} s in it, {0.2 * warm:.2f} s of which loading the pieces" in row
+    table = next(line for line in text.splitlines() if line.startswith("| warm |"))
+    assert f"| {0.25 * warm:.2f} | {0.2 * warm:.2f} | {0.75 * warm:.2f} |" in table
