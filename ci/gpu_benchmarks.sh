@@ -125,7 +125,7 @@ step_asv() {  # step_asv MIN_SECONDS REGEX
   if [ "$budget" -lt "$1" ]; then say "SKIPPED asv '$2': ${budget}s left before the deadline, it needs ~$1s"; fail 3; return; fi
   say "asv run --bench '$2' (machine $MACHINE, at most ${budget}s)"
   timeout "$budget" "$PY" -m asv run ${ASV_CONFIG[@]+"${ASV_CONFIG[@]}"} --python=same --set-commit-hash "$COMMIT" --machine "$MACHINE" \
-    --launch-method "${ASV_LAUNCH_METHOD:-spawn}" --show-stderr ${PIECEWORKS_RESUME:+--skip-existing-successful} \
+    --launch-method "${ASV_LAUNCH_METHOD:-spawn}" --show-stderr ${RESUME:+--skip-existing-successful} \
     --bench "$2"
   local rc=$?
   [ "$rc" -ne 124 ] || say "TIMED OUT: asv '$2' did not finish before the deadline; its results are lost"
@@ -142,12 +142,31 @@ fi
 if in_part 2; then
   step_asv 60 '^memory\.'
   step_asv 60 '^compile\.'
-  if [ -n "${PIECEWORKS_RESUME:-}" ] && [ -s "$DETAILS/host_overhead.json" ]; then
-    say "pytest-benchmark host overhead: results exist (resume)"
+  MEASURED=${RENAME_TO:-$COMMIT}  # the commit results are stored under
+  if [ -n "$RESUME" ] && "$PY" - "$DETAILS/host_overhead.json" "$MEASURED" <<'PYEOF'
+import json, sys
+try:
+    sys.exit(0 if json.load(open(sys.argv[1])).get("pieceworks_commit") == sys.argv[2] else 1)
+except (OSError, ValueError):
+    sys.exit(1)
+PYEOF
+  then
+    say "pytest-benchmark host overhead: results of $MEASURED exist (resume)"
   elif [ "$(( $(left) - 30 ))" -ge 40 ]; then
     say "pytest-benchmark: host overhead (GPU and CPU variants)"
-    timeout "$(( $(left) - 30 ))" "$PY" -m pytest suites/test_host_overhead.py -q -p no:cacheprovider \
-      --benchmark-json "$DETAILS/host_overhead.json" || fail $?
+    if timeout "$(( $(left) - 30 ))" "$PY" -m pytest suites/test_host_overhead.py -q -p no:cacheprovider \
+        --benchmark-json "$DETAILS/host_overhead.json"; then
+      # the commit measured, for the report and for resuming (pytest-benchmark's commit_info reads whatever .git
+      # is here, which on a copied tree may be a stale one)
+      "$PY" - "$DETAILS/host_overhead.json" "$MEASURED" <<'PYEOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+doc["pieceworks_commit"] = sys.argv[2]
+json.dump(doc, open(sys.argv[1], "w"), indent=4)
+PYEOF
+    else
+      fail $?
+    fi
   else
     say "SKIPPED pytest-benchmark host overhead: too little time left"; fail 3
   fi

@@ -353,8 +353,9 @@ class Report:
                 continue
             gpu_rows.append(info | {"wall_us": bench["stats"]["median"] * 1e6, "test": bench["name"]})
         if gpu_rows:
-            self.lines += [f"Run {(pytest_benchmark or {}).get('datetime', '?')[:19]} UTC (see results/README.md for the "
-                           "commit). "
+            commit = (pytest_benchmark or {}).get("pieceworks_commit")
+            self.lines += [f"Run {(pytest_benchmark or {}).get('datetime', '?')[:19]} UTC ("
+                           + (f"commit {commit[:12]}" if commit else "see results/README.md for the commit") + "). "
                            "pytest-benchmark (`suites/test_host_overhead.py`): forward and the pieces' own work "
                            "timed alone (graph replays, splitting ops called directly) with CUDA events; overhead = "
                            "forward − work (negative where host work overlaps GPU work). Wall = pytest-benchmark's "
