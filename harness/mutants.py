@@ -877,8 +877,9 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
                               _gate_ignores_controls),
     "report_ignores_side_by_side_profiles": ("the report explains a missed target only from the latency run's own "
                                              "profiles, never both sides", _report_ignores_side_by_side_profiles),
-    "report_hides_where_the_first_call_went": ("the compile table and the warm-start miss never split the first call "
-                                               "into the backend's time and Dynamo's", _report_hides_where_the_first_call_went),
+    "report_hides_where_the_first_call_went": (
+        "the compile table and the warm-start miss never split the first call into the backend's time and Dynamo's",
+        _report_hides_where_the_first_call_went),
     "report_hides_the_kernel_difference": ("the report's miss notes never name the kernels only the slower side runs",
                                            _report_hides_the_kernel_difference),
     "gate_improvements_fail": ("an improvement beyond the threshold fails like a regression", _gate_improvements_fail),

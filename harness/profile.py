@@ -44,7 +44,8 @@ def kernel_profile(fn: Callable[[], Any], calls: int = 5, top: int = 5) -> dict[
 
     Result: `{"device_us_per_call", "library_share", "top": [{"name", "kind", "us_per_call", "calls_per_call",
     "share"}], "kernels": {name: [us_per_call, calls_per_call]}}`: `share` is of all kernel time; `kernels` lists
-    every kernel (for telling two profiles apart: `kernels_only_in`). Names are cut to 120 characters.
+    every kernel (for telling two profiles apart: `kernels_only_in`). Names are cut to 120 characters in `top`,
+    whole in `kernels`.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -73,13 +74,14 @@ def kernel_profile(fn: Callable[[], Any], calls: int = 5, top: int = 5) -> dict[
              "calls_per_call": count / calls, "share": us / total if total else 0.0}
             for name, (us, count) in ranked[:top]
         ],
-        "kernels": {name[:120]: [us / calls, count / calls] for name, (us, count) in ranked},
+        "kernels": {name: [us / calls, count / calls] for name, (us, count) in ranked},
     }
 
 
 def kernels_only_in(first: dict[str, Any], second: dict[str, Any], limit: int = 3) -> list[tuple[str, float, float]]:
-    """The kernels `first`'s profile runs and `second`'s does not (by name), most time first: `(name, µs per call,
-    launches per call)`, at most `limit`. Empty when either profile predates the `kernels` field."""
+    """The kernels `first`'s profile runs and `second`'s does not (by name), most time first: `(name, µs per call
+    of the profiled function, summed over that kernel's launches; launches per call)`, at most `limit`. Empty when
+    either profile predates the `kernels` field."""
     mine, theirs = first.get("kernels"), second.get("kernels")
     if not mine or theirs is None:
         return []

@@ -14,8 +14,9 @@
 - **Conformance** (`pytest --pyargs pieceworks.conformance`). Its options live here, in the always-loaded plugin,
   because options of a conftest below the root are not reliably registered under `--pyargs`: `--impl NAME` (or
   `package.module:Adapter`, `path/to/file.py:Adapter`; repeatable; default every registered implementation),
-  `--conformance-model NAME` (repeatable; default every model), `--conformance-device cuda|cpu` (cpu runs the
-  properties that need no CUDA, for adapters that run on a CPU), `--conformance-json PATH`. Each conformance test
+  `--conformance-model NAME` (repeatable; default silly, toy-llama, hf-llama; `all`: every model),
+  `--conformance-device cuda|cpu` (cpu runs the properties that need no CUDA, for adapters that run on a CPU),
+  `--conformance-json PATH`. Each conformance test
   carries the user property "conformance" ({impl, model, property}); the plugin turns every such test's reports into
   one result (pass, fail, error, n/a, unavailable, skipped, with the reason and a failure's example), prints a
   summary listing every not-applicable reason (never a silent skip), and writes them all as JSON to PATH, which
@@ -58,7 +59,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="implementation to test: a registered name, package.module:Adapter or path/to/file.py:Adapter"
                          " (repeatable; default: every registered implementation)")
     group.addoption("--conformance-model", action="append", default=[], metavar="NAME",
-                    help="model to test (repeatable; default: silly, toy-llama, hf-llama; 'all': every model of the suite)")
+                    help="model to test (repeatable; default: silly, toy-llama, hf-llama; 'all': every model of "
+                         "the suite)")
     group.addoption("--conformance-device", choices=["cuda", "cpu"], default="cuda",
                     help="cuda (default): the properties as GPU tests; cpu: those that need no CUDA, on the CPU")
     group.addoption("--conformance-json", default=None, metavar="PATH",

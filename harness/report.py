@@ -32,16 +32,26 @@ TARGETS = {
 LIBRARY_DOMINATES = 0.5  # a library kernel family above this share of GPU time dominates the batch size
 
 
-def load_asv(results_dir: str, machine: str, commit: str | None = None) -> tuple[dict[str, dict], dict[str, Any]]:
-    """{benchmark name: {params tuple: value}} of one asv result file, and that file's header fields."""
+def newest_asv_file(results_dir: str, machine: str, commit: str | None = None) -> str:
+    """The asv result file of `machine` (of `commit`, if given) whose benchmarks started last: the run a report
+    and the gate's own checks read."""
     files = [f for f in glob.glob(os.path.join(results_dir, machine, "*.json")) if not f.endswith("machine.json")]
     if commit:
         files = [f for f in files if os.path.basename(f).startswith(commit[:8])]
     if not files:
         raise FileNotFoundError(f"no asv results for machine {machine!r} in {results_dir}"
                                 + (f" at commit {commit}" if commit else "") + ": run the benchmarks first")
-    docs = [json.load(open(f)) for f in files]
-    doc = max(docs, key=lambda d: max((r[3] for r in d["results"].values() if len(r) > 3 and r[3]), default=0))
+
+    def started(path: str) -> float:
+        doc = json.load(open(path))
+        return max((r[3] for r in doc["results"].values() if len(r) > 3 and r[3]), default=0)
+
+    return max(files, key=started)
+
+
+def load_asv(results_dir: str, machine: str, commit: str | None = None) -> tuple[dict[str, dict], dict[str, Any]]:
+    """{benchmark name: {params tuple: value}} of one asv result file (`newest_asv_file`), and its header fields."""
+    doc = json.load(open(newest_asv_file(results_dir, machine, commit)))
     columns = doc["result_columns"]
     table: dict[str, dict] = {}
     for name, row in doc["results"].items():
@@ -87,7 +97,7 @@ def _difference(impls: tuple[str, str], first: dict, second: dict) -> str:
     if not only:
         return ""
     return f"; kernels only in {impls[0]}: " + ", ".join(
-        f"`{name[:48]}` {us:.1f} µs × {calls:.0f}" for name, us, calls in only)
+        f"`{name[:48]}` {us:.1f} µs in {calls:.0f} launches" for name, us, calls in only)
 
 
 def _verdict(ok: bool | None) -> str:
@@ -310,7 +320,8 @@ class Report:
                        "or load), of which compile or load = the pieces; outside = Dynamo's trace, its guards and "
                        "one run of the model (n/a: a run before this breakdown was recorded).", "",
                        "| start | first call s | vs cold | in the backend s | compile or load s | outside s | "
-                       "process s | Inductor compiles | artifacts loaded |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                       "process s | Inductor compiles | artifacts loaded |",
+                       "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for s in starts:
             r = rows[s]
             ratio = r["first_call_seconds"] / cold if r["first_call_seconds"] is not None and cold else None
@@ -363,7 +374,8 @@ class Report:
                            "of the padded size run alone on the static buffers; forward / replay = what "
                            "`CompiledModel.__call__` costs over it (argument checks, static copies, cut back).", "",
                            "| device | mode | batch | pieces | forward µs | compiled pieces alone (graph replays) | "
-                           "splitting ops alone | overhead µs | per piece µs | replay µs | forward / replay | wall µs |",
+                           "splitting ops alone | overhead µs | per piece µs | replay µs | forward / replay | "
+                           "wall µs |",
                            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
             for r in sorted(gpu_rows, key=lambda r: (str(r.get("device")), r["mode"], r.get("batch", 0))):
                 self.lines.append(

@@ -194,3 +194,5 @@ def test_the_default_selection_is_every_implementation_on_the_three_default_mode
     assert {s.case.name for s in subjects.select(["eager"], ["toy-llama-tractable"])} == {"toy-llama-tractable"}
     with pytest.raises(ValueError, match="unknown conformance model.*'toy'"):
         subjects.select(["eager"], ["toy"])
+    with pytest.raises(ValueError, match="unknown conformance model.*'toy'"):
+        subjects.select(["eager"], ["all", "toy"])

@@ -29,9 +29,10 @@ H100 = REPO / "results" / "asv"  # the committed H100 runs (one asv file per com
 
 
 def _newest_h100_file() -> Path:
-    """The committed H100 asv result file of the newest run (asv's `date`: the commit's date)."""
-    files = [p for p in (H100 / "nvidia-h100-80gb-hbm3").glob("*.json") if p.name != "machine.json"]
-    return max(files, key=lambda p: json.loads(p.read_text())["date"])
+    """The committed H100 asv result file the report reads: the newest run."""
+    from pieceworks.harness.report import newest_asv_file
+
+    return Path(newest_asv_file(str(H100), "nvidia-h100-80gb-hbm3"))
 
 THRESHOLDS = load_thresholds(DEFAULT_PATH)
 UNJUDGED = {"ok", "skipped", "info", "control"}  # verdicts of items nothing happened to

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import ast
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -20,9 +22,23 @@ REPO = Path(__file__).resolve().parent.parent
 MACHINE = "nvidia-h100-80gb-hbm3"
 
 
-def _regenerate(tmp_path: Path, drop: tuple[str, ...] = (), one_side: bool = False) -> str:
+def _scale_asv(results: Path, scale: dict[tuple[str, tuple], float]) -> None:
+    """Multiply values of the copied newest asv run: `{(benchmark, params): factor}`."""
+    path = Path(report.newest_asv_file(str(results / "asv"), MACHINE))
+    doc = json.loads(path.read_text())
+    columns = doc["result_columns"]
+    for (name, key), factor in scale.items():
+        row = dict(zip(columns, doc["results"][name]))
+        keys = list(itertools.product(*[[ast.literal_eval(p) for p in ps] for ps in row["params"]]))
+        row["result"][keys.index(key)] *= factor
+    path.write_text(json.dumps(doc))
+
+
+def _regenerate(tmp_path: Path, drop: tuple[str, ...] = (), one_side: bool = False,
+                scale: dict[tuple[str, tuple], float] | None = None) -> str:
     """The report of a copy of the committed results, without the files matching `drop`; `one_side`: the latency
-    runs' profiles of reduce-overhead removed (as older runs profiled eager, pcg and PIECEWISE only)."""
+    runs' profiles of reduce-overhead removed (as older runs profiled eager, pcg and PIECEWISE only); `scale`: asv
+    values multiplied (see `_scale_asv`), to force a target's verdict whatever the committed run measured."""
     results = tmp_path / "results"
     shutil.copytree(REPO / "results" / "asv", results / "asv")
     shutil.copytree(REPO / "results" / "bench" / MACHINE, results / "bench" / MACHINE,
@@ -31,8 +47,14 @@ def _regenerate(tmp_path: Path, drop: tuple[str, ...] = (), one_side: bool = Fal
         doc = json.loads(path.read_text())
         doc["profiles"] = {k: v for k, v in doc["profiles"].items() if not k.startswith("reduce-overhead|")}
         path.write_text(json.dumps(doc))
+    _scale_asv(results, scale or {})
     assert report.main(["--results", str(results), "--machine", MACHINE]) == 0
     return (results / "bench" / MACHINE / "REPORT.md").read_text()
+
+
+# FULL made 2x slower at bfloat16 batch 64, a size the committed side-by-side profile covers: the worst miss, whatever
+# the committed run measured.
+FULL_MISS = {("latency.ToyLlamaBfloat16.track_median_us", ("pieceworks-full", 64)): 2.0}
 
 
 def test_the_committed_report_is_what_the_committed_results_regenerate(tmp_path):
@@ -47,40 +69,57 @@ def _full_target(text: str) -> str:
 
 
 def test_a_miss_is_explained_by_both_sides_and_the_kernels_only_one_runs(tmp_path):
-    row = _full_target(_regenerate(tmp_path, drop=("profile_*.json",)))
+    row = _full_target(_regenerate(tmp_path, drop=("profile_*.json",), scale=FULL_MISS))
     assert "**missed**" in row
-    assert ": pieceworks-full " in row and " vs reduce-overhead " in row and "side-by-side" not in row
+    assert "bfloat16 b64: pieceworks-full " in row and " vs reduce-overhead " in row and "side-by-side" not in row
     assert row.count("% busy") >= 2 and "kernels only in pieceworks-full: `" in row
 
 
 def test_a_side_by_side_profile_explains_a_miss_the_latency_run_profiled_one_side_of(tmp_path):
-    row = _full_target(_regenerate(tmp_path, one_side=True))
+    row = _full_target(_regenerate(tmp_path, one_side=True, scale=FULL_MISS))
     assert "**missed**" in row
-    assert "(side-by-side profile): pieceworks-full" in row and " vs reduce-overhead " in row
+    assert "bfloat16 b64 (side-by-side profile): pieceworks-full" in row and " vs reduce-overhead " in row
     assert row.count("% busy") >= 2 and row.count("kernels") >= 2
 
-    without = _full_target(_regenerate(tmp_path / "without", drop=("profile_*.json",), one_side=True))
+    without = _full_target(_regenerate(tmp_path / "without", drop=("profile_*.json",), one_side=True,
+                                       scale=FULL_MISS))
     assert "side-by-side" not in without and " vs reduce-overhead " not in without and "**missed**" in without
+
+
+def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
+    """The report with warm and new-host first calls forced to 10x what was measured (a miss whatever the committed
+    run measured), the compile details given a breakdown of 25% in the backend, 20% loading (or none); and the warm
+    first call's seconds."""
+    name = "compile.CompileStart.track_first_call_seconds"
+    _regenerate(tmp_path, scale={(name, ("warm",)): 10.0, (name, ("warm_new_host",)): 10.0})
+    results = tmp_path / "results"
+    first_call = {start[0]: v for start, v in report.load_asv(str(results / "asv"), MACHINE)[0][name].items()}
+    details = results / "bench" / MACHINE / "compile.json"
+    doc = json.loads(details.read_text())
+    for start, entry in doc["entries"].items():
+        entry.pop("backend_seconds", None)
+        entry.pop("compile_or_load_seconds", None)
+        if breakdown:
+            entry.update(backend_seconds=0.25 * first_call[start], compile_or_load_seconds=0.2 * first_call[start])
+    details.write_text(json.dumps(doc))
+    assert report.main(["--results", str(results), "--machine", MACHINE]) == 0
+    return (results / "bench" / MACHINE / "REPORT.md").read_text(), first_call["warm"]
+
+
+def _line(text: str, start: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(start))
 
 
 def test_a_warm_start_miss_says_where_the_first_call_went(tmp_path):
     """With the compile benchmark's breakdown recorded (backend seconds, of which compile or load), the compile table
     shows it and a missed warm-start target is split into Dynamo's side and the backend's; without it, n/a."""
-    results = tmp_path / "results"
-    _regenerate(tmp_path)
-    details = results / "bench" / MACHINE / "compile.json"
-    doc = json.loads(details.read_text())
-    first_call = {}
-    for start, entry in doc["entries"].items():
-        entry.update(backend_seconds=0.25 * entry["first_call_seconds"], compile_or_load_seconds=0.2 * entry["first_call_seconds"])
-        first_call[start] = entry["first_call_seconds"]
-    details.write_text(json.dumps(doc))
-    assert report.main(["--results", str(results), "--machine", MACHINE]) == 0
-    text = (results / "bench" / MACHINE / "REPORT.md").read_text()
-    row = next(line for line in text.splitlines() if line.startswith("| warm start:"))
-    warm = first_call["warm"]
+    text, warm = _warm_start_report(tmp_path, breakdown=True)
+    row = _line(text, "| warm start:")
     assert "**missed**" in row
     assert f"warm: {warm:.2f} s = {0.75 * warm:.2f} s outside the backend" in row
     assert f"+ {0.25 * warm:.2f} s in it, {0.2 * warm:.2f} s of which loading the pieces" in row
-    table = next(line for line in text.splitlines() if line.startswith("| warm |"))
-    assert f"| {0.25 * warm:.2f} | {0.2 * warm:.2f} | {0.75 * warm:.2f} |" in table
+    assert f"| {0.25 * warm:.2f} | {0.2 * warm:.2f} | {0.75 * warm:.2f} |" in _line(text, "| warm |")
+
+    text, warm = _warm_start_report(tmp_path / "without", breakdown=False)
+    assert "**missed**" in _line(text, "| warm start:") and "outside the backend" not in _line(text, "| warm start:")
+    assert f"| {warm:.2f} | " in _line(text, "| warm |") and "| n/a | n/a | n/a |" in _line(text, "| warm |")

@@ -14,7 +14,8 @@ warm_new_host rows measured a rebuild: 0.42x cold on the H100, 0.92x on a CPU.)
 Tracked: seconds of the first call (trace + compile or load), seconds of the whole process (imports included),
 Inductor compiles and artifacts loaded. Details (`compile.json`, for the report): the first call's seconds inside
 the pieceworks backend and, of those, compiling or loading the pieces (`Runtime.build_seconds`); the rest of the
-first call is Dynamo's trace, its guards and one run of the model. Targets (report): warm 0 compiles and <= 10% of cold, also on a new host.
+first call is Dynamo's trace, its guards and one run of the model. Targets (report): warm 0 compiles and <= 10%
+of cold, also on a new host.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from pieceworks.harness.implementations import IMPLEMENTATIONS, Built, Implement
 from .cases import CASES, ModelCase
 from .checks import CAPTURE_SIZES
 
-__all__ = ["PROPERTIES", "DEFAULT_MODELS", "Subject", "select", "impl_unavailable", "unavailable", "not_applicable", "not_observable",
-           "Builds", "warm_start_case"]
+__all__ = ["PROPERTIES", "DEFAULT_MODELS", "Subject", "select", "impl_unavailable", "unavailable", "not_applicable",
+           "not_observable", "Builds", "warm_start_case"]
 
 PROPERTIES: dict[str, tuple[tuple[str, ...], str]] = {
     "replay-matches-eager": ((), "any batch sequence (captured, between, above) gives eager's outputs, padding "
@@ -67,8 +67,8 @@ def select(impl_specs: list[str], model_names: list[str]) -> list[Subject]:
     Raises ValueError naming an unknown model."""
     load_user_implementations()
     specs = impl_specs or list(IMPLEMENTATIONS)
+    unknown = [m for m in model_names if m not in CASES and m != "all"]
     names = list(CASES) if "all" in model_names else (model_names or list(DEFAULT_MODELS))
-    unknown = [m for m in names if m not in CASES]
     if unknown:
         raise ValueError(f"unknown conformance model(s) {unknown}; the suite has {list(CASES)} (or 'all')")
     impls = [(spec, resolve(spec)) for spec in dict.fromkeys(specs)]
