@@ -409,6 +409,12 @@ def _report_hides_where_the_first_call_went(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(report.Report, "_first_call_parts", staticmethod(lambda entry, first_call: (None, None, None)))
 
 
+def _report_hides_the_capture_cost(mp: pytest.MonkeyPatch) -> None:
+    from pieceworks.harness import report
+
+    mp.setattr(report.Report, "_capture_note", lambda self, mode: "")
+
+
 def _report_hides_the_kernel_difference(mp: pytest.MonkeyPatch) -> None:
     from pieceworks.harness import profile
 
@@ -880,6 +886,8 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "report_hides_where_the_first_call_went": (
         "the compile table and the warm-start miss never split the first call into the backend's time and Dynamo's",
         _report_hides_where_the_first_call_went),
+    "report_hides_the_capture_cost": ("a missed capture target never says what the first size and each further "
+                                      "graph cost", _report_hides_the_capture_cost),
     "report_hides_the_kernel_difference": ("the report's miss notes never name the kernels only the slower side runs",
                                            _report_hides_the_kernel_difference),
     "gate_improvements_fail": ("an improvement beyond the threshold fails like a regression", _gate_improvements_fail),

@@ -123,3 +123,15 @@ def test_a_warm_start_miss_says_where_the_first_call_went(tmp_path):
     text, warm = _warm_start_report(tmp_path / "without", breakdown=False)
     assert "**missed**" in _line(text, "| warm start:") and "outside the backend" not in _line(text, "| warm start:")
     assert f"| {warm:.2f} | " in _line(text, "| warm |") and "| n/a | n/a | n/a |" in _line(text, "| warm |")
+
+
+def test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost(tmp_path):
+    name = "memory.CaptureMemory.track_capture_seconds"
+    text = _regenerate(tmp_path, scale={(name, ("PIECEWISE", 51)): 100.0})  # a miss, whatever was measured
+    entries = json.loads((REPO / "results" / "bench" / MACHINE / "memory.json").read_text())["entries"]
+    one, all_ = entries["PIECEWISE|1"], entries["PIECEWISE|51"]
+    per_graph = (all_["capture_seconds"] - one["capture_seconds"]) / (all_["graphs"] - one["graphs"])
+    row = _line(text, "| capture of 51 sizes")
+    assert "**missed**" in row
+    assert (f"PIECEWISE: {all_['graphs']} graphs; 1 size ({one['graphs']} graphs) {one['capture_seconds']:.2f} s, "
+            f"then {1e3 * per_graph:.2f} ms a graph") in row
