@@ -32,6 +32,8 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
     "index_without_checksum": "suites/test_properties.py::test_damaged_index_is_a_clear_error_never_a_wrong_entry",
     "key_ignores_config": "suites/test_cache_key.py::test_every_code_factor_moves_the_key_and_nothing_per_run_does",
     "pad_to_the_size_below": "suites/test_properties.py::test_padding_picks_the_smallest_captured_size_at_least_the_batch",
+    "static_copy_misses_last_row":
+        "suites/test_dispatch.py::test_static_inputs_hold_each_call_in_place_and_keep_earlier_rows_as_padding",
     "load_without_checking": "suites/test_cache_machine.py",
     "arg_check_skips_dtype":
         "suites/test_properties.py::test_any_argument_mismatch_is_an_input_error_naming_the_argument",

@@ -5,7 +5,8 @@
 (one copy per argument); rows b..n-1 keep whatever valid rows they held (the first call's rows, repeated, or
 rows of an earlier call), never uninitialised memory: a token id there is always a valid index. The model must
 treat rows independently (as every batched inference model does), so padded rows cannot change real ones.
-Memory: one max-size copy of each input. Not thread-safe.
+Memory: one max-size copy of each input, and the view objects of the sizes seen (`buffer[:n]` per captured size,
+`buffer[:b]` per batch size served), made once and reused so that a call slices nothing. Not thread-safe.
 
 `unpad` cuts an output back to the real rows: exactly the leaves `batched_outputs` marked once from the trace
 (outputs whose dim 0 is the batch symbol, in tuples, lists, dicts and namedtuples), never a tensor that only
@@ -30,6 +31,7 @@ class StaticInputs:
         for a in example_args:
             self.buffers.append(cycle_rows(a, max_size).contiguous() if isinstance(a, torch.Tensor) else a)
         self._views: dict[int, list[Any]] = {}
+        self._destinations: dict[int, list[tuple[torch.Tensor, int]]] = {}
 
     def views(self, n: int) -> list[Any]:
         """The arguments at batch n: `buffer[:n]` for tensors (memoised views), other values as they are."""
@@ -41,9 +43,12 @@ class StaticInputs:
 
     def load(self, args: Sequence[Any], batch: int, n: int) -> list[Any]:
         """Copy `args` (batch `batch`) into the buffers; return the arguments at padded batch n."""
-        for buffer, a in zip(self.buffers, args):
-            if isinstance(a, torch.Tensor):
-                buffer[:batch].copy_(a, non_blocking=True)
+        destinations = self._destinations.get(batch)
+        if destinations is None:  # (buffer[:batch], argument index) per tensor buffer, made once per batch size
+            destinations = [(v, i) for i, v in enumerate(self.views(batch)) if isinstance(v, torch.Tensor)]
+            self._destinations[batch] = destinations
+        for destination, i in destinations:
+            destination.copy_(args[i], non_blocking=True)
         return self.views(n)
 
 
