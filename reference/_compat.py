@@ -12,7 +12,13 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
 - Dynamo's `torch._dynamo.config.patch(capture_scalar_outputs=, capture_dynamic_output_shape_ops=)`: both flags
   in 2.11-2.15 (newer Dynamo implies them under fullgraph=True; setting them keeps every version alike);
 - the shape environment: a FakeTensor's `fake_mode`, a SymInt's `str()` naming its expression, and
-  `torch.fx.experimental.symbolic_shapes.free_unbacked_symbols` (same name and meaning in 2.11-2.15).
+  `torch.fx.experimental.symbolic_shapes.free_unbacked_symbols` (same name and meaning in 2.11-2.15);
+- the global compiler configuration: the modules `torch._inductor.config` and `torch._functorch.config`
+  (`get_config_copy`, `save_config_portable`, `patch`; all three in 2.11-2.15), read for the cache key and for
+  checking `inductor_compile_config` keys, patched only for the duration of one compile;
+- Inductor's default cache folder, `torch._inductor.runtime.cache_dir_utils.default_cache_dir()` (2.11-2.15; None
+  where absent: callers fall back to the folder's name);
+- Dynamo's `torch._dynamo.exc.BackendCompilerFailed`, which wraps an error raised inside a backend.
 
 A missing feature raises `TorchCompatError` once, at first use, naming the feature, the torch version and the fix;
 nothing here patches torch.
@@ -30,6 +36,7 @@ import torch.fx
 __all__ = [
     "TorchCompatError", "standalone_compile", "load_artifact", "example_value", "op_identity", "op_schema",
     "split_module", "data_dependent_tracing", "fake_mode_of", "symbol_name", "unbacked_symbols", "registered_ops",
+    "inductor_config", "functorch_config", "inductor_default_cache_dir", "BackendCompilerFailed",
 ]
 
 
@@ -135,3 +142,42 @@ def registered_ops() -> list[str]:
     them (then messages just list fewer candidates)."""
     list_ops = getattr(torch._C, "_dispatch_get_all_op_names", None)
     return list(list_ops()) if list_ops is not None else []
+
+
+def inductor_config() -> Any:
+    """The module `torch._inductor.config` (Inductor's global configuration)."""
+    try:
+        import torch._inductor.config as config
+    except ImportError:
+        raise _missing("torch._inductor.config") from None
+    if not all(hasattr(config, name) for name in ("get_config_copy", "save_config_portable", "patch")):
+        raise _missing("torch._inductor.config.get_config_copy/save_config_portable/patch")
+    return config
+
+
+def functorch_config() -> Any:
+    """The module `torch._functorch.config` (AOTAutograd's global configuration, part of what Inductor keys on)."""
+    try:
+        import torch._functorch.config as config
+    except ImportError:
+        raise _missing("torch._functorch.config") from None
+    if not hasattr(config, "save_config_portable"):
+        raise _missing("torch._functorch.config.save_config_portable")
+    return config
+
+
+def inductor_default_cache_dir() -> str | None:
+    """The folder Inductor caches in when `TORCHINDUCTOR_CACHE_DIR` is unset, or None where this torch does not
+    say."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return None
+    return default_cache_dir()
+
+
+try:
+    from torch._dynamo.exc import BackendCompilerFailed
+except ImportError:  # pragma: no cover - every torch 2.11-2.15 has it; a class nothing raises keeps `except` valid
+    class BackendCompilerFailed(Exception):  # type: ignore[no-redef]
+        """Stand-in: this torch has no torch._dynamo.exc.BackendCompilerFailed."""

@@ -201,7 +201,7 @@ class CompiledModel:
             # their pieces then run without CUDA graphs.
             with _compat.data_dependent_tracing():
                 output = self._dynamo_fn(*trace_args)
-        except torch._dynamo.exc.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
+        except _compat.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
             inner = getattr(exc, "inner_exception", None) or exc.__cause__
             if isinstance(inner, ConfigError):
                 raise inner from None

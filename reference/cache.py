@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ._compat import inductor_default_cache_dir
 from .counters import counters
 
 __all__ = ["CompileCache", "CacheIndexError", "atomic_write", "cache_key", "parse_index", "serialize_index",
@@ -427,11 +428,10 @@ def _user_chose_inductor_dir() -> bool:
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not chosen:
         return False
-    try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    except ImportError:  # layout of another torch: only the folder's name is known
+    default = inductor_default_cache_dir()
+    if default is None:  # layout of another torch: only the folder's name is known
         return os.path.basename(os.path.normpath(chosen)) != f"torchinductor_{_user()}"
-    return os.path.abspath(chosen) != os.path.abspath(default_cache_dir())
+    return os.path.abspath(chosen) != os.path.abspath(default)
 
 
 def _user() -> str:

@@ -67,9 +67,9 @@ def _check_inductor_keys(config: dict[str, Any]) -> None:
     """Every key must be an Inductor config option (dotted for nested ones, e.g. "triton.cudagraphs")."""
     if not config:
         return
-    import torch._inductor.config as inductor_config
+    from ._compat import inductor_config
 
-    known = set(inductor_config.get_config_copy())
+    known = set(inductor_config().get_config_copy())
     for key in config:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=3)

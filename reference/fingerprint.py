@@ -184,15 +184,14 @@ def inductor_config_factors() -> str:
     Equal configurations give equal digests in any process; a custom pass without `uuid()` raises
     `UnkeyableConfigError` (the caller compiles without the cache).
     """
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
+    from ._compat import functorch_config, inductor_config
 
     doc: dict[str, Any] = {}
-    for name, module in (("inductor", inductor_config), ("functorch", functorch_config)):
+    for name, module in (("inductor", inductor_config()), ("functorch", functorch_config())):
         for key, value in module.save_config_portable().items():
             doc[f"{name}.{key}"] = _portable(value, f"torch._{name}.config.{key}")
     for key in _CUSTOM_PASSES:
-        value = getattr(inductor_config, key, None)
+        value = getattr(inductor_config(), key, None)
         if value is None:
             continue
         if not callable(getattr(value, "uuid", None)):

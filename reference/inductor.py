@@ -105,8 +105,8 @@ def inductor_cache_dir(path: str | None, *, precompiled_headers: bool = False) -
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     patch = contextlib.nullcontext()
-    if not precompiled_headers and hasattr(torch._inductor.config, "cpp_cache_precompile_headers"):
-        patch = torch._inductor.config.patch(cpp_cache_precompile_headers=False)
+    if not precompiled_headers and hasattr(_compat.inductor_config(), "cpp_cache_precompile_headers"):
+        patch = _compat.inductor_config().patch(cpp_cache_precompile_headers=False)
     try:
         with patch:
             yield
