@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.fx
 
-__all__ = ["PieceWork", "record", "measure", "replay_run"]
+__all__ = ["PieceWork", "record", "measure", "replay_run", "static_replay"]
 
 
 @dataclasses.dataclass
@@ -161,15 +161,20 @@ def _plan_work(runtime: Any, plan: Any, n: int) -> list[PieceWork]:
 def replay_run(compiled: Any, batch: int) -> Callable[[], Any]:
     """The replay (PIECEWISE plan or FULL graph) of `batch`'s padded size, run alone on the static buffers of a
     traced and captured `pieceworks.CompiledModel`, as `CompiledModel.__call__` runs it (no checks)."""
+    replay, flat = static_replay(compiled, batch)
+    return lambda: replay.run(flat, ())
+
+
+def static_replay(compiled: Any, batch: int) -> tuple[Any, list[Any]]:
+    """`(replay, flat)`: the replay (PIECEWISE plan or FULL graph) of `batch`'s padded size and the graph inputs
+    it runs on (the static buffers' views, parameters, the size)."""
     runtime = compiled.runtime
     if runtime is None or runtime.binder is None or runtime.static is None:
         raise ValueError("replay_run() needs a traced, captured model whose calls bind directly (no Dynamo fallback)")
     n = min((s for s in runtime.replays if s >= batch), default=None)
     if n is None:
         raise ValueError(f"no captured size >= {batch} (captured: {sorted(runtime.replays)}): call capture() first")
-    replay = runtime.replays[n]
-    flat = runtime.binder.inputs(runtime.static.views(n), n)
-    return lambda: replay.run(flat, ())
+    return runtime.replays[n], runtime.binder.inputs(runtime.static.views(n), n)
 
 
 def _in_order(fns: list[Callable[[], Any]]) -> Callable[[], None]:

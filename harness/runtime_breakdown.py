@@ -38,7 +38,7 @@ import torch
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, default_capture_sizes
 
-from . import models
+from . import breakdown, models
 from .timing import cuda_time_us
 
 
@@ -67,10 +67,7 @@ def _peer(name: str, model: torch.nn.Module, make: Any, sizes: list[int]) -> tup
 
 def _plan_parts(compiled: Any, batch: int) -> dict[str, Any]:
     """The PIECEWISE plan of `batch`'s padded size, and callables for its parts, on the static buffers."""
-    runtime = compiled.runtime
-    n = min(s for s in runtime.replays if s >= batch)
-    plan = runtime.replays[n]
-    flat = runtime.binder.inputs(runtime.static.views(n), n)
+    plan, flat = breakdown.static_replay(compiled, batch)
     slots = [None] * plan.num_slots
     for step in plan.steps:  # one forward into `slots`: the values later eager steps read
         step(flat, slots)

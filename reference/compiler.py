@@ -78,8 +78,9 @@ class PieceCompiler:
             self.shared += 1
             counters.num_shared_piece_compiles += 1
             return self.done[key]
-        if self.cache is None or not computes_tensors(item.graph):
-            fn = self._compile(item, isinstance(target, int), example_args)[0]
+        as_traced = not computes_tensors(item.graph)
+        if self.cache is None or as_traced:
+            fn = self._compile(item, isinstance(target, int), example_args, as_traced)[0]
         else:
             chosen = "cpp_cache_precompile_headers" in self.config.inductor_compile_config
             with inductor.inductor_cache_dir(self.cache.inductor_dir, precompiled_headers=chosen):
@@ -113,9 +114,12 @@ class PieceCompiler:
                     cache.store(name, lambda path: inductor.save_artifact(artifact, path), claim)
         return fn
 
-    def _compile(self, item: SplitItem, static: bool, example_args: Sequence[Any]) -> tuple[Callable, Any]:
+    def _compile(self, item: SplitItem, static: bool, example_args: Sequence[Any], as_traced: bool = False
+                 ) -> tuple[Callable, Any]:
+        """`as_traced`: the piece computes no tensor (`computes_tensors`), so it runs as traced whatever the
+        compiler."""
         self.compiled += 1
-        if self.config.compiler == "eager" or not computes_tensors(item.graph):
+        if self.config.compiler == "eager" or as_traced:
             counters.num_eager_compiles += 1
             return inductor.compile_eager(item.graph), None
         counters.num_inductor_compiles += 1
