@@ -390,6 +390,25 @@ def _empty_pieces_through_inductor(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(compiler, "computes_tensors", lambda graph: True)
 
 
+def _loads_start_compile_workers(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks._compat as compat
+    import pieceworks.inductor as inductor
+
+    mp.setattr(inductor, "load_artifact", lambda path, gm: inductor._adapt_outputs(
+        compat.load_artifact(path), inductor.returns_tuple(gm)))
+
+
+def _timing_not_interleaved(mp: pytest.MonkeyPatch) -> None:
+    from pieceworks.harness import timing
+
+    original = timing.interleaved_cuda_time_us
+
+    def one_after_another(fns, warmup=20, reps=200, rounds=10):
+        return {name: original({name: fn}, warmup=warmup, reps=reps, rounds=rounds)[name] for name, fn in fns.items()}
+
+    mp.setattr(timing, "interleaved_cuda_time_us", one_after_another)
+
+
 # ---- CI (issue 11): the benchmark gate and the preflight ----
 def _gate_ignores_controls(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
@@ -879,6 +898,11 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
                            _gate_failures_pass),
     "empty_pieces_through_inductor": ("pieces that return nothing and write nothing go through Inductor, which saves "
                                       "no artifact for them: every warm start compiles them again", _empty_pieces_through_inductor),
+    "loads_start_compile_workers": ("artifacts load under the user's compile_threads, so a warm start starts a "
+                                    "pool of compile workers for kernels the artifact carries (issue 7.9)",
+                                    _loads_start_compile_workers),
+    "timing_not_interleaved": ("side-by-side timing runs each callable's rounds one after the other (issue 9)",
+                               _timing_not_interleaved),
     "gate_ignores_controls": ("the gate judges every item, the controls that show drift between runs included",
                               _gate_ignores_controls),
     "report_ignores_side_by_side_profiles": ("the report explains a missed target only from the latency run's own "

@@ -1,20 +1,23 @@
 """Where a PIECEWISE forward's time goes, next to its peers, on ToyLlama: CUDA events, ratios.
 
 `python -m pieceworks.harness.runtime_breakdown [--out results/runtime_breakdown.json]` (CUDA only; about 2-4 min on
-an H100 for 12 layers, two dtypes, four batch sizes). For each dtype and batch it times, with CUDA events after
-warm-up (median, p25, p75 in µs):
+an H100 for 12 layers, two dtypes, four batch sizes). For each dtype and batch it times these side by side, with
+CUDA events after warm-up, in `--rounds` rounds whose order rotates (`timing.interleaved_cuda_time_us`: a slow spell
+of a shared host falls on all of them alike), reporting median, p25 and p75 in µs:
 - `compiled call`: `CompiledModel.__call__` in PIECEWISE mode (argument checks, static copy, plan, cut back);
 - `plan run`: the replay plan of the padded size alone, on the static buffers (no checks, no copies);
 - `graph replays`: the plan's piece graphs replayed back to back; `splitting ops`: its eager steps alone;
 - `FULL`: pieceworks FULL; `reduce-overhead`: `torch.compile(mode="reduce-overhead")`; `meta-pcg`: Meta's
   piecewise-cuda-graphs (skipped, with the reason, when the package or its harness adapter is absent);
-and derives: PIECEWISE / meta-pcg, compiled call / plan run, FULL / reduce-overhead, and host overhead per piece =
+and derives: PIECEWISE / meta-pcg, compiled call / plan run, FULL / reduce-overhead (each the median of the
+per-round ratios, with their minimum and maximum), and host overhead per piece =
 (compiled call - graph replays - splitting ops) / pieces, negative where host work overlaps GPU work. Every variant's
 output is compared with eager (max abs error), so a fast wrong answer shows.
 
 Robustness: each dtype runs in a child process of its own (a crash there, even a segfault, costs that dtype only
 and is recorded with the child's exit status and last output); `faulthandler` prints the Python stack of a fatal
-signal; every variant is timed under its own try (an error is recorded, the others go on); each batch row is printed
+signal; every variant is first called once under its own try (one that fails is recorded and left out of the
+timing, the others go on); each batch row is printed
 as it is measured and `--out` is rewritten after each dtype, so partial results survive. `--only` names the variants
 to build and time (e.g. `--only pieceworks,meta-pcg`), for bisecting a crash.
 """
@@ -39,7 +42,7 @@ import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, default_capture_sizes
 
 from . import breakdown, models
-from .timing import cuda_time_us
+from .timing import interleaved_cuda_time_us, ratio_over_rounds
 
 
 def _pieceworks(model: torch.nn.Module, mode: CUDAGraphMode, sizes: list[int], cache: str, make: Any) -> Any:
@@ -150,17 +153,24 @@ def _measure_dtype(dtype: torch.dtype, args: argparse.Namespace, cache: str) -> 
             for name in ("FULL", "meta-pcg", "reduce-overhead"):
                 if name in built:
                     variants[name] = lambda fn=built[name]: fn(*inputs)
-            row: dict[str, Any] = {}
-            for name, fn in variants.items():
+            errors: dict[str, float] = {}
+            for name, fn in list(variants.items()):  # one checked call each; a variant that fails is left out
                 try:
-                    row[name] = cuda_time_us(fn, warmup=args.warmup, reps=args.reps)
+                    out = fn()
                     if name in ("compiled call", "FULL", "meta-pcg", "reduce-overhead"):
-                        out = fn()
-                        row[name]["max_abs_error_vs_eager"] = float((out.float() - expected.float()).abs().max())
+                        errors[name] = float((out.float() - expected.float()).abs().max())
                 except Exception as exc:  # noqa: BLE001 - recorded; a CUDA error here poisons the rest too
                     report["errors"][f"{name} batch {batch}"] = "".join(traceback.format_exception_only(exc)).strip()
+                    del variants[name]
+            try:
+                row = interleaved_cuda_time_us(variants, warmup=args.warmup, reps=args.reps, rounds=args.rounds)
+            except Exception as exc:  # noqa: BLE001 - recorded; the next batch may still run
+                report["errors"][f"timing batch {batch}"] = "".join(traceback.format_exception_only(exc)).strip()
+                continue
+            for name, error in errors.items():
+                row[name]["max_abs_error_vs_eager"] = error
             med = {k: v["median_us"] for k, v in row.items()}
-            ratio = lambda a, b: med[a] / med[b] if a in med and b in med else None  # noqa: E731
+            ratio = lambda a, b: ratio_over_rounds(row[a], row[b]) if a in row and b in row else None  # noqa: E731
             ratios = {"PIECEWISE / meta-pcg": ratio("compiled call", "meta-pcg"),
                       "compiled call / plan run": ratio("compiled call", "plan run"),
                       "FULL / reduce-overhead": ratio("FULL", "reduce-overhead")}
@@ -174,7 +184,8 @@ def _measure_dtype(dtype: torch.dtype, args: argparse.Namespace, cache: str) -> 
 
 def _print_row(batch: Any, row: dict[str, Any]) -> None:
     cells = "  ".join(f"{k} {v['median_us']:.1f} [{v['p25_us']:.1f}-{v['p75_us']:.1f}]" for k, v in row["us"].items())
-    ratios = "  ".join(f"{k} {v:.3f}" for k, v in row["ratios"].items() if v is not None)
+    ratios = "  ".join(f"{k} {v['median']:.3f} [{v['min']:.3f}-{v['max']:.3f}]" for k, v in row["ratios"].items()
+                       if v is not None)
     overhead = row.get("host_overhead_per_piece_us")
     tail = f"  host overhead/piece {overhead:.2f} us ({row['pieces']} pieces)" if overhead is not None else ""
     _say(f"  batch {batch:>4}: {cells}\n              {ratios}{tail}")
@@ -199,6 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of interleaved timing (order rotated)")
     parser.add_argument("--only", default="", help="comma-separated: pieceworks, meta-pcg, reduce-overhead")
     parser.add_argument("--out", default=None)
     parser.add_argument("--in-process", action="store_true", help="measure here, not in a child per dtype")

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["cuda_time_us", "host_time_us", "summary_us", "synchronized_clock"]
+__all__ = ["cuda_time_us", "interleaved_cuda_time_us", "ratio_over_rounds", "host_time_us", "summary_us",
+           "synchronized_clock"]
 
 
 def summary_us(times_us: list[float]) -> dict[str, float]:
@@ -43,6 +44,48 @@ def cuda_time_us(fn: Callable[[], Any], warmup: int = 20, reps: int = 200, calls
         end.record()
     torch.cuda.synchronize()
     return summary_us([s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends)])
+
+
+def interleaved_cuda_time_us(fns: dict[str, Callable[[], Any]], warmup: int = 20, reps: int = 200,
+                             rounds: int = 10) -> dict[str, dict[str, Any]]:
+    """Time several callables side by side with CUDA events: `rounds` rounds, each timing every callable for
+    `reps // rounds` calls (one event pair per call, two untimed calls first), in an order rotated every round.
+
+    A slow spell of the host or the GPU (another tenant, a clock change) then falls on every callable alike instead
+    of on whichever was being timed, which is what makes a ratio of two of them honest. `warmup` untimed calls of
+    each callable come first. Returns, per name, the summary of all its samples (`summary_us`) and
+    `round_medians_us`, its median in each round (for `ratio_over_rounds`).
+    """
+    names = list(fns)
+    per_round = max(2, reps // rounds)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    medians: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = fns[name]
+            fn()
+            fn()
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(per_round)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(per_round)]
+            for start, end in zip(starts, ends):
+                start.record()
+                fn()
+                end.record()
+            torch.cuda.synchronize()
+            times = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+            samples[name] += times
+            medians[name].append(statistics.median(times))
+    return {name: {**summary_us(samples[name]), "round_medians_us": medians[name]} for name in names}
+
+
+def ratio_over_rounds(numerator: dict[str, Any], denominator: dict[str, Any]) -> dict[str, float]:
+    """`numerator / denominator` from two entries of one `interleaved_cuda_time_us` run: the median of the per-round
+    ratios, with their minimum and maximum (the spread a reader needs before believing a ratio)."""
+    ratios = [a / b for a, b in zip(numerator["round_medians_us"], denominator["round_medians_us"])]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "rounds": len(ratios)}
 
 
 def host_time_us(fn: Callable[[], Any], warmup: int = 20, reps: int = 50, calls: int = 20) -> dict[str, float]:

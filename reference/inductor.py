@@ -82,8 +82,14 @@ def save_artifact(artifact: Any, path: str) -> None:
 
 
 def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
-    """Load an artifact saved by `save_artifact`. Raises on any problem (wrong torch build, bad bytes)."""
-    artifact = _compat.load_artifact(path)
+    """Load an artifact saved by `save_artifact`. Raises on any problem (wrong torch build, bad bytes).
+
+    The load runs in this process (Inductor's `compile_threads` is 1 for its duration, then restored): an artifact
+    carries its compiled kernels, so loading builds none, and the pool of compile workers Inductor would otherwise
+    start for it cost a warm start about a second on the H100 (3.9 against 4.9 s; results/README.md).
+    """
+    with _compat.inductor_config().patch(compile_threads=1):
+        artifact = _compat.load_artifact(path)
     return _adapt_outputs(artifact, returns_tuple(gm))
 
 

@@ -225,3 +225,26 @@ def test_inductor_compile_config_reaches_the_generated_code(tmp_path):
 
     torch.testing.assert_close(run({}), 3 * torch.relu(x))
     torch.testing.assert_close(run({"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}), 3 * (x + 1))
+
+
+def test_artifacts_load_in_this_process(tmp_path, monkeypatch):
+    """A warm start loads each artifact with Inductor's compile_threads at 1 (no pool of compile workers started for
+    kernels the artifact carries), and leaves the user's setting as it was."""
+    from pieceworks import _compat
+
+    config = _compat.inductor_config()
+    _compile_silly(tmp_path)
+    seen = []
+    load = _compat.load_artifact
+
+    def spy(path):
+        seen.append(config.compile_threads)
+        return load(path)
+
+    monkeypatch.setattr(_compat, "load_artifact", spy)
+    monkeypatch.setattr(config, "compile_threads", 3)
+    before = counters.snapshot()["num_compiled_artifacts_loaded"]
+    _compile_silly(tmp_path)
+    assert counters.snapshot()["num_compiled_artifacts_loaded"] > before, "the second compile loaded nothing"
+    assert seen and set(seen) == {1}, f"artifacts loaded with compile_threads {seen}"
+    assert config.compile_threads == 3
