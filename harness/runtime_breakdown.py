@@ -7,10 +7,12 @@ of a shared host falls on all of them alike), reporting median, p25 and p75 in Â
 - `compiled call`: `CompiledModel.__call__` in PIECEWISE mode (argument checks, static copy, plan, cut back);
 - `plan run`: the replay plan of the padded size alone, on the static buffers (no checks, no copies);
 - `graph replays`: the plan's piece graphs replayed back to back; `splitting ops`: its eager steps alone;
-- `FULL`: pieceworks FULL; `reduce-overhead`: `torch.compile(mode="reduce-overhead")`; `meta-pcg`: Meta's
-  piecewise-cuda-graphs (skipped, with the reason, when the package or its harness adapter is absent);
-and derives: PIECEWISE / meta-pcg, compiled call / plan run, FULL / reduce-overhead (each the median of the
-per-round ratios, with their minimum and maximum), and host overhead per piece =
+- `FULL`: pieceworks FULL (the pieces of the split captured as one graph, as vLLM's FULL keeps them); `FULL
+  unsplit`: FULL with `splitting_ops=[]` (one compiled graph, the splitting op inside it); `reduce-overhead`:
+  `torch.compile(mode="reduce-overhead")`; `meta-pcg`: Meta's piecewise-cuda-graphs (skipped, with the reason,
+  when the package or its harness adapter is absent);
+and derives: PIECEWISE / meta-pcg, compiled call / plan run, FULL (and FULL unsplit) / reduce-overhead (each the
+median of the per-round ratios, with their minimum and maximum), and host overhead per piece =
 (compiled call - graph replays - splitting ops) / pieces, negative where host work overlaps GPU work. Every variant's
 output is compared with eager (max abs error), so a fast wrong answer shows.
 
@@ -45,8 +47,9 @@ from . import breakdown, models
 from .timing import interleaved_cuda_time_us, ratio_over_rounds
 
 
-def _pieceworks(model: torch.nn.Module, mode: CUDAGraphMode, sizes: list[int], cache: str, make: Any) -> Any:
-    config = CompilationConfig(splitting_ops=models.SPLITTING_OPS, cudagraph_mode=mode, cudagraph_capture_sizes=sizes,
+def _pieceworks(model: torch.nn.Module, mode: CUDAGraphMode, sizes: list[int], cache: str, make: Any,
+                splitting_ops: list[str] = models.SPLITTING_OPS) -> Any:
+    config = CompilationConfig(splitting_ops=splitting_ops, cudagraph_mode=mode, cudagraph_capture_sizes=sizes,
                                cache_dir=cache)
     compiled = pieceworks.compile(model, config)
     compiled(*make(3))
@@ -108,11 +111,12 @@ def _measure_dtype(dtype: torch.dtype, args: argparse.Namespace, cache: str) -> 
     # MemPool of their own, so that cannot free memory their graphs use).
     steps = [("PIECEWISE", lambda: _pieceworks(model, CUDAGraphMode.PIECEWISE, sizes, cache, make)),
              ("FULL", lambda: _pieceworks(model, CUDAGraphMode.FULL, sizes, cache, make)),
+             ("FULL unsplit", lambda: _pieceworks(model, CUDAGraphMode.FULL, sizes, cache, make, splitting_ops=[])),
              ("meta-pcg", lambda: _peer("meta-pcg", model, make, sizes)),
              ("reduce-overhead", lambda: _peer("reduce-overhead", model, make, batches))]
     with torch.no_grad():
         for name, build in steps:
-            if ("pieceworks" if name in ("PIECEWISE", "FULL") else name) not in only:
+            if ("pieceworks" if name in ("PIECEWISE", "FULL", "FULL unsplit") else name) not in only:
                 report["skipped"][name] = "not in --only"
                 continue
             start = time.perf_counter()
@@ -150,14 +154,14 @@ def _measure_dtype(dtype: torch.dtype, args: argparse.Namespace, cache: str) -> 
                     variants.update({"plan run": parts["plan"], "graph replays": parts["replays"],
                                      "splitting ops": parts["splitting"]})
                     pieces = parts["pieces"]
-            for name in ("FULL", "meta-pcg", "reduce-overhead"):
+            for name in ("FULL", "FULL unsplit", "meta-pcg", "reduce-overhead"):
                 if name in built:
                     variants[name] = lambda fn=built[name]: fn(*inputs)
             errors: dict[str, float] = {}
             for name, fn in list(variants.items()):  # one checked call each; a variant that fails is left out
                 try:
                     out = fn()
-                    if name in ("compiled call", "FULL", "meta-pcg", "reduce-overhead"):
+                    if name in ("compiled call", "FULL", "FULL unsplit", "meta-pcg", "reduce-overhead"):
                         errors[name] = float((out.float() - expected.float()).abs().max())
                 except Exception as exc:  # noqa: BLE001 - recorded; a CUDA error here poisons the rest too
                     report["errors"][f"{name} batch {batch}"] = "".join(traceback.format_exception_only(exc)).strip()
@@ -173,7 +177,8 @@ def _measure_dtype(dtype: torch.dtype, args: argparse.Namespace, cache: str) -> 
             ratio = lambda a, b: ratio_over_rounds(row[a], row[b]) if a in row and b in row else None  # noqa: E731
             ratios = {"PIECEWISE / meta-pcg": ratio("compiled call", "meta-pcg"),
                       "compiled call / plan run": ratio("compiled call", "plan run"),
-                      "FULL / reduce-overhead": ratio("FULL", "reduce-overhead")}
+                      "FULL / reduce-overhead": ratio("FULL", "reduce-overhead"),
+                      "FULL unsplit / reduce-overhead": ratio("FULL unsplit", "reduce-overhead")}
             entry = rows[str(batch)] = {"us": row, "ratios": ratios, "pieces": pieces}
             if pieces and all(k in med for k in ("compiled call", "graph replays", "splitting ops")):
                 overhead = med["compiled call"] - med["graph replays"] - med["splitting ops"]

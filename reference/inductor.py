@@ -86,7 +86,8 @@ def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
 
     The load runs in this process (Inductor's `compile_threads` is 1 for its duration, then restored): an artifact
     carries its compiled kernels, so loading builds none, and the pool of compile workers Inductor would otherwise
-    start for it cost a warm start about a second on the H100 (3.9 against 4.9 s; results/README.md).
+    start for it made a warm process on the H100 take 23.9 s instead of 13.3 s, its first call unchanged (3.4-3.8
+    against 3.5-4.0 s; results/README.md).
     """
     with _compat.inductor_config().patch(compile_threads=1):
         artifact = _compat.load_artifact(path)
