@@ -409,6 +409,12 @@ def _timing_not_interleaved(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(timing, "interleaved_cuda_time_us", one_after_another)
 
 
+def _report_hides_what_the_split_costs(mp: pytest.MonkeyPatch) -> None:
+    from pieceworks.harness.report import Report
+
+    mp.setattr(Report, "SIDE_BY_SIDE_RATIOS", [r for r in Report.SIDE_BY_SIDE_RATIOS if "unsplit" not in r])
+
+
 # ---- CI (issue 11): the benchmark gate and the preflight ----
 def _gate_ignores_controls(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
@@ -903,6 +909,8 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
                                     _loads_start_compile_workers),
     "timing_not_interleaved": ("side-by-side timing runs each callable's rounds one after the other (issue 9)",
                                _timing_not_interleaved),
+    "report_hides_what_the_split_costs": ("a FULL miss in the side-by-side runs never says what FULL without the "
+                                          "split measured (issue 9)", _report_hides_what_the_split_costs),
     "gate_ignores_controls": ("the gate judges every item, the controls that show drift between runs included",
                               _gate_ignores_controls),
     "report_ignores_side_by_side_profiles": ("the report explains a missed target only from the latency run's own "

@@ -8,6 +8,8 @@
 - pytest-benchmark's JSON of the host-overhead suite (`results/bench/NAME/host_overhead.json`), if present;
 - side-by-side profiles (`results/bench/NAME/profile_*.json`, `python -m pieceworks.harness.profile --out`), which
   explain a target's misses where the latency run profiled only one side of the ratio;
+- side-by-side timings in rotating rounds (`results/bench/NAME/runtime_breakdown_<commit>.json`,
+  `python -m pieceworks.harness.runtime_breakdown --out`): tables and target rows of their own;
 and writes `results/bench/NAME/REPORT.md` and `results/bench/NAME/plots/*.png` (matplotlib; without it, the
 tables only). Every ratio is computed from numbers of the same run. Nothing is measured here.
 """
@@ -423,6 +425,80 @@ class Report:
                                   f"{_fmt(v['overhead_per_piece_us'], 2)} |")
             self.lines.append("")
 
+    # ---- side by side (harness.runtime_breakdown) -------------------------------------------------------------
+    SIDE_BY_SIDE = ["compiled call", "plan run", "graph replays", "splitting ops", "FULL", "FULL unsplit", "meta-pcg",
+                    "reduce-overhead"]
+    SIDE_BY_SIDE_RATIOS = ["PIECEWISE / meta-pcg", "FULL / reduce-overhead", "FULL unsplit / reduce-overhead",
+                           "compiled call / plan run"]
+
+    def side_by_side(self) -> None:
+        """Tables and target rows from `runtime_breakdown_<commit>.json` files: every variant in one process, timed
+        in rotating rounds; each ratio the median of its per-round ratios, with their range."""
+        runs = sorted(((name, doc) for name, doc in self.details.items() if name.startswith("runtime_breakdown")),
+                      key=lambda item: item[1].get("date", ""))
+        if not runs:
+            return
+        self.lines += ["## Side by side, in rotating rounds", "",
+                       "`python -m pieceworks.harness.runtime_breakdown`: ToyLlama, every variant built in one "
+                       "process and timed with CUDA events in rounds whose order rotates (a slow spell of the shared "
+                       "host falls on all of them alike); median µs; each ratio is the median of its per-round "
+                       "ratios, (min-max) over the rounds. compiled call = PIECEWISE through `CompiledModel`; plan "
+                       "run = its replay plan alone; FULL unsplit = FULL with `splitting_ops=[]`. These runs are "
+                       "later than the asv run above: commit and date in each heading.", ""]
+        found: dict[str, list[str]] = {r: [] for r in self.SIDE_BY_SIDE_RATIOS}  # "commit dtype a/b/c/d (b1/...)"
+        missed: dict[str, list[str]] = {r: [] for r in self.SIDE_BY_SIDE_RATIOS}  # "commit dtype bN x (min-max)"
+        limits = {"PIECEWISE / meta-pcg": TARGETS["piecewise_vs_pcg"], "compiled call / plan run":
+                  TARGETS["call_vs_replay"]}
+        for name, doc in runs:
+            commit = doc.get("commit") or name[len("runtime_breakdown_"):] or "?"
+            for dtype, part in (doc.get("dtypes") or {}).items():
+                rows = part.get("batches") or {}
+                if not rows:
+                    self.lines += [f"{dtype} (commit {commit}): no rows ({part.get('crashed') or part.get('errors')})",
+                                   ""]
+                    continue
+                short = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
+                shown = [v for v in self.SIDE_BY_SIDE if any(v in r["us"] for r in rows.values())]
+                ratios = [r for r in self.SIDE_BY_SIDE_RATIOS
+                          if any((x.get("ratios") or {}).get(r) for x in rows.values())]
+                self.lines += [f"### {dtype}, commit {commit}, {doc.get('date', '?')} ({doc.get('device', '?')}, "
+                               f"torch {doc.get('torch', '?')})", "",
+                               "| batch | " + " | ".join(shown + ratios) + " |",
+                               "|---:|" + "---:|" * (len(shown) + len(ratios))]
+                for batch, row in rows.items():
+                    cells = [_fmt(row["us"].get(v, {}).get("median_us"), 1) for v in shown]
+                    for r in ratios:
+                        ratio = (row.get("ratios") or {}).get(r)
+                        cells.append(f"{ratio['median']:.3f} ({ratio['min']:.2f}-{ratio['max']:.2f})" if ratio else
+                                     "n/a")
+                        if ratio and ratio["median"] > limits.get(r, TARGETS["full_vs_reduce_overhead"]):
+                            missed[r].append(f"{commit} {short} b{batch} {ratio['median']:.2f}× "
+                                             f"({ratio['min']:.2f}-{ratio['max']:.2f})")
+                    self.lines.append(f"| {batch} | " + " | ".join(cells) + " |")
+                self.lines.append("")
+                for r in ratios:
+                    values = [(b, (x.get("ratios") or {}).get(r)) for b, x in rows.items()]
+                    values = [(b, v["median"]) for b, v in values if v]
+                    found[r].append(f"{commit} {short} " + "/".join(f"{v:.2f}" for _, v in values)
+                                    + "× (b" + "/".join(b for b, _ in values) + ")")
+        labels = {"PIECEWISE / meta-pcg": "PIECEWISE ≤ 0.9× Meta pcg, side by side (rounds)",
+                  "FULL / reduce-overhead": "FULL ≤ 1.02× reduce-overhead, side by side (rounds)",
+                  "FULL unsplit / reduce-overhead": "FULL with splitting_ops=[] ≤ 1.02× reduce-overhead, side by "
+                                                    "side (rounds; not a target: the configuration without the "
+                                                    "split's cost)",
+                  "compiled call / plan run": "CompiledModel call ≤ 1.03× its plan run, side by side (rounds)"}
+        for r in self.SIDE_BY_SIDE_RATIOS:
+            if not found[r]:
+                continue
+            note = ""
+            if missed[r]:
+                note = "misses, with the per-round range: " + ", ".join(missed[r])
+                unsplit = found.get("FULL unsplit / reduce-overhead")
+                if r == "FULL / reduce-overhead" and unsplit:
+                    note += "; the split is the cost: with splitting_ops=[] in the same runs FULL is " + ", ".join(
+                        unsplit)
+            self.targets.append((labels[r], ", ".join(found[r]), _verdict(not missed[r]), note))
+
     def dispatch(self) -> None:
         rows = [(n.split(".")[-1], v.get(())) for n, v in self.asv.items() if n.startswith("dispatch.")]
         if rows:
@@ -438,6 +514,7 @@ class Report:
         self.memory()
         self.compile()
         self.host_overhead(pytest_benchmark)
+        self.side_by_side()
         self.dispatch()
         env = next((d["environment"] for d in self.details.values() if "environment" in d), {})
         head = [f"# Benchmark report: {machine}", "",

@@ -92,6 +92,8 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
         "suites/test_properties.py::test_split_model_through_inductor_equals_original_and_reloads",
     "loads_start_compile_workers": "suites/test_cache.py::test_artifacts_load_in_this_process",
     "timing_not_interleaved": "suites/test_timing.py::test_a_slow_spell_falls_on_both_sides_of_a_ratio",
+    "report_hides_what_the_split_costs":
+        "suites/test_report.py::test_side_by_side_runs_give_target_rows_and_say_what_the_split_costs",
     "gate_ignores_controls": _GATE + "test_drift_of_the_environment_is_incomplete_not_a_regression",
     "report_ignores_side_by_side_profiles":
         "suites/test_report.py::test_a_side_by_side_profile_explains_a_miss_the_latency_run_profiled_one_side_of",

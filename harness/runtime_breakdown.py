@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": f"ToyLlama layers={args.layers}", "reps": args.reps, "dtypes": {},
+        "model": f"ToyLlama layers={args.layers}", "reps": args.reps, "rounds": args.rounds, "commit": _commit(),
+        "dtypes": {},
     }
     _say(f"{report['device']} | torch {report['torch']} | {report['model']} | {report['date']}")
     cache = tempfile.mkdtemp(prefix="pieceworks-breakdown-")
@@ -246,6 +247,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
     return report
+
+
+def _commit() -> str | None:
+    """The measured code's commit, short: $PIECEWORKS_COMMIT (an exported tree), else git's HEAD here, else None."""
+    commit = os.environ.get("PIECEWORKS_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                                    cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+    return commit[:7] or None
 
 
 def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:

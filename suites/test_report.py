@@ -135,3 +135,31 @@ def test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost(tmp
     assert "**missed**" in row
     assert (f"PIECEWISE: {all_['graphs']} graphs; 1 size ({one['graphs']} graphs) {one['capture_seconds']:.2f} s, "
             f"then {1e3 * per_graph:.2f} ms a graph") in row
+
+
+def _side_by_side_run(folder: Path, commit: str, full: float, unsplit: float, pcg: float) -> None:
+    """A runtime_breakdown result with one dtype and one batch: the given ratios, each over 3 rounds."""
+    ratio = lambda m: {"median": m, "min": m - 0.01, "max": m + 0.02, "rounds": 3}  # noqa: E731
+    us = {name: {"median_us": 100.0, "p25_us": 99.0, "p75_us": 101.0} for name in report.Report.SIDE_BY_SIDE}
+    doc = {"device": "GPU", "torch": "2.x", "date": "2026-11-23T00:00:00+00:00", "model": "ToyLlama", "reps": 30,
+           "dtypes": {"bfloat16": {"batches": {"64": {"us": us, "ratios": {
+               "PIECEWISE / meta-pcg": ratio(pcg), "FULL / reduce-overhead": ratio(full),
+               "FULL unsplit / reduce-overhead": ratio(unsplit), "compiled call / plan run": ratio(1.01)}}}}}}
+    (folder / f"runtime_breakdown_{commit}.json").write_text(json.dumps(doc))
+
+
+def test_side_by_side_runs_give_target_rows_and_say_what_the_split_costs(tmp_path):
+    """Rotating-round runs (`runtime_breakdown_<commit>.json`) get a table and target rows of their own: a met ratio
+    is met, a missed one is missed with its per-round range, and a FULL miss names what FULL without the split
+    measured in the same run."""
+    text = _regenerate(tmp_path, drop=("runtime_breakdown_*",))
+    assert "side by side (rounds)" not in text
+    _side_by_side_run(tmp_path / "results" / "bench" / MACHINE, "abc1234", full=1.12, unsplit=1.0, pcg=0.8)
+    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE]) == 0
+    text = (tmp_path / "results" / "bench" / MACHINE / "REPORT.md").read_text()
+    assert "### bfloat16, commit abc1234" in text
+    pcg = _line(text, "| PIECEWISE ≤ 0.9× Meta pcg, side by side")
+    assert "abc1234 bf16 0.80× (b64)" in pcg and "| met |" in pcg
+    full = _line(text, "| FULL ≤ 1.02× reduce-overhead, side by side")
+    assert "**missed**" in full and "abc1234 bf16 b64 1.12× (1.11-1.14)" in full
+    assert "with splitting_ops=[] in the same runs FULL is abc1234 bf16 1.00× (b64)" in full
