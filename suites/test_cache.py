@@ -242,9 +242,9 @@ def test_artifacts_load_in_this_process(tmp_path, monkeypatch):
         return load(path)
 
     monkeypatch.setattr(_compat, "load_artifact", spy)
-    monkeypatch.setattr(config, "compile_threads", 3)
     before = counters.snapshot()["num_compiled_artifacts_loaded"]
-    _compile_silly(tmp_path)
+    with config.patch(compile_threads=3):  # the user's setting (config.patch: Inductor's own way to set it)
+        _compile_silly(tmp_path)
+        assert config.compile_threads == 3
     assert counters.snapshot()["num_compiled_artifacts_loaded"] > before, "the second compile loaded nothing"
     assert seen and set(seen) == {1}, f"artifacts loaded with compile_threads {seen}"
-    assert config.compile_threads == 3
