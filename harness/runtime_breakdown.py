@@ -250,15 +250,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _commit() -> str | None:
-    """The measured code's commit, short: $PIECEWORKS_COMMIT (an exported tree), else git's HEAD here, else None."""
+    """The measured code's commit, short: $PIECEWORKS_COMMIT (an exported tree), else this checkout's HEAD with
+    "-dirty" when it has uncommitted changes, else None (no git, or this file is not in the checkout git sees)."""
     commit = os.environ.get("PIECEWORKS_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                                    cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
+    if commit:
+        return commit[:7]
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=10,
+                             cwd=here).stdout.strip()
+        if not top or not os.path.exists(os.path.join(top, "harness", os.path.basename(__file__))):
             return None
-    return commit[:7] or None
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
+                              text=True, timeout=10, cwd=top).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:

@@ -57,7 +57,9 @@ def interleaved_cuda_time_us(fns: dict[str, Callable[[], Any]], warmup: int = 20
     `round_medians_us`, its median in each round (for `ratio_over_rounds`).
     """
     names = list(fns)
-    per_round = max(2, reps // rounds)
+    if not names:
+        return {}
+    per_round = max(2, reps // rounds)  # reps not a multiple of rounds: rounded down
     for name in names:
         for _ in range(warmup):
             fns[name]()

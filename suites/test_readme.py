@@ -34,4 +34,5 @@ def test_the_readme_cpu_example_runs_as_written(tmp_path):
     assert proc.returncode == 0, f"the README's CPU example failed:\n{proc.stderr[-4000:]}"
     promised = re.search(r"print\(pieceworks\.counters\.num_inductor_compiles\)\s*#\s*(\d+)", code)
     assert promised, "the example's last line no longer says how many compiles to expect"
-    assert proc.stdout.split()[-1] == promised.group(1), (proc.stdout, proc.stderr[-2000:])
+    printed = proc.stdout.split()
+    assert printed and printed[-1] == promised.group(1), (proc.stdout, proc.stderr[-2000:])

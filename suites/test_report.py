@@ -161,5 +161,12 @@ def test_side_by_side_runs_give_target_rows_and_say_what_the_split_costs(tmp_pat
     pcg = _line(text, "| PIECEWISE ≤ 0.9× Meta pcg, side by side")
     assert "abc1234 bf16 0.80× (b64)" in pcg and "| met |" in pcg
     full = _line(text, "| FULL ≤ 1.02× reduce-overhead, side by side")
-    assert "**missed**" in full and "abc1234 bf16 b64 1.12× (1.11-1.14)" in full
-    assert "with splitting_ops=[] in the same runs FULL is abc1234 bf16 1.00× (b64)" in full
+    assert "**missed**" in full and "abc1234 bf16 b64 1.12× (1.11-1.14), with splitting_ops=[] 1.00×" in full
+    assert "the cost is the split's piece boundaries" in full
+    # FULL without the split misses too (another run): the report then claims nothing about the split
+    _side_by_side_run(tmp_path / "results" / "bench" / MACHINE, "def5678", full=1.12, unsplit=1.10, pcg=0.8)
+    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE]) == 0
+    full = _line((tmp_path / "results" / "bench" / MACHINE / "REPORT.md").read_text(),
+                 "| FULL ≤ 1.02× reduce-overhead, side by side")
+    assert "def5678 bf16 b64 1.12× (1.11-1.14), with splitting_ops=[] 1.10×" in full
+    assert "the split's piece boundaries" not in full
