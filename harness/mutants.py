@@ -415,6 +415,12 @@ def _report_hides_what_the_split_costs(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Report, "UNSPLIT", "not timed")
 
 
+def _report_hides_later_warm_starts(mp: pytest.MonkeyPatch) -> None:
+    from pieceworks.harness.report import Report
+
+    mp.setattr(Report, "_warm_start_runs", lambda self: ([], [], []))
+
+
 # ---- CI (issue 11): the benchmark gate and the preflight ----
 def _gate_ignores_controls(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
@@ -911,6 +917,8 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
                                _timing_not_interleaved),
     "report_hides_what_the_split_costs": ("a FULL miss in the side-by-side runs never says what FULL without the "
                                           "split measured (issue 9)", _report_hides_what_the_split_costs),
+    "report_hides_later_warm_starts": ("the report leaves out warm_start runs: a warm-start miss of an older asv "
+                                       "run stays unexplained (issue 7.9)", _report_hides_later_warm_starts),
     "gate_ignores_controls": ("the gate judges every item, the controls that show drift between runs included",
                               _gate_ignores_controls),
     "report_ignores_side_by_side_profiles": ("the report explains a missed target only from the latency run's own "

@@ -94,6 +94,8 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
     "timing_not_interleaved": "suites/test_timing.py::test_a_slow_spell_falls_on_both_sides_of_a_ratio",
     "report_hides_what_the_split_costs":
         "suites/test_report.py::test_side_by_side_runs_give_target_rows_and_say_what_the_split_costs",
+    "report_hides_later_warm_starts":
+        "suites/test_report.py::test_warm_start_runs_get_a_table_and_say_where_their_first_call_went",
     "gate_ignores_controls": _GATE + "test_drift_of_the_environment_is_incomplete_not_a_regression",
     "report_ignores_side_by_side_profiles":
         "suites/test_report.py::test_a_side_by_side_profile_explains_a_miss_the_latency_run_profiled_one_side_of",

@@ -44,6 +44,7 @@ import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, default_capture_sizes
 
 from . import breakdown, models
+from .provenance import code_commit
 from .timing import interleaved_cuda_time_us, ratio_over_rounds
 
 
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": f"ToyLlama layers={args.layers}", "reps": args.reps, "rounds": args.rounds, "commit": _commit(),
+        "model": f"ToyLlama layers={args.layers}", "reps": args.reps, "rounds": args.rounds, "commit": code_commit(),
         "dtypes": {},
     }
     _say(f"{report['device']} | torch {report['torch']} | {report['model']} | {report['date']}")
@@ -247,24 +248,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
     return report
-
-
-def _commit() -> str | None:
-    """The measured code's commit, short: $PIECEWORKS_COMMIT (an exported tree), else this checkout's HEAD with
-    "-dirty" when it has uncommitted changes, else None (no git, or this file is not in the checkout git sees)."""
-    commit = os.environ.get("PIECEWORKS_COMMIT")
-    if commit:
-        return commit[:7]
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=10,
-                             cwd=here).stdout.strip()
-        if not top or not os.path.exists(os.path.join(top, "harness", os.path.basename(__file__))):
-            return None
-        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
-                              text=True, timeout=10, cwd=top).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:

@@ -89,9 +89,9 @@ def test_a_side_by_side_profile_explains_a_miss_the_latency_run_profiled_one_sid
 def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
     """The report with warm and new-host first calls forced to 10x what was measured (a miss whatever the committed
     run measured), the compile details given a breakdown of 25% in the backend, 20% loading (or none); and the warm
-    first call's seconds."""
+    first call's seconds. The warm_start runs are left out: this is about the asv run's own breakdown."""
     name = "compile.CompileStart.track_first_call_seconds"
-    _regenerate(tmp_path, scale={(name, ("warm",)): 10.0, (name, ("warm_new_host",)): 10.0})
+    _regenerate(tmp_path, drop=("warm_start_*",), scale={(name, ("warm",)): 10.0, (name, ("warm_new_host",)): 10.0})
     results = tmp_path / "results"
     first_call = {start[0]: v for start, v in report.load_asv(str(results / "asv"), MACHINE)[0][name].items()}
     details = results / "bench" / MACHINE / "compile.json"
@@ -170,3 +170,23 @@ def test_side_by_side_runs_give_target_rows_and_say_what_the_split_costs(tmp_pat
                  "| FULL ≤ 1.02× reduce-overhead, side by side")
     assert "def5678 bf16 b64 1.12× (1.11-1.14), with splitting_ops=[] 1.10×" in full
     assert "the split's piece boundaries" not in full
+
+
+def test_warm_start_runs_get_a_table_and_say_where_their_first_call_went(tmp_path):
+    """`warm_start_<label>.json` runs (`python -m pieceworks.harness.warm_start`) get rows in the compile section,
+    count in the warm-start target, and split each warm first call into Dynamo's side and the backend's."""
+    text = _regenerate(tmp_path, drop=("warm_start_*",))
+    assert "| abc1234 | warm |" not in text
+    starts = {"cold": (10.0, 8.0, 7.5, 3), "warm": (0.5, 0.3, 0.25, 0)}  # first call, backend, loads, compiles
+    doc = {"device": "GPU", "torch": "2.x", "date": "2026-11-23", "commit": "abc1234", "model": "ToyLlama",
+           "starts": {name: {"first_call_seconds": first, "process_seconds": 20.0, "inductor_compiles": compiles,
+                             "artifacts_loaded": 3 - compiles, "max_rel_error": 0.0, "backend_seconds": backend,
+                             "compile_or_load_seconds": loads}
+                      for name, (first, backend, loads, compiles) in starts.items()}}
+    (tmp_path / "results" / "bench" / MACHINE / "warm_start_abc1234.json").write_text(json.dumps(doc))
+    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE]) == 0
+    text = (tmp_path / "results" / "bench" / MACHINE / "REPORT.md").read_text()
+    assert "| abc1234 | warm | 0.50 | 0.05 | 0.30 | 0.25 | 0.20 | 20.0 | 0 | 3 |" in text
+    row = _line(text, "| warm start:")
+    assert "abc1234 warm: 0.05×" in row
+    assert "abc1234 warm: 0.50 s = 0.20 s outside the backend + 0.30 s in it, 0.25 s of which loading the pieces" in row
