@@ -35,6 +35,12 @@ def cuda_time_us(fn: Callable[[], Any], warmup: int = 20, reps: int = 200, calls
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    return summary_us(_event_samples_us(fn, reps, calls))
+
+
+def _event_samples_us(fn: Callable[[], Any], reps: int, calls: int = 1) -> list[float]:
+    """`reps` samples of `calls` back-to-back calls of `fn()`, one CUDA event pair each, in µs per call (waits for
+    the GPU before reading them)."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends):
@@ -43,7 +49,7 @@ def cuda_time_us(fn: Callable[[], Any], warmup: int = 20, reps: int = 200, calls
             fn()
         end.record()
     torch.cuda.synchronize()
-    return summary_us([s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends)])
+    return [s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends)]
 
 
 def interleaved_cuda_time_us(fns: dict[str, Callable[[], Any]], warmup: int = 20, reps: int = 200,
@@ -67,17 +73,9 @@ def interleaved_cuda_time_us(fns: dict[str, Callable[[], Any]], warmup: int = 20
     medians: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            fn = fns[name]
-            fn()
-            fn()
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(per_round)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(per_round)]
-            for start, end in zip(starts, ends):
-                start.record()
-                fn()
-                end.record()
-            torch.cuda.synchronize()
-            times = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+            fns[name]()
+            fns[name]()
+            times = _event_samples_us(fns[name], per_round)
             samples[name] += times
             medians[name].append(statistics.median(times))
     return {name: {**summary_us(samples[name]), "round_medians_us": medians[name]} for name in names}

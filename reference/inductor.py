@@ -111,9 +111,10 @@ def inductor_cache_dir(path: str | None, *, precompiled_headers: bool = False) -
         return
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    config = _compat.inductor_config()
     patch = contextlib.nullcontext()
-    if not precompiled_headers and hasattr(_compat.inductor_config(), "cpp_cache_precompile_headers"):
-        patch = _compat.inductor_config().patch(cpp_cache_precompile_headers=False)
+    if not precompiled_headers and hasattr(config, "cpp_cache_precompile_headers"):
+        patch = config.patch(cpp_cache_precompile_headers=False)
     try:
         with patch:
             yield
