@@ -13,7 +13,9 @@
 # if the deadline leaves its SILLY_S) then PIECEWORKS_BENCH_PART=2 (memory and capture, compile starts,
 # pytest-benchmark host overhead, CPU benchmarks, SillyModel latency unless part 1 has it, report) on a tree where
 # part 1's results.tar.gz was unpacked at the repository root: part 2 adds to the same asv result file (same commit,
-# same machine). On the lent H100 (2026-11-23) ToyLlama's latency took 375 s, which leaves SillyModel (174 s) to
+# same machine). PIECEWORKS_BENCH_PART=3 (on part 2's tree): the runtime breakdown, every PIECEWISE and FULL variant
+# and both peers side by side in rotating rounds (`python -m pieceworks.harness.runtime_breakdown`, about 4 min),
+# written as $DETAILS/runtime_breakdown_<commit>.json, then the report again. On the lent H100 (2026-11-23) ToyLlama's latency took 375 s, which leaves SillyModel (174 s) to
 # part 2, and part 2 with it may reach its deadline before SillyModel: the log says so, the exit status is 3, and a
 # third call (PIECEWORKS_BENCH_PART=2 again, on the tree with part 2's tarball unpacked) runs only what is missing.
 # Unset (or "all"): every step in one call (does not fit in 10 minutes).
@@ -34,9 +36,9 @@ cd "$(dirname "$0")/.."
 START=$SECONDS
 DEADLINE=${PIECEWORKS_DEADLINE_S:-500}
 PART=${PIECEWORKS_BENCH_PART:-all}
-case "$PART" in 1|2|all) ;; *) echo "PIECEWORKS_BENCH_PART must be 1, 2 or all, not '$PART'"; exit 2 ;; esac
+case "$PART" in 1|2|3|all) ;; *) echo "PIECEWORKS_BENCH_PART must be 1, 2, 3 or all, not '$PART'"; exit 2 ;; esac
 RESUME=${PIECEWORKS_RESUME:-}
-[ "$PART" != 2 ] || RESUME=1  # part 2 adds to part 1's results
+[ "$PART" = 1 ] || [ "$PART" = all ] || RESUME=1  # parts 2 and 3 add to part 1's results
 PY=${PYTHON:-python3}
 OUT=${OUT:-results/gpu-run}
 mkdir -p "$OUT"
@@ -175,8 +177,21 @@ PYEOF
   else
     say "SKIPPED pytest-benchmark host overhead: too little time left"; fail 3
   fi
-  step_asv 20 '^(host_overhead|dispatch)\.'
+  step_asv 20 '^(host_overhead|dispatch|code_size)\.'
   step_asv "$SILLY_S" '^latency\.Silly'  # asv skips it (resuming) where part 1 had time for it
+fi
+if in_part 3; then
+  BREAKDOWN=$DETAILS/runtime_breakdown_$(printf %.7s "${RENAME_TO:-$COMMIT}").json
+  if [ "$(( $(left) - 30 ))" -ge 240 ]; then
+    say "runtime breakdown, side by side in rotating rounds -> $BREAKDOWN"
+    rm -f "$BREAKDOWN"  # never pass an older run's file for this one's
+    PIECEWORKS_COMMIT=${RENAME_TO:-$COMMIT} timeout "$(( $(left) - 30 ))" "$PY" -m pieceworks.harness.runtime_breakdown \
+      --out "$BREAKDOWN" || fail $?
+  else
+    say "SKIPPED runtime breakdown: $(( $(left) - 30 ))s left before the deadline, it needs ~240s"; fail 3
+  fi
+fi
+if in_part 2 || in_part 3; then
   say "report"
   "$PY" -m pieceworks.harness.report --machine "$MACHINE" || fail $?
   cp "$DETAILS/REPORT.md" "$OUT/REPORT.md" 2>/dev/null

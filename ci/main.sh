@@ -17,8 +17,8 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
   selection='.'
   echo "main: CUDA available: the whole benchmark suite"
 else
-  selection='^(compile|host_overhead|dispatch)\.'
-  echo "main: no CUDA: the CPU benchmarks (compile, host overhead, dispatch); GPU benchmarks need a GPU runner"
+  selection='^(compile|host_overhead|dispatch|code_size)\.'
+  echo "main: no CUDA: the CPU benchmarks (compile, host overhead, dispatch, code size); GPU benchmarks need a GPU runner"
 fi
 export PIECEWORKS_BENCH_DETAILS=$PWD/results/bench/$MACHINE  # absolute: asv runs benchmarks in temporary folders
 mkdir -p "$PIECEWORKS_BENCH_DETAILS"

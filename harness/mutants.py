@@ -446,6 +446,19 @@ def _report_hides_the_capture_cost(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(report.Report, "_capture_note", lambda self, mode: "")
 
 
+def _report_latency_ratio_ignores_rounds(mp: pytest.MonkeyPatch) -> None:
+    from pieceworks.harness import report
+
+    mp.setattr(report.Report, "_latency_ratio",
+               staticmethod(lambda in_rounds, top, bottom: (top / bottom if top and bottom else None, None)))
+
+
+def _code_size_counts_docstrings(mp: pytest.MonkeyPatch) -> None:
+    from pieceworks.harness import code_size
+
+    mp.setattr(code_size, "_docstring_lines", lambda source: set())
+
+
 def _report_hides_the_kernel_difference(mp: pytest.MonkeyPatch) -> None:
     from pieceworks.harness import profile
 
@@ -928,6 +941,11 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
         _report_hides_where_the_first_call_went),
     "report_hides_the_capture_cost": ("a missed capture target never says what the first size and each further "
                                       "graph cost", _report_hides_the_capture_cost),
+    "report_latency_ratio_ignores_rounds": ("the latency tables and target rows divide one median by the other where "
+                                            "the run timed both sides in rotating rounds (issue 9)",
+                                            _report_latency_ratio_ignores_rounds),
+    "code_size_counts_docstrings": ("the reference core's code lines include docstrings (issue 9's size target)",
+                                    _code_size_counts_docstrings),
     "report_hides_the_kernel_difference": ("the report's miss notes never name the kernels only the slower side runs",
                                            _report_hides_the_kernel_difference),
     "gate_improvements_fail": ("an improvement beyond the threshold fails like a regression", _gate_improvements_fail),

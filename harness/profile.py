@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["kernel_profile", "kernel_kind", "kernels_only_in"]
+__all__ = ["kernel_profile", "kernel_kind", "kernels_only_in", "host_profile"]
 
 _LIBRARY = re.compile(r"gemm|gemv|xmma|cublas|cutlass|nvjet|cutlass|splitk", re.IGNORECASE)
 
@@ -167,3 +167,29 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(main())
+
+
+def host_profile(fn: Callable[[], Any], top: int = 8) -> dict[str, Any]:
+    """Where `fn()`'s host time goes: one call under cProfile. Returns `seconds` (the call's wall time, profiler
+    overhead included) and the `top` functions by own time (`tottime_s`, with `cumtime_s` and `calls`), named
+    `file:line(function)` with the file's last two path parts, or `{built-in method ...}` for C functions (a CUDA
+    graph's `capture_end`, say). For phases whose cost is host work, such as a capture phase; not for GPU time."""
+    import cProfile
+    import os
+    import pstats
+    import time
+
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    try:
+        fn()
+    finally:
+        profiler.disable()
+    seconds = time.perf_counter() - start
+    rows = []
+    for (path, line, name), (_, calls, tottime, cumtime, _) in pstats.Stats(profiler).stats.items():
+        where = name if path == "~" else f"{os.path.join(*path.split(os.sep)[-2:])}:{line}({name})"
+        rows.append({"function": where, "calls": calls, "tottime_s": tottime, "cumtime_s": cumtime})
+    rows.sort(key=lambda r: -r["tottime_s"])
+    return {"seconds": seconds, "top": rows[:top]}

@@ -29,7 +29,7 @@ __all__ = ["load_asv", "main"]
 
 TARGETS = {
     "piecewise_vs_pcg": 0.9, "full_vs_reduce_overhead": 1.02, "pool_51_vs_largest": 1.05, "capture_51_s": 1.0,
-    "warm_vs_cold": 0.10, "overhead_per_piece_us": 2.0, "call_vs_replay": 1.03,
+    "warm_vs_cold": 0.10, "overhead_per_piece_us": 2.0, "call_vs_replay": 1.03, "core_lines": 1600,
 }
 LIBRARY_DOMINATES = 0.5  # a library kernel family above this share of GPU time dominates the batch size
 
@@ -127,19 +127,27 @@ class Report:
         return self.asv.get(name, {}).get(tuple(key))
 
     # ---- latency --------------------------------------------------------------------------------------------
+    LATENCY_RATIOS = {"PIECEWISE / meta-pcg": ("pieceworks-piecewise", "meta-pcg"),
+                      "FULL / reduce-overhead": ("pieceworks-full", "reduce-overhead")}
+
     def latency(self) -> None:
         classes = [("ToyLlamaBfloat16", "toy_llama", "bfloat16"), ("ToyLlamaFloat32", "toy_llama", "float32"),
                    ("SillyBfloat16", "silly", "bfloat16"), ("SillyFloat32", "silly", "float32")]
         self.lines += ["## Latency", "",
                        "Median µs per forward (CUDA events, 200 samples after 20 warm-up calls), IQR in brackets; "
                        "every number of a table comes from one process. Ratios: PIECEWISE / Meta pcg and FULL / "
-                       "reduce-overhead, from the same table.", ""]
-        worst: dict[str, list] = {"pcg": [], "ro": []}
+                       "reduce-overhead, from the same table. Where the run timed implementations side by side in "
+                       "rotating rounds (listed under the table), a ratio is the median of its per-round ratios, "
+                       "(min-max) over the rounds; in older runs, each implementation was timed in turn and a ratio "
+                       "is one median over the other.", ""]
+        worst: dict[str, list] = {key: [] for key in self.LATENCY_RATIOS}
         for cls, model, dtype in classes:
             name = f"latency.{cls}.track_median_us"
             if name not in self.asv:
                 continue
             iqr = self.asv.get(f"latency.{cls}.track_iqr_us", {})
+            rounds = self.details.get(f"latency_{model}_{dtype}", {}).get("ratios", {})
+            rounds_n = self.details.get(f"latency_{model}_{dtype}", {}).get("rounds")
             impls = sorted({k[0] for k in self.asv[name]}, key=list(dict.fromkeys(k[0] for k in self.asv[name])).index)
             batches = sorted({k[1] for k in self.asv[name]})
             present = [i for i in impls if any(self.asv[name].get((i, b)) is not None for b in batches)]
@@ -157,32 +165,47 @@ class Report:
                     med, spread = self.asv[name].get((i, b)), iqr.get((i, b))
                     series[i].append(med)
                     cells.append("n/a" if med is None else f"{med:.0f} ({_fmt(spread, 0)})")
-                pw, pcg = self.asv[name].get(("pieceworks-piecewise", b)), self.asv[name].get(("meta-pcg", b))
-                full, ro = self.asv[name].get(("pieceworks-full", b)), self.asv[name].get(("reduce-overhead", b))
-                r1 = pw / pcg if pw and pcg else None
-                r2 = full / ro if full and ro else None
-                if model == "toy_llama":
-                    worst["pcg"].append((r1, dtype, b))
-                    worst["ro"].append((r2, dtype, b))
-                self.lines.append(f"| {b} | " + " | ".join(cells) + f" | {_fmt(r1, 2)}× | {_fmt(r2, 2)}× |")
+                ratios = []
+                for key, (a, c) in self.LATENCY_RATIOS.items():
+                    ratio, spread = self._latency_ratio(rounds.get(str(b), {}).get(key), self.asv[name].get((a, b)),
+                                                        self.asv[name].get((c, b)))
+                    ratios.append(f"{_fmt(ratio, 2)}×" + (f" ({spread['min']:.2f}-{spread['max']:.2f})"
+                                                          if spread else ""))
+                    if model == "toy_llama":
+                        worst[key].append((ratio, dtype, b, spread))
+                self.lines.append(f"| {b} | " + " | ".join(cells + ratios) + " |")
+            together = self.details.get(f"latency_{model}_{dtype}", {}).get("side_by_side")
+            if together:
+                self.lines += ["", f"Timed side by side in {rounds_n} rotating rounds: {', '.join(together)}; the "
+                               "others each alone, before them."]
             self.lines.append("")
             self.plots.append((f"latency_{model}_{dtype}.png", (f"{model}, {dtype}: latency vs batch", batches, series)))
         self._latency_targets(worst)
         self._profiles()
 
+    @staticmethod
+    def _latency_ratio(in_rounds: dict | None, top: float | None, bottom: float | None) -> tuple[float | None, Any]:
+        """(ratio, its per-round spread or None): the median of the per-round ratios where the run timed both sides
+        in rotating rounds, else (older runs, each timed in turn) one median over the other."""
+        if in_rounds:
+            return in_rounds["median"], in_rounds
+        return (top / bottom if top and bottom else None), None
+
     def _latency_targets(self, worst: dict[str, list]) -> None:
-        for key, label, limit, what in (
-            ("pcg", "PIECEWISE ≤ 0.9× Meta pcg, every batch, both dtypes (ToyLlama)", TARGETS["piecewise_vs_pcg"],
-             ("pieceworks-piecewise", "meta-pcg")),
-            ("ro", "FULL ≤ 1.02× reduce-overhead, every batch, both dtypes (ToyLlama)",
-             TARGETS["full_vs_reduce_overhead"], ("pieceworks-full", "reduce-overhead")),
+        for key, label, limit in (
+            ("PIECEWISE / meta-pcg", "PIECEWISE ≤ 0.9× Meta pcg, every batch, both dtypes (ToyLlama)",
+             TARGETS["piecewise_vs_pcg"]),
+            ("FULL / reduce-overhead", "FULL ≤ 1.02× reduce-overhead, every batch, both dtypes (ToyLlama)",
+             TARGETS["full_vs_reduce_overhead"]),
         ):
-            ratios = [(r, d, b) for r, d, b in worst[key] if r is not None]
+            ratios = [(r, d, b, spread) for r, d, b, spread in worst[key] if r is not None]
             if not ratios:
                 self.targets.append((label, "n/a", _verdict(None), ""))
                 continue
-            misses = [(r, d, b) for r, d, b in ratios if r > limit]
-            measured = ", ".join(f"{d} b{b}: {r:.2f}×" for r, d, b in ratios)
+            misses = [(r, d, b) for r, d, b, _ in ratios if r > limit]
+            measured = ", ".join(f"{d} b{b}: {r:.2f}×" + (f" ({s['min']:.2f}-{s['max']:.2f})" if s else "")
+                                 for r, d, b, s in ratios)
+            what = self.LATENCY_RATIOS[key]
             note = "; ".join(self._profile_note(d, b, what) for _, d, b in sorted(misses, reverse=True)[:3])
             self.targets.append((label, measured, _verdict(not misses), note))
 
@@ -314,8 +337,12 @@ class Report:
                 or all_["graphs"] <= one["graphs"]:
             return ""
         per_graph = (all_["capture_seconds"] - one["capture_seconds"]) / (all_["graphs"] - one["graphs"])
+        profile = self.details.get("memory", {}).get("capture_profiles", {}).get(mode)
+        where = "" if not profile else (
+            f"; under cProfile ({profile['seconds']:.2f} s), own time: " + ", ".join(
+                f"`{r['function']}` {r['tottime_s']:.2f} s in {r['calls']} calls" for r in profile["top"][:5]))
         return (f"{mode}: {all_['graphs']} graphs; 1 size ({one['graphs']} graphs) {one['capture_seconds']:.2f} s, "
-                f"then {1e3 * per_graph:.2f} ms a graph")
+                f"then {1e3 * per_graph:.2f} ms a graph{where}")
 
     # ---- compile --------------------------------------------------------------------------------------------
     def compile(self) -> None:
@@ -492,8 +519,8 @@ class Report:
                        "process and timed with CUDA events in rounds whose order rotates (a slow spell of the shared "
                        "host falls on all of them alike); median µs; each ratio is the median of its per-round "
                        "ratios, (min-max) over the rounds. compiled call = PIECEWISE through `CompiledModel`; plan "
-                       "run = its replay plan alone; FULL unsplit = FULL with `splitting_ops=[]`. These runs are "
-                       "later than the asv run above: commit and date in each heading.", ""]
+                       "run = its replay plan alone; FULL unsplit = FULL with `splitting_ops=[]`. Commit and date in "
+                       "each heading (`ci/gpu_benchmarks.sh` part 3 makes one after the asv run).", ""]
         found: dict[str, list[str]] = {r: [] for r in self.SIDE_BY_SIDE_RATIOS}  # "commit dtype a/b/c/d (b1/...)"
         missed: dict[str, list[str]] = {r: [] for r in self.SIDE_BY_SIDE_RATIOS}  # "commit dtype bN x (min-max)"
         unsplit_meets: list[bool] = []  # per FULL miss whose row also timed FULL unsplit: did that meet the limit?
@@ -566,6 +593,21 @@ class Report:
             self.lines += ["## Dispatch (CPU, per sweep of 600 batch sizes)", "", "| benchmark | µs |", "|---|---:|"]
             self.lines += [f"| {n} | {_fmt(v and v * 1e6)} |" for n, v in sorted(rows)] + [""]
 
+    def code_size(self) -> None:
+        """The target row for the size of the reference core, from the asv run's `code_size` benchmark."""
+        name = "code_size.ReferenceCore.track_lines"
+        lines, code = self.value(name, "lines"), self.value(name, "code")
+        label = f"reference core ≤ about {TARGETS['core_lines']:,} lines (code lines: no blanks, comments, docstrings)"
+        if code is None:
+            self.targets.append((label, "n/a", _verdict(None), ""))
+            return
+        files = {k: v for k, v in self.details.get("code_size", {}).get("files", {}).items() if k != "total"}
+        largest = sorted(files.items(), key=lambda kv: -kv[1]["code"])[:5]
+        note = "largest (code lines): " + ", ".join(f"{k} {v['code']}" for k, v in largest) if largest else ""
+        ok = code <= TARGETS["core_lines"]
+        self.targets.append((label, f"{code:,.0f} code lines, {lines:,.0f} in all, {len(files) or '?'} files",
+                             _verdict(ok), "" if ok else note))
+
     def _skip_reason(self, detail: str) -> str:
         return self.details.get(detail, {}).get("skip") or "no CUDA on this machine, or not run"
 
@@ -577,6 +619,7 @@ class Report:
         self.host_overhead(pytest_benchmark)
         self.side_by_side()
         self.dispatch()
+        self.code_size()
         env = next((d["environment"] for d in self.details.values() if "environment" in d), {})
         head = [f"# Benchmark report: {machine}", "",
                 "Generated by `python -m pieceworks.harness.report` from the committed result files; no number "

@@ -103,6 +103,10 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
         "suites/test_report.py::test_a_warm_start_miss_says_where_the_first_call_went",
     "report_hides_the_capture_cost":
         "suites/test_report.py::test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost",
+    "report_latency_ratio_ignores_rounds":
+        "suites/test_report.py::test_latency_ratios_come_from_the_rounds_where_the_run_timed_side_by_side",
+    "code_size_counts_docstrings":
+        "suites/test_code_size.py::test_code_lines_leave_out_blanks_comments_and_docstrings",
     "report_hides_the_kernel_difference":
         "suites/test_report.py::test_a_miss_is_explained_by_both_sides_and_the_kernels_only_one_runs",
     "preflight_ignores_other_processes": "suites/test_preflight.py::test_another_process_on_the_gpu_is_busy",

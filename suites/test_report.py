@@ -136,6 +136,19 @@ def test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost(tmp
     assert (f"PIECEWISE: {all_['graphs']} graphs; 1 size ({one['graphs']} graphs) {one['capture_seconds']:.2f} s, "
             f"then {1e3 * per_graph:.2f} ms a graph") in row
 
+    # with the capture phase's cProfile in the details, the note names where its host time went
+    results = tmp_path / "results"
+    details = results / "bench" / MACHINE / "memory.json"
+    doc = json.loads(details.read_text())
+    doc["capture_profiles"] = {"PIECEWISE": {"seconds": 2.5, "top": [
+        {"function": "<method 'capture_end' of 'torch._C._CUDAGraph' objects>", "calls": 663, "tottime_s": 0.9,
+         "cumtime_s": 0.9}]}}
+    details.write_text(json.dumps(doc))
+    assert report.main(["--results", str(results), "--machine", MACHINE]) == 0
+    row = _line((results / "bench" / MACHINE / "REPORT.md").read_text(), "| capture of 51 sizes")
+    assert ("ms a graph; under cProfile (2.50 s), own time: `<method 'capture_end' of 'torch._C._CUDAGraph' "
+            "objects>` 0.90 s in 663 calls") in row
+
 
 def _side_by_side_run(folder: Path, commit: str, full: float, unsplit: float, pcg: float) -> None:
     """A runtime_breakdown result with one dtype and one batch: the given ratios, each over 3 rounds."""
@@ -190,3 +203,26 @@ def test_warm_start_runs_get_a_table_and_say_where_their_first_call_went(tmp_pat
     row = _line(text, "| warm start:")
     assert "abc1234 warm: 0.05×" in row
     assert "abc1234 warm: 0.50 s = 0.20 s outside the backend + 0.30 s in it, 0.25 s of which loading the pieces" in row
+
+
+def test_latency_ratios_come_from_the_rounds_where_the_run_timed_side_by_side(tmp_path):
+    """A latency run that timed both sides of a target ratio in rotating rounds gives the table and the target row
+    the median of its per-round ratios, with their range; not one median over the other, which a slow spell of the
+    host during one implementation's turn moves."""
+    _regenerate(tmp_path)
+    results = tmp_path / "results"
+    details = results / "bench" / MACHINE / "latency_toy_llama_bfloat16.json"
+    doc = json.loads(details.read_text())
+    doc.update(rounds=10, side_by_side=["pieceworks-full", "reduce-overhead"], ratios={
+        "64": {"FULL / reduce-overhead": {"median": 1.5, "min": 1.4, "max": 1.6, "rounds": 10}},
+        "512": {"FULL / reduce-overhead": {"median": 0.5, "min": 0.45, "max": 0.55, "rounds": 10}}})
+    details.write_text(json.dumps(doc))
+    assert report.main(["--results", str(results), "--machine", MACHINE]) == 0
+    text = (results / "bench" / MACHINE / "REPORT.md").read_text()
+    table = text[text.index("### toy_llama, bfloat16"):]
+    assert _line(table, "| 64 |").endswith("| 1.50× (1.40-1.60) |")
+    assert _line(table, "| 512 |").endswith("| 0.50× (0.45-0.55) |")
+    assert "Timed side by side in 10 rotating rounds: pieceworks-full, reduce-overhead" in table
+    row = _full_target(text)
+    assert "bfloat16 b64: 1.50× (1.40-1.60)" in row and "bfloat16 b512: 0.50× (0.45-0.55)" in row
+    assert "**missed**" in row and "bfloat16 b64:" in row.split("|")[4]

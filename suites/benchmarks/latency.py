@@ -1,25 +1,40 @@
 """GPU latency per forward: implementation x batch size, one class per (model, dtype).
 
-Each class's `setup_cache` builds one implementation at a time on the same model (vLLM's 51 capture sizes up to
-512 for implementations that pad; the timed sizes themselves for those that do not), checks its output against
-the eager model, and times batches 1, 2, 8, 64, 256 and 512 with CUDA events after 20 warm-up calls (200
-samples: median and interquartile range, in µs). ToyLlama classes then profile eager, pieceworks PIECEWISE, Meta
-pcg, pieceworks FULL and reduce-overhead (both sides of each target ratio) once per batch size, after every timing
-(torch.profiler: which kernels dominate; written to the details
-file; a profiler session leaves CUPTI loaded, so no timing follows one). All numbers
-of a class come from one process, so the report's ratios (PIECEWISE / Meta pcg, FULL / reduce-overhead) compare
-numbers measured side by side.
+Each class's `setup_cache` builds the implementations on one model (vLLM's 51 capture sizes up to 512 for those
+that pad; the timed sizes themselves for those that do not), checks every output against the eager model, and times
+batches 1, 2, 8, 64, 256 and 512 with CUDA events after 20 warm-up calls (200 samples: median and interquartile
+range, in µs). All numbers of a class come from one process.
+
+Side by side: the implementations in `SIDE_BY_SIDE` are all built first and then timed in rounds whose order rotates
+(`timing.interleaved_cuda_time_us`: 10 rounds of 20 samples each), so a slow spell of a shared host falls on all of
+them alike; the target ratios (PIECEWISE / Meta pcg, FULL / reduce-overhead) are the medians of their per-round
+ratios, with the range over the rounds, in the details file. These are the implementations whose built callable
+keeps working while others are built: after its build none of them enters Dynamo (pieceworks calls its compiled
+graph directly, meta-pcg and eager never trace), and reduce-overhead, whose build resets Dynamo, is built last. The
+others (`inductor`, and implementations a user adds through $PIECEWORKS_IMPLEMENTATIONS, whose builds may reset
+Dynamo too) are built and timed one at a time before.
+
+ToyLlama classes then profile eager, pieceworks PIECEWISE, Meta pcg, pieceworks FULL and reduce-overhead (both sides
+of each target ratio) once per batch size, on the builds just timed, after every timing (torch.profiler: which
+kernels dominate; written to the details file; a profiler session leaves CUPTI loaded, so no timing follows one).
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from . import _shared
 from ._shared import BATCHES, GPU_TIMEOUT, IMPLEMENTATIONS
 
 REPS = 200
+ROUNDS = 10
+WARMUP = 20
+SIDE_BY_SIDE = ["eager", "pieceworks-none", "pieceworks-piecewise", "pieceworks-full", "pieceworks-full_and_piecewise",
+                "meta-pcg", "reduce-overhead"]  # built in this order: reduce-overhead last (it resets Dynamo)
 PROFILED = ["eager", "pieceworks-piecewise", "meta-pcg", "pieceworks-full", "reduce-overhead"]
+RATIOS = {"PIECEWISE / meta-pcg": ("pieceworks-piecewise", "meta-pcg"),
+          "FULL / reduce-overhead": ("pieceworks-full", "reduce-overhead")}
 
 
 def measure(model_name: str, dtype: str) -> dict:
@@ -34,63 +49,97 @@ def measure(model_name: str, dtype: str) -> dict:
     from pieceworks import default_capture_sizes
     from pieceworks.harness.implementations import load_user_implementations, resolve
     from pieceworks.harness.profile import kernel_profile
-    from pieceworks.harness.timing import cuda_time_us
+    from pieceworks.harness.timing import cuda_time_us, interleaved_cuda_time_us, ratio_over_rounds
 
     load_user_implementations()
     model, make_inputs, splitting_ops = _shared.model_and_inputs(model_name, dtype)
     capture_sizes = default_capture_sizes(_shared.MAX_CAPTURE)
     results: dict = {}
     details: dict = {"model": model_name, "dtype": dtype, "capture_sizes": capture_sizes, "reps": REPS,
-                     "builds_s": {}, "entries": {}, "profiles": {}}
-    for name in IMPLEMENTATIONS:
+                     "rounds": ROUNDS, "side_by_side": [], "builds_s": {}, "entries": {}, "ratios": {},
+                     "profiles": {}}
+
+    def build(name: str) -> Any:
+        """The built implementation, or None with its entries recorded as skipped or failed."""
         impl = resolve(name)
         reason = impl.unavailable_reason()
         if reason is not None:
             results.update({(name, b): {"skip": reason} for b in BATCHES})
-            continue
-        sizes = capture_sizes if impl.capabilities.padding else BATCHES
+            return None
         _shared.progress(f"latency {model_name} {dtype}: building {name}")
-        _shared.release()
         start = time.perf_counter()
         try:
-            built = impl.build(model, make_inputs, sizes, splitting_ops)
+            built = impl.build(model, make_inputs, capture_sizes if impl.capabilities.padding else BATCHES,
+                               splitting_ops)
         except Exception as exc:  # noqa: BLE001 - one broken implementation must not hide the others
             results.update({(name, b): {"error": f"{name} failed to build: {type(exc).__name__}: {exc}"}
                             for b in BATCHES})
-            continue
+            return None
         details["builds_s"][name] = time.perf_counter() - start
-        with torch.no_grad():
-            for batch in BATCHES:
-                inputs = make_inputs(batch)
-                try:
-                    expected = model(*inputs).float()
-                    got = built(*inputs).float()
-                    error = float((got - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
-                    timing = cuda_time_us(lambda: built(*inputs), warmup=20, reps=REPS)
-                    results[(name, batch)] = {**timing, "max_rel_error": error}
-                except Exception as exc:  # noqa: BLE001 - recorded as this entry's failure, the others go on
-                    results[(name, batch)] = {"error": f"{name} at batch {batch}: {type(exc).__name__}: {exc}"}
+        return built
+
+    def checked(name: str, built: Any, batch: int, inputs: tuple) -> bool:
+        """One call compared with eager: records its error, or the failure; True if it can be timed."""
+        try:
+            expected = model(*inputs).float()
+            got = built(*inputs).float()
+            results[(name, batch)] = {"max_rel_error": float((got - expected).abs().max()
+                                                            / expected.abs().max().clamp_min(1e-30))}
+            return True
+        except Exception as exc:  # noqa: BLE001 - recorded as this entry's failure, the others go on
+            results[(name, batch)] = {"error": f"{name} at batch {batch}: {type(exc).__name__}: {exc}"}
+            return False
+
+    def said(name: str) -> None:
         _shared.progress(f"latency {model_name} {dtype}: {name} " + " ".join(
             f"{b}:{results[(name, b)].get('median_us', float('nan')):.0f}us" for b in BATCHES))
-        del built
-    _shared.release()
-    if model_name == "toy_llama":  # after all timings: a profiler session leaves CUPTI loaded in the process
-        for name in PROFILED:
-            impl = resolve(name)
-            if impl.unavailable_reason() is not None or "error" in results.get((name, BATCHES[0]), {}):
+
+    alone = [n for n in IMPLEMENTATIONS if n not in SIDE_BY_SIDE]
+    together = [n for n in SIDE_BY_SIDE if n in IMPLEMENTATIONS]
+    with torch.no_grad():
+        for name in alone:  # one build alive at a time
+            _shared.release()
+            built = build(name)
+            if built is None:
                 continue
-            _shared.progress(f"latency {model_name} {dtype}: profiling {name}")
-            built = impl.build(model, make_inputs, capture_sizes if impl.capabilities.padding else BATCHES,
-                               splitting_ops)
-            with torch.no_grad():
+            for batch in BATCHES:
+                inputs = make_inputs(batch)
+                if checked(name, built, batch, inputs):
+                    results[(name, batch)].update(cuda_time_us(lambda: built(*inputs), warmup=WARMUP, reps=REPS))
+            said(name)
+            del built
+        _shared.release()
+        group = {name: b for name in together if (b := build(name)) is not None}
+        details["side_by_side"] = list(group)
+        for batch in BATCHES:
+            inputs = make_inputs(batch)
+            timed = {name: (lambda fn=fn: fn(*inputs)) for name, fn in group.items()
+                     if checked(name, fn, batch, inputs)}
+            try:
+                row = interleaved_cuda_time_us(timed, warmup=WARMUP, reps=REPS, rounds=ROUNDS)
+            except Exception as exc:  # noqa: BLE001 - a CUDA error here poisons the rest of the batch
+                for name in timed:
+                    results[(name, batch)] = {"error": f"timing batch {batch}: {type(exc).__name__}: {exc}"}
+                continue
+            for name, timing in row.items():
+                results[(name, batch)].update(timing)
+            details["ratios"][str(batch)] = {label: ratio_over_rounds(row[a], row[b])
+                                            for label, (a, b) in RATIOS.items() if a in row and b in row}
+        for name in group:
+            said(name)
+        if model_name == "toy_llama":  # after all timings: a profiler session leaves CUPTI loaded in the process
+            for name in PROFILED:
+                if name not in group:
+                    continue
+                _shared.progress(f"latency {model_name} {dtype}: profiling {name}")
                 for batch in BATCHES:
                     inputs = make_inputs(batch)
                     try:
-                        details["profiles"][f"{name}|{batch}"] = kernel_profile(lambda: built(*inputs), calls=3)
+                        details["profiles"][f"{name}|{batch}"] = kernel_profile(lambda: group[name](*inputs), calls=3)
                     except Exception as exc:  # noqa: BLE001 - a profiler failure must not lose the timings
                         details["profiles"][f"{name}|{batch}"] = {"error": f"{type(exc).__name__}: {exc}"}
-            del built
-            _shared.release()
+        del group
+    _shared.release()
     details["entries"] = {f"{k[0]}|{k[1]}": v for k, v in results.items()}
     _shared.write_details(f"latency_{model_name}_{dtype}", details)
     return results

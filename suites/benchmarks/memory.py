@@ -6,6 +6,8 @@ one compiled model captures them all into its one pool. Readings around the capt
 - allocator reserved delta MiB;
 - NVML device-used delta MiB (device-wide: also driver-side graph memory, and any other process's changes);
 - capture seconds (the capture phase, as `CompiledModel.capture` reports it).
+Then the capture of all sizes once more under cProfile (`profile.host_profile`: where its host time goes; its
+seconds include the profiler's overhead), for the details file.
 Unshared baseline: the same sizes captured one pool per size, all alive together (largest first): the sum of their
 pool MiB, and the reserved and NVML deltas since the first of them was captured.
 
@@ -62,10 +64,12 @@ def measure() -> dict:
     _shared.run_dir()
     from pieceworks import default_capture_sizes
     from pieceworks.harness.memory import memory_state, nvml_status, pool_bytes
+    from pieceworks.harness.profile import host_profile
 
     model, make_inputs, splitting_ops = _shared.model_and_inputs("toy_llama", "bfloat16")
     all_sizes = default_capture_sizes(_shared.MAX_CAPTURE)
     results: dict = {}
+    capture_profiles: dict = {}
     for mode in MODES:
         _shared.progress(f"memory {mode}: one trace and compile")
         _shared.release()
@@ -88,6 +92,10 @@ def measure() -> dict:
                 "capture_seconds": report["seconds"],
                 "graphs": report["graphs"],
             }
+        runtime.reset()
+        _settle()
+        _shared.progress(f"memory {mode}: the {len(all_sizes)}-size capture again, under cProfile")
+        capture_profiles[mode] = host_profile(lambda: compiled.capture(all_sizes))
         _shared.progress(f"memory {mode}: unshared baseline, one pool per size, all kept alive")
         runtime.reset()
         _settle()
@@ -107,7 +115,7 @@ def measure() -> dict:
         del pools, compiled, runtime
     _shared.release()
     _shared.write_details("memory", {"model": "toy_llama", "dtype": "bfloat16", "capture_sizes": all_sizes,
-                                     "nvml": nvml_status(),
+                                     "nvml": nvml_status(), "capture_profiles": capture_profiles,
                                      "entries": {f"{m}|{n}": v for (m, n), v in results.items()}})
     return results
 

@@ -1,0 +1,55 @@
+"""The size of the reference core: lines of `pieceworks` (reference/), all of them and code only.
+
+Code lines are lines holding a token of code: blank lines, comments and docstrings (the first string statement of a
+module, class or function) do not count; a statement over three lines counts three. Reads files only, imports
+nothing it measures.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import tokenize
+
+__all__ = ["file_lines", "core_lines"]
+
+_NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+
+
+def file_lines(source: str) -> dict[str, int]:
+    """`{"lines": all lines, "code": code lines}` of one Python source."""
+    docstrings = _docstring_lines(source)
+    code: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in _NOT_CODE:
+            code.update(n for n in range(token.start[0], token.end[0] + 1) if n not in docstrings)
+    return {"lines": len(source.splitlines()), "code": len(code)}
+
+
+def _docstring_lines(source: str) -> set[int]:
+    """The line numbers of the module's, classes' and functions' docstrings."""
+    found: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                found.update(range(first.lineno, first.end_lineno + 1))
+    return found
+
+
+def core_lines(folder: str | None = None) -> dict[str, dict[str, int]]:
+    """`{file name: file_lines(...)}` for every `.py` file of the reference core (default: the installed
+    `pieceworks` package's own folder, without its subpackages), plus `"total"`."""
+    if folder is None:
+        import pieceworks
+
+        folder = os.path.dirname(os.path.abspath(pieceworks.__file__))
+    found: dict[str, dict[str, int]] = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                found[name] = file_lines(f.read())
+    found["total"] = {k: sum(v[k] for v in found.values()) for k in ("lines", "code")}
+    return found
