@@ -582,10 +582,30 @@ class Report:
             note = ""
             if missed[r]:
                 note = "misses, with the per-round range: " + "; ".join(missed[r])
+                if r == "compiled call / plan run":
+                    note += "".join(self._call_profile_note(name, doc) for name, doc in runs)
                 if r == "FULL / reduce-overhead" and unsplit_meets and all(unsplit_meets):
                     note += (". Wherever FULL with splitting_ops=[] was timed in the same run, it meets the target at "
                              "the missed batch: the cost is the split's piece boundaries")
             self.targets.append((labels[r], ", ".join(found[r]), _verdict(not missed[r]), note))
+
+    @staticmethod
+    def _call_profile_note(name: str, doc: dict) -> str:
+        """"; <commit> <dtype> b1 under cProfile (100 calls): call 61 ms vs plan 48 ms, the call's own additions: ..."
+        for each dtype of one runtime_breakdown run that recorded a `call_profile`."""
+        commit = doc.get("commit") or name[len("runtime_breakdown_"):] or "?"
+        notes = []
+        for dtype, result in (doc.get("dtypes") or {}).items():
+            found = result.get("call_profile")
+            if not found or not found.get("added"):
+                continue
+            seconds = found["seconds"]
+            notes.append(
+                f"; {commit} {dtype} b{found['batch']} under cProfile ({found['calls']} calls each, profiler overhead "
+                f"included): call {1e3 * seconds['compiled call']:.0f} ms vs plan {1e3 * seconds['plan run']:.0f} ms, "
+                "own time the call adds: " + ", ".join(
+                    f"`{a['function']}` {a['us_per_call']:.1f} µs × {a['calls_per_call']:g}" for a in found["added"][:5]))
+        return "".join(notes)
 
     def dispatch(self) -> None:
         rows = [(n.split(".")[-1], v.get(())) for n, v in self.asv.items() if n.startswith("dispatch.")]

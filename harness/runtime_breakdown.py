@@ -14,7 +14,9 @@ of a shared host falls on all of them alike), reporting median, p25 and p75 in Â
 and derives: PIECEWISE / meta-pcg, compiled call / plan run, FULL (and FULL unsplit) / reduce-overhead (each the
 median of the per-round ratios, with their minimum and maximum), and host overhead per piece =
 (compiled call - graph replays - splitting ops) / pieces, negative where host work overlaps GPU work. Every variant's
-output is compared with eager (max abs error), so a fast wrong answer shows.
+output is compared with eager (max abs error), so a fast wrong answer shows. At the first batch, 100 compiled calls
+and 100 plan runs also run under cProfile (`call_profile`: the functions whose own time the call adds over the plan,
+in Âµs per call with the profiler's overhead), to explain a compiled call / plan run miss.
 
 Robustness: each dtype runs in a child process of its own (a crash there, even a segfault, costs that dtype only
 and is recorded with the child's exit status and last output); `faulthandler` prints the Python stack of a fatal
@@ -45,6 +47,7 @@ from pieceworks import CompilationConfig, CUDAGraphMode, default_capture_sizes
 
 from . import breakdown, models
 from .provenance import code_commit
+from .profile import host_profile
 from .timing import interleaved_cuda_time_us, ratio_over_rounds
 
 
@@ -185,7 +188,25 @@ def _measure_dtype(dtype: torch.dtype, args: argparse.Namespace, cache: str) -> 
                 overhead = med["compiled call"] - med["graph replays"] - med["splitting ops"]
                 entry["host_overhead_per_piece_us"] = overhead / pieces
             _print_row(batch, entry)
+            if piecewise is not None and "plan run" in variants and "call_profile" not in report:
+                report["call_profile"] = _call_profile(batch, variants["compiled call"], variants["plan run"])
     return report
+
+
+def _call_profile(batch: int, call: Any, plan: Any, calls: int = 100) -> dict[str, Any]:
+    """Where the compiled call's host time goes beyond its plan run: `calls` of each under cProfile
+    (`profile.host_profile`), and the functions whose own time the call adds, most first."""
+    profiles = {name: host_profile(lambda fn=fn: [fn() for _ in range(calls)], top=60)
+                for name, fn in (("compiled call", call), ("plan run", plan))}
+    own = {name: {r["function"]: r for r in p["top"]} for name, p in profiles.items()}
+    added = []
+    for function, row in own["compiled call"].items():
+        extra = row["tottime_s"] - own["plan run"].get(function, {}).get("tottime_s", 0.0)
+        if extra > 0:
+            added.append({"function": function, "us_per_call": 1e6 * extra / calls, "calls_per_call": row["calls"] / calls})
+    added.sort(key=lambda r: -r["us_per_call"])
+    return {"batch": batch, "calls": calls, "seconds": {k: p["seconds"] for k, p in profiles.items()},
+            "added": added[:8]}
 
 
 def _print_row(batch: Any, row: dict[str, Any]) -> None:

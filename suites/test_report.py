@@ -185,6 +185,27 @@ def test_side_by_side_runs_give_target_rows_and_say_what_the_split_costs(tmp_pat
     assert "the split's piece boundaries" not in full
 
 
+def test_a_call_over_plan_miss_names_what_the_call_adds_under_cprofile(tmp_path):
+    """A runtime_breakdown run whose compiled call misses its plan run, with a `call_profile`, gets the functions
+    whose own time the call adds in the target row's note."""
+    _regenerate(tmp_path, drop=("runtime_breakdown_*",))
+    folder = tmp_path / "results" / "bench" / MACHINE
+    _side_by_side_run(folder, "abc1234", full=1.0, unsplit=1.0, pcg=0.8)
+    path = folder / "runtime_breakdown_abc1234.json"
+    doc = json.loads(path.read_text())
+    result = doc["dtypes"]["bfloat16"]
+    result["batches"]["64"]["ratios"]["compiled call / plan run"] = {"median": 1.2, "min": 1.1, "max": 1.3, "rounds": 3}
+    result["call_profile"] = {"batch": 1, "calls": 100, "seconds": {"compiled call": 0.061, "plan run": 0.048},
+                              "added": [{"function": "reference/api.py:200(_check)", "us_per_call": 12.5,
+                                         "calls_per_call": 1.0}]}
+    path.write_text(json.dumps(doc))
+    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE]) == 0
+    row = _line((folder / "REPORT.md").read_text(), "| CompiledModel call ≤ 1.03× its plan run, side by side")
+    assert "**missed**" in row and "abc1234 bf16 b64 1.20× (1.10-1.30)" in row
+    assert ("abc1234 bfloat16 b1 under cProfile (100 calls each, profiler overhead included): call 61 ms vs plan "
+            "48 ms, own time the call adds: `reference/api.py:200(_check)` 12.5 µs × 1") in row
+
+
 def test_warm_start_runs_get_a_table_and_say_where_their_first_call_went(tmp_path):
     """`warm_start_<label>.json` runs (`python -m pieceworks.harness.warm_start`) get rows in the compile section,
     count in the warm-start target, and split each warm first call into Dynamo's side and the backend's."""
