@@ -591,7 +591,8 @@ class Report:
 
     @staticmethod
     def _call_profile_note(name: str, doc: dict) -> str:
-        """"; <commit> <dtype> b1 under cProfile (100 calls): call 61 ms vs plan 48 ms, the call's own additions: ..."
+        """"; <commit> <dtype> b1 under cProfile (100 calls each ...): call 61 ms vs plan 48 ms, own time the call adds
+        per forward: ..."
         for each dtype of one runtime_breakdown run that recorded a `call_profile`."""
         commit = doc.get("commit") or name[len("runtime_breakdown_"):] or "?"
         notes = []
@@ -603,8 +604,8 @@ class Report:
             notes.append(
                 f"; {commit} {dtype} b{found['batch']} under cProfile ({found['calls']} calls each, profiler overhead "
                 f"included): call {1e3 * seconds['compiled call']:.0f} ms vs plan {1e3 * seconds['plan run']:.0f} ms, "
-                "own time the call adds: " + ", ".join(
-                    f"`{a['function']}` {a['us_per_call']:.1f} µs × {a['calls_per_call']:g}" for a in found["added"][:5]))
+                "own time the call adds per forward: " + ", ".join(
+                    f"`{a['function']}` {a['us_per_call']:.1f} µs in {a['calls_per_call']:g} calls" for a in found["added"][:5]))
         return "".join(notes)
 
     def dispatch(self) -> None:

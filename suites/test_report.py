@@ -203,7 +203,7 @@ def test_a_call_over_plan_miss_names_what_the_call_adds_under_cprofile(tmp_path)
     row = _line((folder / "REPORT.md").read_text(), "| CompiledModel call ≤ 1.03× its plan run, side by side")
     assert "**missed**" in row and "abc1234 bf16 b64 1.20× (1.10-1.30)" in row
     assert ("abc1234 bfloat16 b1 under cProfile (100 calls each, profiler overhead included): call 61 ms vs plan "
-            "48 ms, own time the call adds: `reference/api.py:200(_check)` 12.5 µs × 1") in row
+            "48 ms, own time the call adds per forward: `reference/api.py:200(_check)` 12.5 µs in 1 calls") in row
 
 
 def test_warm_start_runs_get_a_table_and_say_where_their_first_call_went(tmp_path):
