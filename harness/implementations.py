@@ -8,7 +8,9 @@ applicable, with the reason, instead of failing or being skipped silently.
 Contract of `Built.__call__`: called like the model; outputs are valid until the next call (the CUDA-graph contract:
 clone what you keep); inference only: call it under `torch.no_grad()`. Built objects own their graphs and pools;
 dropping the last reference frees them (after `torch.cuda.synchronize()` and a gc). Not thread-safe. Build one
-implementation of a model at a time: torch.compile-based adapters reset Dynamo when they build.
+implementation of a model at a time: torch.compile-based adapters reset Dynamo when they build. Builds that never
+enter Dynamo after they are made (eager, pieceworks, meta-pcg) may stay alive next to one torch.compile-based build
+made after them (the latency benchmark and `runtime_breakdown` time them side by side that way).
 
 Built in: `eager`; `inductor` (`torch.compile` defaults, no graphs); `reduce-overhead` (Inductor + CUDA-graph trees,
 one recording per size, no padding); `dynamo-cudagraphs` (`torch.compile(backend="cudagraphs")`: AOT eager + CUDA-graph

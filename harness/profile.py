@@ -163,16 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())
-
 
 def host_profile(fn: Callable[[], Any], top: int = 8) -> dict[str, Any]:
     """Where `fn()`'s host time goes: one call under cProfile. Returns `seconds` (the call's wall time, profiler
     overhead included) and the `top` functions by own time (`tottime_s`, with `cumtime_s` and `calls`), named
-    `file:line(function)` with the file's last two path parts, or `{built-in method ...}` for C functions (a CUDA
+    `file:line(function)` with the file's last two path parts, or `<built-in method ...>` for C functions (a CUDA
     graph's `capture_end`, say). For phases whose cost is host work, such as a capture phase; not for GPU time."""
     import cProfile
     import os
@@ -193,3 +188,10 @@ def host_profile(fn: Callable[[], Any], top: int = 8) -> dict[str, Any]:
         rows.append({"function": where, "calls": calls, "tottime_s": tottime, "cumtime_s": cumtime})
     rows.sort(key=lambda r: -r["tottime_s"])
     return {"seconds": seconds, "top": rows[:top]}
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
+

@@ -714,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="results", help="the results folder (asv/ and bench/ inside)")
     parser.add_argument("--machine", default=None, help="asv machine name (default: the only one, or the newest)")
     parser.add_argument("--commit", default=None, help="asv result of this commit (default: the newest)")
+    parser.add_argument("--no-plots", action="store_true", help="REPORT.md only (its plot links stay as they are)")
     args = parser.parse_args(argv)
     asv_dir = os.path.join(args.results, "asv")
     machine = args.machine
@@ -731,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(table, header, details)
     text = report.render(machine, pytest_benchmark)
     os.makedirs(bench_dir, exist_ok=True)
-    plots = report.write_plots(os.path.join(bench_dir, "plots"))
+    plots = [] if args.no_plots else report.write_plots(os.path.join(bench_dir, "plots"))
     with open(os.path.join(bench_dir, "REPORT.md"), "w") as f:
         f.write(text)
     print(f"report: wrote {os.path.join(bench_dir, 'REPORT.md')} and {len(plots)} plots")

@@ -203,7 +203,8 @@ def _call_profile(batch: int, call: Any, plan: Any, calls: int = 100) -> dict[st
     for function, row in own["compiled call"].items():
         extra = row["tottime_s"] - own["plan run"].get(function, {}).get("tottime_s", 0.0)
         if extra > 0:
-            added.append({"function": function, "us_per_call": 1e6 * extra / calls, "calls_per_call": row["calls"] / calls})
+            added.append({"function": function, "us_per_call": 1e6 * extra / calls,
+                          "calls_per_call": row["calls"] / calls})
     added.sort(key=lambda r: -r["us_per_call"])
     return {"batch": batch, "calls": calls, "seconds": {k: p["seconds"] for k, p in profiles.items()},
             "added": added[:8]}

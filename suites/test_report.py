@@ -35,7 +35,7 @@ def _scale_asv(results: Path, scale: dict[tuple[str, tuple], float]) -> None:
 
 
 def _regenerate(tmp_path: Path, drop: tuple[str, ...] = (), one_side: bool = False,
-                scale: dict[tuple[str, tuple], float] | None = None) -> str:
+                scale: dict[tuple[str, tuple], float] | None = None, plots: bool = False) -> str:
     """The report of a copy of the committed results, without the files matching `drop`; `one_side`: the latency
     runs' profiles of reduce-overhead removed (as older runs profiled eager, pcg and PIECEWISE only); `scale`: asv
     values multiplied (see `_scale_asv`), to force a target's verdict whatever the committed run measured."""
@@ -48,7 +48,7 @@ def _regenerate(tmp_path: Path, drop: tuple[str, ...] = (), one_side: bool = Fal
         doc["profiles"] = {k: v for k, v in doc["profiles"].items() if not k.startswith("reduce-overhead|")}
         path.write_text(json.dumps(doc))
     _scale_asv(results, scale or {})
-    assert report.main(["--results", str(results), "--machine", MACHINE]) == 0
+    assert report.main(["--results", str(results), "--machine", MACHINE] + ([] if plots else ["--no-plots"])) == 0
     return (results / "bench" / MACHINE / "REPORT.md").read_text()
 
 
@@ -59,9 +59,12 @@ FULL_MISS = {("latency.ToyLlamaBfloat16.track_median_us", ("pieceworks-full", 64
 
 def test_the_committed_report_is_what_the_committed_results_regenerate(tmp_path):
     committed = (REPO / "results" / "bench" / MACHINE / "REPORT.md").read_text()
-    assert _regenerate(tmp_path) == committed, (
+    assert _regenerate(tmp_path, plots=True) == committed, (
         "results/bench/<machine>/REPORT.md differs from what its result files give: regenerate it with "
         "`python -m pieceworks.harness.report --machine <machine>` and commit it")
+    linked = {line[line.index("(plots/") + 7:-1] for line in committed.splitlines() if line.startswith("![")}
+    written = {p.name for p in (tmp_path / "results" / "bench" / MACHINE / "plots").glob("*.png")}
+    assert linked and linked == written
 
 
 def _full_target(text: str) -> str:
@@ -102,7 +105,7 @@ def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
         if breakdown:
             entry.update(backend_seconds=0.25 * first_call[start], compile_or_load_seconds=0.2 * first_call[start])
     details.write_text(json.dumps(doc))
-    assert report.main(["--results", str(results), "--machine", MACHINE]) == 0
+    assert report.main(["--results", str(results), "--machine", MACHINE, "--no-plots"]) == 0
     return (results / "bench" / MACHINE / "REPORT.md").read_text(), first_call["warm"]
 
 
@@ -144,7 +147,7 @@ def test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost(tmp
         {"function": "<method 'capture_end' of 'torch._C._CUDAGraph' objects>", "calls": 663, "tottime_s": 0.9,
          "cumtime_s": 0.9}]}}
     details.write_text(json.dumps(doc))
-    assert report.main(["--results", str(results), "--machine", MACHINE]) == 0
+    assert report.main(["--results", str(results), "--machine", MACHINE, "--no-plots"]) == 0
     row = _line((results / "bench" / MACHINE / "REPORT.md").read_text(), "| capture of 51 sizes")
     assert ("ms a graph; under cProfile (2.50 s), own time: `<method 'capture_end' of 'torch._C._CUDAGraph' "
             "objects>` 0.90 s in 663 calls") in row
@@ -168,7 +171,7 @@ def test_side_by_side_runs_give_target_rows_and_say_what_the_split_costs(tmp_pat
     text = _regenerate(tmp_path, drop=("runtime_breakdown_*",))
     assert "side by side (rounds)" not in text
     _side_by_side_run(tmp_path / "results" / "bench" / MACHINE, "abc1234", full=1.12, unsplit=1.0, pcg=0.8)
-    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE]) == 0
+    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE, "--no-plots"]) == 0
     text = (tmp_path / "results" / "bench" / MACHINE / "REPORT.md").read_text()
     assert "### bfloat16, commit abc1234" in text
     pcg = _line(text, "| PIECEWISE ≤ 0.9× Meta pcg, side by side")
@@ -178,7 +181,7 @@ def test_side_by_side_runs_give_target_rows_and_say_what_the_split_costs(tmp_pat
     assert "the cost is the split's piece boundaries" in full
     # FULL without the split misses too (another run): the report then claims nothing about the split
     _side_by_side_run(tmp_path / "results" / "bench" / MACHINE, "def5678", full=1.12, unsplit=1.10, pcg=0.8)
-    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE]) == 0
+    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE, "--no-plots"]) == 0
     full = _line((tmp_path / "results" / "bench" / MACHINE / "REPORT.md").read_text(),
                  "| FULL ≤ 1.02× reduce-overhead, side by side")
     assert "def5678 bf16 b64 1.12× (1.11-1.14), with splitting_ops=[] 1.10×" in full
@@ -199,7 +202,7 @@ def test_a_call_over_plan_miss_names_what_the_call_adds_under_cprofile(tmp_path)
                               "added": [{"function": "reference/api.py:200(_check)", "us_per_call": 12.5,
                                          "calls_per_call": 1.0}]}
     path.write_text(json.dumps(doc))
-    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE]) == 0
+    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE, "--no-plots"]) == 0
     row = _line((folder / "REPORT.md").read_text(), "| CompiledModel call ≤ 1.03× its plan run, side by side")
     assert "**missed**" in row and "abc1234 bf16 b64 1.20× (1.10-1.30)" in row
     assert ("abc1234 bfloat16 b1 under cProfile (100 calls each, profiler overhead included): call 61 ms vs plan "
@@ -218,7 +221,7 @@ def test_warm_start_runs_get_a_table_and_say_where_their_first_call_went(tmp_pat
                              "compile_or_load_seconds": loads}
                       for name, (first, backend, loads, compiles) in starts.items()}}
     (tmp_path / "results" / "bench" / MACHINE / "warm_start_abc1234.json").write_text(json.dumps(doc))
-    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE]) == 0
+    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE, "--no-plots"]) == 0
     text = (tmp_path / "results" / "bench" / MACHINE / "REPORT.md").read_text()
     assert "| abc1234 | warm | 0.50 | 0.05 | 0.30 | 0.25 | 0.20 | 20.0 | 0 | 3 |" in text
     row = _line(text, "| warm start:")
@@ -238,7 +241,7 @@ def test_latency_ratios_come_from_the_rounds_where_the_run_timed_side_by_side(tm
         "64": {"FULL / reduce-overhead": {"median": 1.5, "min": 1.4, "max": 1.6, "rounds": 10}},
         "512": {"FULL / reduce-overhead": {"median": 0.5, "min": 0.45, "max": 0.55, "rounds": 10}}})
     details.write_text(json.dumps(doc))
-    assert report.main(["--results", str(results), "--machine", MACHINE]) == 0
+    assert report.main(["--results", str(results), "--machine", MACHINE, "--no-plots"]) == 0
     text = (results / "bench" / MACHINE / "REPORT.md").read_text()
     table = text[text.index("### toy_llama, bfloat16"):]
     assert _line(table, "| 64 |").endswith("| 1.50× (1.40-1.60) |")
