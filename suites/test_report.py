@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import itertools
 import json
 import shutil
@@ -64,7 +65,11 @@ def test_the_committed_report_is_what_the_committed_results_regenerate(tmp_path)
         "`python -m pieceworks.harness.report --machine <machine>` and commit it")
     linked = {line[line.index("(plots/") + 7:-1] for line in committed.splitlines() if line.startswith("![")}
     written = {p.name for p in (tmp_path / "results" / "bench" / MACHINE / "plots").glob("*.png")}
-    assert linked and linked == written
+    assert linked
+    if importlib.util.find_spec("matplotlib") is not None:  # the `bench` extra; without it, tables only
+        assert linked == written
+    else:
+        assert not written
 
 
 def _full_target(text: str) -> str:
