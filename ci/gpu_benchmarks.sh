@@ -193,6 +193,7 @@ if in_part 3; then
 fi
 if in_part 2 || in_part 3; then
   say "report"
+  [ -z "$RENAME_TO" ] || rename_results "$COMMIT" "$RENAME_TO"  # the report names the commit measured
   "$PY" -m pieceworks.harness.report --machine "$MACHINE" || fail $?
   cp "$DETAILS/REPORT.md" "$OUT/REPORT.md" 2>/dev/null
 fi
