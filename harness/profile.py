@@ -163,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-
 def host_profile(fn: Callable[[], Any], top: int = 8) -> dict[str, Any]:
     """Where `fn()`'s host time goes: one call under cProfile. Returns `seconds` (the call's wall time, profiler
     overhead included) and the `top` functions by own time (`tottime_s`, with `cumtime_s` and `calls`), named
@@ -194,4 +193,3 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(main())
-

@@ -110,6 +110,11 @@ def _difference(impls: tuple[str, str], first: dict, second: dict) -> str:
         f"`{name[:48]}` {us:.1f} µs in {calls:.0f} launches" for name, us, calls in only)
 
 
+def _breakdown_commit(name: str, doc: dict) -> str:
+    """The commit a `runtime_breakdown_<commit>.json` run measured: its own field, else its file name's."""
+    return doc.get("commit") or name[len("runtime_breakdown_"):] or "?"
+
+
 def _verdict(ok: bool | None) -> str:
     return "not measured" if ok is None else ("met" if ok else "**missed**")
 
@@ -532,7 +537,7 @@ class Report:
             return value if isinstance(value, dict) else None
 
         for name, doc in runs:
-            commit = doc.get("commit") or name[len("runtime_breakdown_"):] or "?"
+            commit = _breakdown_commit(name, doc)
             for dtype, part in (doc.get("dtypes") or {}).items():
                 rows = part.get("batches") or {}
                 if not rows:
@@ -594,7 +599,7 @@ class Report:
         """"; <commit> <dtype> b1 under cProfile (100 calls each ...): call 61 ms vs plan 48 ms, own time the call adds
         per forward: ..."
         for each dtype of one runtime_breakdown run that recorded a `call_profile`."""
-        commit = doc.get("commit") or name[len("runtime_breakdown_"):] or "?"
+        commit = _breakdown_commit(name, doc)
         notes = []
         for dtype, result in (doc.get("dtypes") or {}).items():
             found = result.get("call_profile")
