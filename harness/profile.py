@@ -163,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def host_profile(fn: Callable[[], Any], top: int = 8) -> dict[str, Any]:
+def host_profile(fn: Callable[[], Any], top: int | None = 8) -> dict[str, Any]:
     """Where `fn()`'s host time goes: one call under cProfile. Returns `seconds` (the call's wall time, profiler
-    overhead included) and the `top` functions by own time (`tottime_s`, with `cumtime_s` and `calls`), named
+    overhead included) and the `top` functions (None: all) by own time (`tottime_s`, with `cumtime_s` and `calls`), named
     `file:line(function)` with the file's last two path parts, or `<built-in method ...>` for C functions (a CUDA
     graph's `capture_end`, say). For phases whose cost is host work, such as a capture phase; not for GPU time."""
     import cProfile

@@ -195,8 +195,8 @@ def _measure_dtype(dtype: torch.dtype, args: argparse.Namespace, cache: str) -> 
 
 def _call_profile(batch: int, call: Any, plan: Any, calls: int = 100) -> dict[str, Any]:
     """Where the compiled call's host time goes beyond its plan run: `calls` of each under cProfile
-    (`profile.host_profile`), and the functions whose own time the call adds, most first."""
-    profiles = {name: host_profile(lambda fn=fn: [fn() for _ in range(calls)], top=60)
+    (`profile.host_profile`, every function), and the functions whose own time the call adds, most first."""
+    profiles = {name: host_profile(lambda fn=fn: [fn() for _ in range(calls)], top=None)
                 for name, fn in (("compiled call", call), ("plan run", plan))}
     own = {name: {r["function"]: r for r in p["top"]} for name, p in profiles.items()}
     added = []
