@@ -13,9 +13,9 @@ stitching around the work. Where host work overlaps GPU work, the GPU-time overh
 argument checks, no static copies, no cut back), it also reports the forward / replay ratio: what
 `CompiledModel.__call__` costs over its replay.
 
-This reads pieceworks internals (the runtime's replay plans and FULL graphs, and its stitching module). It changes with the
-runtime; suites/test_host_overhead.py checks that the recorded work recomputes the forward's output, so a change
-that breaks it fails a test instead of skewing a number.
+It reads the core's public view only (`CompiledModel.binder`, `graph_inputs`, `Runtime.replay_for`, the plans'
+steps, the compiled graph's stitching module and pieces); suites/test_host_overhead.py checks that the recorded
+work recomputes the forward's output, so a change that breaks it fails a test instead of skewing a number.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 import torch.fx
+
+from pieceworks.plan import FullGraph
 
 __all__ = ["PieceWork", "record", "measure", "replay_run", "static_replay"]
 
@@ -67,94 +69,86 @@ def _splitting_work(gm: torch.fx.GraphModule, args: tuple) -> Callable[[], Any]:
 
 def _compiled_work(piece: Any, args: tuple) -> Callable[[], Any]:
     """A compiled piece's work alone: the code compiled for this batch size, without dispatch."""
-    code = piece.runnable_for(piece.locate_batch(args)) if hasattr(piece, "runnable_for") else piece
+    code = piece.runnable_for(args)
     return lambda: code(*args)
+
+
+class _RecordPieceCalls(torch.fx.Interpreter):
+    """Runs the stitching module and records each piece call with its arguments, in run order."""
+
+    def __init__(self, graph: Any) -> None:
+        super().__init__(graph.split_module)
+        self.pieces = {p.submod_name: p for p in graph.pieces}
+        self.calls: list[tuple[Any, tuple]] = []
+
+    def call_module(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        self.calls.append((self.pieces[target], args))
+        return super().call_module(target, args, kwargs)
 
 
 def record(compiled: Any, args: Sequence[Any]) -> tuple[Any, list[PieceWork]]:
     """Call `compiled(*args)` (a traced `pieceworks.CompiledModel`) once; return its output and the pieces' work."""
-    from pieceworks.plan import ReplayPlan
-    from pieceworks.runtime import Phase
-
     runtime = compiled.runtime
-    if runtime is None:
-        raise ValueError("record() needs a traced model: call it once first (the first call traces and compiles)")
-    sizes = sorted(compiled.config.cudagraph_capture_sizes or [])
+    if runtime is None or compiled.binder is None:
+        raise ValueError("record() needs a traced model whose calls bind directly: call it once first (the first "
+                         "call traces and compiles)")
     batch = _batch(args)
-    padded = next((s for s in sizes if s >= batch), None)
-    replay_of = runtime.replays.get(padded) if runtime.phase is not Phase.COMPILING else None
-    if replay_of is not None and not isinstance(replay_of, ReplayPlan):  # FULL
+    padded = next((s for s in sorted(runtime.captured_sizes) if s >= batch), None)
+    replay_of = runtime.replay_for(padded) if padded is not None else None
+    if replay_of is not None:
         out = compiled(*args)
-        full = replay_of
+        if isinstance(replay_of, FullGraph):
+            graph, outputs = replay_of.graphs[0], replay_of.graph_outputs[0]
 
-        def replay() -> Any:
-            full.graph.replay()
-            return full.outputs
+            def replay() -> Any:
+                graph.replay()
+                return outputs
 
-        return out, [PieceWork("full graph", splitting=False, graph_replay=True, run=replay)]
-    if replay_of is not None and runtime.binder is not None:
-        return compiled(*args), _plan_work(runtime, replay_of, padded)
-
-    split_gm = runtime.split_gm
-    calls: list[tuple[Any, tuple]] = []
-    installed: dict[str, Any] = {}
-    hooks = []
-    for item in runtime.items:
-        current = getattr(split_gm, item.submod_name)
-        if isinstance(current, torch.nn.Module):  # splitting pieces stay FX submodules
-            hooks.append(current.register_forward_pre_hook(lambda module, a, item=item: calls.append((item, a))))
-            continue
-        installed[item.submod_name] = current
-
-        def recording(*a: Any, item: Any = item, fn: Any = current) -> Any:
-            calls.append((item, a))
-            return fn(*a)
-
-        setattr(split_gm, item.submod_name, recording)
-    try:
-        out = compiled(*args)
-    finally:
-        for name, fn in installed.items():
-            setattr(split_gm, name, fn)
-        for hook in hooks:
-            hook.remove()
+            return out, [PieceWork("full graph", splitting=False, graph_replay=True, run=replay)]
+        return out, _plan_work(compiled, replay_of, padded)
+    out = compiled(*args)
+    recorder = _RecordPieceCalls(runtime.graph)
+    with torch.no_grad():
+        recorder.run(*compiled.binder.inputs(list(args), batch))
     work = []
-    for item, a in calls:
-        if item.is_splitting_graph:
-            work.append(PieceWork(item.submod_name, True, False, _splitting_work(item.graph, a)))
+    for piece, a in recorder.calls:
+        if piece.is_splitting_graph:
+            work.append(PieceWork(piece.submod_name, True, False, _splitting_work(piece.graph, a)))
         else:
-            work.append(PieceWork(item.submod_name, False, False, _compiled_work(installed[item.submod_name], a)))
+            work.append(PieceWork(piece.submod_name, False, False, _compiled_work(piece, a)))
     return out, work
 
 
-def _plan_work(runtime: Any, plan: Any, n: int) -> list[PieceWork]:
+def _plan_work(compiled: Any, plan: Any, n: int) -> list[PieceWork]:
     """The pieces of a PIECEWISE replay plan, in its order, on the static buffers of padded size `n`: its graph
     replays, its splitting ops and its eagerly run compiled pieces (glue steps such as getitem are no piece)."""
-    flat = runtime.binder.inputs(runtime.static.views(n), n)
+    flat = compiled.graph_inputs(n)
     slots = [None] * plan.num_slots
     for step in plan.steps:  # one forward into `slots`: the values later eager steps read
-        step(flat, slots)
-    splitting = {i.submod_name for i in runtime.items if i.is_splitting_graph}
-    pieces = {i.submod_name for i in runtime.items}
-    eager = set(plan.eager_steps)
+        step.run(flat, slots)
+    pieces = {p.submod_name: p for p in compiled.runtime.graph.pieces}
     graphs = iter(zip(plan.graphs, plan.graph_outputs))
     work = []
-    for index, (name, step) in enumerate(zip(plan.step_names, plan.steps)):
-        if index not in eager:
+    slot = 0
+    for step in plan.steps:
+        if step.kind == "graph":
             graph, outputs = next(graphs)
 
             def replay(graph: Any = graph, outputs: Any = outputs) -> Any:
                 graph.replay()
                 return outputs
 
-            work.append(PieceWork(name, splitting=False, graph_replay=True, run=replay))
-        elif name in pieces:
+            work.append(PieceWork(step.name, splitting=False, graph_replay=True, run=replay))
+            continue
+        if step.name in pieces:
 
-            def run(step: Any = step, index: int = len([e for e in plan.eager_steps if e < index])) -> Any:
-                step(flat, slots)
-                return slots[index]
+            def run(step: Any = step, slot: int = slot) -> Any:
+                step.run(flat, slots)
+                return slots[slot]
 
-            work.append(PieceWork(name, splitting=name in splitting, graph_replay=False, run=run))
+            work.append(PieceWork(step.name, splitting=pieces[step.name].is_splitting_graph, graph_replay=False,
+                                  run=run))
+        slot += 1  # every eager step writes the next slot
     return work
 
 
@@ -169,12 +163,13 @@ def static_replay(compiled: Any, batch: int) -> tuple[Any, list[Any]]:
     """`(replay, flat)`: the replay (PIECEWISE plan or FULL graph) of `batch`'s padded size and the graph inputs
     it runs on (the static buffers' views, parameters, the size)."""
     runtime = compiled.runtime
-    if runtime is None or runtime.binder is None or runtime.static is None:
+    if runtime is None or compiled.binder is None:
         raise ValueError("replay_run() needs a traced, captured model whose calls bind directly (no Dynamo fallback)")
-    n = min((s for s in runtime.replays if s >= batch), default=None)
+    n = min((s for s in runtime.captured_sizes if s >= batch), default=None)
     if n is None:
-        raise ValueError(f"no captured size >= {batch} (captured: {sorted(runtime.replays)}): call capture() first")
-    return runtime.replays[n], runtime.binder.inputs(runtime.static.views(n), n)
+        raise ValueError(f"no captured size >= {batch} (captured: {sorted(runtime.captured_sizes)}): call capture() "
+                         f"first")
+    return runtime.replay_for(n), compiled.graph_inputs(n)
 
 
 def _in_order(fns: list[Callable[[], Any]]) -> Callable[[], None]:

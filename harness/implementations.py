@@ -161,7 +161,7 @@ class Pieceworks(Implementation):
         report = compiled.capture()
         seconds = time.perf_counter() - start
         runtime = compiled.runtime
-        return Built(compiled, capture_order=list(runtime.capture_order) or None, pool=runtime.pool.handle,
+        return Built(compiled, capture_order=list(runtime.captured_sizes) or None, pool=runtime.pool.handle,
                      capture_seconds=seconds, owner=compiled, capture_report=report, compiles=compiles)
 
 

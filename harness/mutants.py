@@ -28,7 +28,7 @@ def _getitem_to_next_piece(mp: pytest.MonkeyPatch) -> None:
 
     import pieceworks.split as split
 
-    original = split._assign_pieces
+    original = split.assign_pieces
 
     def assign(gm, ops):
         piece_of, splitting = original(gm, ops)
@@ -37,31 +37,21 @@ def _getitem_to_next_piece(mp: pytest.MonkeyPatch) -> None:
                 piece_of[node] += 1
         return piece_of, splitting
 
-    mp.setattr(split, "_assign_pieces", assign)
+    mp.setattr(split, "assign_pieces", assign)
 
 
 def _index_without_checksum(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.cache as cache
 
-    mp.setattr(cache, "_entries_digest", lambda entries: "unchecked")
+    mp.setattr(cache, "entries_digest", lambda entries: "unchecked")
 
 
 def _key_ignores_config(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.compiler as compiler
-
-    original = compiler.cache_factors
-
-    def factors(gm, fakes, config):
-        found = original(gm, fakes, config)
-        found.pop("config")
-        return found
-
-    mp.setattr(compiler, "cache_factors", factors)
+    _key_without("config")(mp)
 
 
 def _pad_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.dispatch as dispatch
-    import pieceworks.runtime as runtime
+    import pieceworks.api as api
 
     def padded(sizes, batch):
         i = bisect.bisect_right(sizes, batch)
@@ -71,18 +61,17 @@ def _pad_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
         i = bisect.bisect_left(sizes, batch)
         return sizes[i] if i < len(sizes) and sizes[i] == batch else (sizes[i - 1] if i > 0 else padded(sizes, batch))
 
-    mp.setattr(dispatch, "padded_size", wrong)
-    mp.setattr(runtime, "padded_size", wrong)
+    mp.setattr(api, "padded_size", wrong)
 
 
 def _static_copy_misses_last_row(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.padding as padding
 
-    def load(self, args, batch, n):
-        for buffer, a in zip(self.buffers, args):
-            if hasattr(a, "shape") and batch > 1:
-                buffer[: batch - 1].copy_(a[: batch - 1])
-        return self.views(n)
+    original = padding.StaticInputs.load
+
+    def load(self, args, batch):
+        if batch > 1:  # the real rows but the last
+            original(self, [a[: batch - 1] if hasattr(a, "shape") else a for a in args], batch - 1)
 
     mp.setattr(padding.StaticInputs, "load", load)
 
@@ -90,15 +79,14 @@ def _static_copy_misses_last_row(mp: pytest.MonkeyPatch) -> None:
 def _load_without_checking(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.cache as cache
 
-    def load(self, name, loader):
+    def load(self, name, loader, claim=None, skip=None):
         entry = self.read_index().get(name)
-        if entry is None:
-            return None
-        path = os.path.join(self.artifact_dir, entry["file"])
+        if entry is None or entry == skip:
+            return None, entry
         try:
-            return loader(path)
+            return loader(os.path.join(self.artifact_dir, entry["file"])), entry
         except Exception:  # noqa: BLE001
-            return None
+            return None, entry
 
     mp.setattr(cache.CompileCache, "load", load)
 
@@ -106,8 +94,8 @@ def _load_without_checking(mp: pytest.MonkeyPatch) -> None:
 def _plan_ignores_moved_inputs(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.plan as plan
 
-    original = plan._replay_step
-    mp.setattr(plan, "_replay_step", lambda replay, moved: original(replay, []))
+    original = plan.replay_step
+    mp.setattr(plan, "replay_step", lambda graph, moved: original(graph, []))
 
 
 def _plan_checks_no_caller_inputs(mp: pytest.MonkeyPatch) -> None:
@@ -115,16 +103,15 @@ def _plan_checks_no_caller_inputs(mp: pytest.MonkeyPatch) -> None:
 
     original = plan.ReplayPlan.__init__
 
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        self.cheap_checks = []
+    def init(self, batch, steps, num_slots, output, cheap_checks, *rest):
+        original(self, batch, steps, num_slots, output, [], *rest)
 
     mp.setattr(plan.ReplayPlan, "__init__", init)
 
 
 def _rebinding(mp: pytest.MonkeyPatch, change: Callable) -> None:
+    import pieceworks.api as api
     import pieceworks.binding as binding
-    import pieceworks.runtime as runtime
 
     original = binding.bind
 
@@ -134,7 +121,7 @@ def _rebinding(mp: pytest.MonkeyPatch, change: Callable) -> None:
             found.sources = [change(kind, value, call_args) for kind, value in found.sources]
         return found
 
-    mp.setattr(runtime, "bind", bind)
+    mp.setattr(api, "bind", bind)
 
 
 def _parameters_bound_by_value(mp: pytest.MonkeyPatch) -> None:
@@ -149,9 +136,9 @@ def _batch_size_from_the_trace(mp: pytest.MonkeyPatch) -> None:
 
 
 def _always_through_dynamo(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.runtime as runtime
+    import pieceworks.api as api
 
-    mp.setattr(runtime, "bind", lambda *args: "mutant: never bound")
+    mp.setattr(api, "bind", lambda *args: "mutant: never bound")
 
 
 def _outputs_flat(mp: pytest.MonkeyPatch) -> None:
@@ -160,52 +147,35 @@ def _outputs_flat(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(binding.Binder, "outputs", lambda self, flat: flat)
 
 
-# ---- harness power (issue 12): argument checks, pool and capture order, addresses, padding, writes, outputs ----
+# ---- harness power: argument checks, pool and capture order, addresses, padding, writes, outputs ----
 def _arg_check_skips_dtype(mp: pytest.MonkeyPatch) -> None:
     import torch
 
     import pieceworks.api as api
 
-    original = api.CompiledModel._check
-
-    def check(self, args):
-        signature = self._signature
-        self._signature = [
-            (a.dtype, *want[1:]) if isinstance(a, torch.Tensor) and want[0] != "value" else want
-            for a, want in zip(args, signature)
-        ] + signature[len(args):]
-        try:
-            return original(self, args)
-        finally:
-            self._signature = signature
-
-    mp.setattr(api.CompiledModel, "_check", check)
+    original = api.signature
+    # a tensor's dtype is never compared: any dtype passes as the first call's
+    mp.setattr(api, "signature", lambda a: (None, *original(a)[1:]) if isinstance(a, torch.Tensor) else original(a))
 
 
 def _capture_smallest_first(mp: pytest.MonkeyPatch) -> None:
-    import builtins
-
     import pieceworks.runtime as runtime
 
-    mp.setattr(runtime, "sorted", lambda values, reverse=False, **kw: builtins.sorted(values, **kw), raising=False)
+    mp.setattr(runtime, "capture_order", lambda sizes: sorted(set(sizes)))
 
 
 def _capture_keeps_outputs(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.plan as plan
-    import pieceworks.runtime as runtime
 
-    for module in (runtime, plan):  # FULL graphs and replay plans own each size's outputs
-        mp.setattr(module, "non_owning_alias", lambda value: value)
+    mp.setattr(plan, "non_owning_alias", lambda value: value)  # FULL graphs and plans own each size's outputs
 
 
 def _wrap_replays(mp: pytest.MonkeyPatch, wrap: Callable) -> None:
     """`wrap(outputs, owner)` applied to what every replay (FULL graph or PIECEWISE plan) returns."""
     import pieceworks.plan as plan
-    import pieceworks.runtime as runtime
 
-    for cls in (runtime.FullGraph, plan.ReplayPlan):
-        original = cls.run
-        mp.setattr(cls, "run", lambda self, args, checks, original=original: wrap(original(self, args, checks), self))
+    original = plan.ReplayPlan.run
+    mp.setattr(plan.ReplayPlan, "run", lambda self, args, checks=(): wrap(original(self, args, checks), self))
 
 
 def _replay_leaks_outputs(mp: pytest.MonkeyPatch) -> None:
@@ -220,22 +190,17 @@ def _replay_leaks_outputs(mp: pytest.MonkeyPatch) -> None:
 
 def _checks_parameters_not_split_outputs(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.plan as plan
-    import pieceworks.runtime as runtime
 
-    def swap(replay):  # check what only debug mode checks (parameters), not what can move
-        replay.cheap_checks = [c for c in replay.all_checks if c not in replay.cheap_checks]
-        return replay
+    original = plan.ReplayPlan.__init__
 
-    record, full = runtime.record_plan, runtime.Runtime._full_graph
+    def init(self, batch, steps, num_slots, output, cheap_checks, all_checks, *rest):
+        # check what only debug mode checks (parameters), not what can move
+        original(self, batch, steps, num_slots, output, [c for c in all_checks if c not in cheap_checks], all_checks,
+                 *rest)
 
-    def record_swapped(*args):
-        found, outputs = record(*args)
-        return swap(found), outputs
-
-    mp.setattr(runtime, "record_plan", record_swapped)
-    mp.setattr(runtime.Runtime, "_full_graph", lambda self, *a: swap(full(self, *a)))
-    original = plan._replay_step
-    mp.setattr(plan, "_replay_step", lambda replay, moved: original(replay, []))  # fresh split outputs: unchecked
+    mp.setattr(plan.ReplayPlan, "__init__", init)
+    replay = plan.replay_step
+    mp.setattr(plan, "replay_step", lambda graph, moved: replay(graph, []))  # fresh split outputs: unchecked
 
 
 def _unpad_with(cut: Callable) -> Callable:
@@ -254,7 +219,7 @@ def _unpad_with(cut: Callable) -> Callable:
 def _unpad_top_level_only(mp: pytest.MonkeyPatch) -> None:
     import torch
 
-    import pieceworks.runtime as runtime
+    import pieceworks.api as api
 
     def unpad(value, batch, n, batched=None):  # the shape rule, ignoring the trace's marks
         if isinstance(value, (tuple, list)):
@@ -262,20 +227,20 @@ def _unpad_top_level_only(mp: pytest.MonkeyPatch) -> None:
                                for v in value)
         return value[:batch] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == n else value
 
-    mp.setattr(runtime, "unpad", unpad)
+    mp.setattr(api, "unpad", unpad)
 
 
 def _unpad_keeps_the_tail(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.runtime as runtime
+    import pieceworks.api as api
 
-    mp.setattr(runtime, "unpad", _unpad_with(lambda t, batch, n: t[n - batch:]))
+    mp.setattr(api, "unpad", _unpad_with(lambda t, batch, n: t[n - batch:]))
 
 
 def _outputs_alias_freed_memory(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.runtime as runtime
+    import pieceworks.api as api
     from pieceworks.cudagraph import non_owning_alias
 
-    mp.setattr(runtime, "unpad", _unpad_with(lambda t, batch, n: non_owning_alias(t[:batch].clone())))
+    mp.setattr(api, "unpad", _unpad_with(lambda t, batch, n: non_owning_alias(t[:batch].clone())))
 
 
 def _replay_copies_outputs(mp: pytest.MonkeyPatch) -> None:
@@ -289,30 +254,22 @@ def _static_buffers_uninitialised(mp: pytest.MonkeyPatch) -> None:
 
     import pieceworks.padding as padding
 
+    original = padding.StaticInputs.__init__
+
     def init(self, example_args, max_size):
-        self.buffers = []
-        for a in example_args:
+        original(self, example_args, max_size)
+        for buffer, a in zip(self.buffers, example_args):
             if isinstance(a, torch.Tensor):
-                buffer = torch.empty((max_size, *a.shape[1:]), dtype=a.dtype, device=a.device)
                 buffer.view(torch.uint8).fill_(0x7F)  # what a reused block may hold: huge ids and floats
                 buffer[: a.shape[0]].copy_(a)
-                a = buffer
-            self.buffers.append(a)
-        self._views = {}
 
     mp.setattr(padding.StaticInputs, "__init__", init)
 
 
 def _no_copy_back_of_inplace_writes(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.runtime as runtime
+    import pieceworks.padding as padding
 
-    original = runtime.Runtime.start_serving
-
-    def start_serving(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        self._mutated_args = []
-
-    mp.setattr(runtime.Runtime, "start_serving", start_serving)
+    mp.setattr(padding.StaticInputs, "copy_back", lambda self, args, batch, positions: None)
 
 
 def _warmup_writes_twice(mp: pytest.MonkeyPatch) -> None:
@@ -324,49 +281,47 @@ def _warmup_writes_twice(mp: pytest.MonkeyPatch) -> None:
 
 
 def _unpad_cuts_every_n_rows(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.runtime as runtime
+    import pieceworks.api as api
 
     # no marks from the trace: every tensor whose dim 0 equals the padded size is cut, a [n] weight included
-    mp.setattr(runtime.Runtime, "_batched_outputs", lambda self, trace_args, trace_output: None)
+    mp.setattr(api, "batched_outputs", lambda output, is_batched: None)
 
 
 def _unpad_skips_namedtuples(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.padding as padding
 
-    original = padding._children
-    mp.setattr(padding, "_children", lambda value: None if hasattr(value, "_fields") else original(value))
+    original = padding.container_items
+    mp.setattr(padding, "container_items", lambda value: None if hasattr(value, "_fields") else original(value))
 
 
 def _first_call_runs_twice(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.api as api
 
-    original = api.CompiledModel._first_call
+    original = api.CompiledModel.__call__
 
-    def first_call(self, args):
-        original(self, args)  # the tracing run, then the call again
-        return self.runtime.serve(args, self._check(args))
+    def call(self, *args):
+        if self.runtime is None:
+            original(self, *args)  # the tracing run, then the call again
+        return original(self, *args)
 
-    mp.setattr(api.CompiledModel, "_first_call", first_call)
+    mp.setattr(api.CompiledModel, "__call__", call)
 
 
 def _trace_writes_not_restored(mp: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
     import pieceworks.api as api
 
-    original = api.CompiledModel._compile_graph
-
-    def compile_graph(self, gm, example_inputs):
-        self._keep_args = None  # nothing saved before the tracing run on copies, so nothing put back
-        return original(self, gm, example_inputs)
-
-    mp.setattr(api.CompiledModel, "_compile_graph", compile_graph)
+    original = api.compile_graph
+    # the graph's in-place writes are not known, so nothing is saved before a tracing run on copies, nor put back
+    mp.setattr(api, "compile_graph", lambda gm, config: dataclasses.replace(original(gm, config), mutated_inputs=()))
 
 
 def _value_check_ignores_type(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.api as api
 
-    original = api.CompiledModel._signature_entry
-    mp.setattr(api.CompiledModel, "_signature_entry",
-               staticmethod(lambda a: ("value", object, a) if original(a)[0] == "value" else original(a)))
+    original = api.signature
+    mp.setattr(api, "signature", lambda a: ("value", object, a) if original(a)[0] == "value" else original(a))
 
 
 def _capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
@@ -387,15 +342,26 @@ def _capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
 def _empty_pieces_through_inductor(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.compiler as compiler
 
-    mp.setattr(compiler, "computes_tensors", lambda graph: True)
+    mp.setattr(compiler, "computes_tensors", lambda piece: True)
 
 
 def _loads_start_compile_workers(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks._compat as compat
-    import pieceworks.inductor as inductor
+    import torch
 
-    mp.setattr(inductor, "load_artifact", lambda path, gm: inductor._adapt_outputs(
-        compat.load_artifact(path), inductor.returns_tuple(gm)))
+    import pieceworks.compiler as compiler
+
+    def load(path, gm):  # the artifact loaded under the user's compile_threads: Inductor starts its worker pool
+        artifact = torch._inductor.CompiledArtifact.load(path=path, format="binary")
+        tuple_output = isinstance(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0],
+                                  (tuple, list))
+
+        def call(*args):
+            out = artifact(*args)
+            return tuple(out) if tuple_output else (out[0] if isinstance(out, (list, tuple)) else out)
+
+        return call
+
+    mp.setattr(compiler, "load_artifact", load)
 
 
 def _timing_not_interleaved(mp: pytest.MonkeyPatch) -> None:
@@ -421,7 +387,7 @@ def _report_hides_later_warm_starts(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Report, "_warm_start_runs", lambda self: ([], [], []))
 
 
-# ---- CI (issue 11): the benchmark gate and the preflight ----
+# ---- CI: the benchmark gate and the preflight ----
 def _gate_ignores_controls(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
 
@@ -536,22 +502,22 @@ def _preflight_ignores_the_clock(mp: pytest.MonkeyPatch) -> None:
     _ignore_preflight_check(mp, "SM clock under load")
 
 
-# ---- the reference core where users break it (issue 7: items 1, 3, 4, 6, 11, 12, 13, 15) ----
+# ---- the reference core where users break it ----
 def _piece_args_from_a_fake_rerun(mp: pytest.MonkeyPatch) -> None:
     import torch
 
-    import pieceworks.backend as backend
+    import pieceworks.piece as piece
 
-    original = backend._traced_args
+    original = piece.traced_args
 
-    def rerun(item):  # what the backend did before: derive piece arguments by running under the trace's fake mode
-        args = original(item)
+    def rerun(graph):  # what the backend did before: derive piece arguments by running under the trace's fake mode
+        args = original(graph)
         fake_mode = next(a.fake_mode for a in args if hasattr(a, "fake_mode"))
         with fake_mode:
-            torch.fx.Interpreter(item.graph).run(*args)
+            torch.fx.Interpreter(graph).run(*args)
         return args
 
-    mp.setattr(backend, "_traced_args", rerun)
+    mp.setattr(piece, "traced_args", rerun)
 
 
 def _unbacked_size_bound_in_its_reader(mp: pytest.MonkeyPatch) -> None:
@@ -561,15 +527,25 @@ def _unbacked_size_bound_in_its_reader(mp: pytest.MonkeyPatch) -> None:
 
 
 def _static_compiles_of_data_dependent_pieces(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.backend as backend
+    import dataclasses
 
-    mp.setattr(backend, "data_dependent_sizes", lambda gm: [])
+    import pieceworks.compiler as compiler
+
+    original = compiler.PieceCompiler.compile
+    mp.setattr(compiler.PieceCompiler, "compile",
+               lambda self, piece: original(self, dataclasses.replace(piece, unbacked_symbols=())))
 
 
 def _data_dependent_pieces_captured(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.capturability as capturability
+    import pieceworks.piece as piece
 
-    mp.setattr(capturability, "data_dependent_sizes", lambda gm: [])
+    original = piece.uncapturable_reason
+
+    def reason(gm, example_args):
+        found = original(gm, example_args)
+        return None if found is not None and found.startswith("its sizes depend on data") else found
+
+    mp.setattr(piece, "uncapturable_reason", reason)
 
 
 def _splitting_ops_unchecked(mp: pytest.MonkeyPatch) -> None:
@@ -587,7 +563,7 @@ def _absent_splitting_ops_silent(mp: pytest.MonkeyPatch) -> None:
 def _inductor_keys_unchecked(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.config as config
 
-    mp.setattr(config, "_check_inductor_keys", lambda keys: None)
+    mp.setattr(config, "check_inductor_keys", lambda keys: None)
 
 
 def _config_not_frozen(mp: pytest.MonkeyPatch) -> None:
@@ -597,11 +573,12 @@ def _config_not_frozen(mp: pytest.MonkeyPatch) -> None:
 
 
 def _config_shared_not_copied(mp: pytest.MonkeyPatch) -> None:
-    import types
-
+    import pieceworks.api as api
     import pieceworks.backend as backend
 
-    mp.setattr(backend, "copy", types.SimpleNamespace(deepcopy=lambda value: value))
+    for module in (api, backend):
+        mp.setattr(module, "own_config", lambda config: config.freeze() if config is not None else
+                   backend.CompilationConfig().freeze())
 
 
 def _capture_sizes_stop_below_the_limit(mp: pytest.MonkeyPatch) -> None:
@@ -616,27 +593,26 @@ def _capture_sizes_stop_below_the_limit(mp: pytest.MonkeyPatch) -> None:
 def _empty_capture_sizes_accepted(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.config as config
 
-    mp.setattr(config, "_check_something_to_capture", lambda mode, sizes: None)
+    mp.setattr(config, "check_something_to_capture", lambda mode, sizes: None)
 
 
 def _compile_sizes_shorthand_unknown(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.config as config
 
-    mp.setattr(config.CompilationConfig, "_expand_compile_sizes",
-               lambda self: sorted(set(config._check_int_list("compile_sizes", self.compile_sizes))))
+    mp.setattr(config, "CAPTURE_SIZES_SHORTHAND", "capture_sizes")  # vLLM's spelling is then an unknown entry
 
 
 def _unsplit_piecewise_runs_without_graphs(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.runtime as runtime
 
-    original = runtime.Runtime._effective_mode
+    original = runtime.effective_mode
 
-    def effective(self, mode, example_inputs):
-        chosen = original(self, mode, example_inputs)
-        split = any(i.is_splitting_graph for i in self.items)
+    def effective(config, graph):
+        chosen = original(config, graph)
+        split = any(p.is_splitting_graph for p in graph.pieces)
         return runtime.CUDAGraphMode.NONE if chosen is runtime.CUDAGraphMode.PIECEWISE and not split else chosen
 
-    mp.setattr(runtime.Runtime, "_effective_mode", effective)
+    mp.setattr(runtime, "effective_mode", effective)
 
 
 def _graph_mode_dropped_quietly(mp: pytest.MonkeyPatch) -> None:
@@ -649,7 +625,7 @@ def _graph_mode_dropped_quietly(mp: pytest.MonkeyPatch) -> None:
                                                      error=log.error))
 
 
-# ---- benchmarks (issue 8): the implementation registry and the host-overhead breakdown ----
+# ---- benchmarks: the implementation registry and the host-overhead breakdown ----
 def _resolve_returns_the_class(mp: pytest.MonkeyPatch) -> None:
     import importlib
 
@@ -700,7 +676,7 @@ def _breakdown_drops_splitting_ops(mp: pytest.MonkeyPatch) -> None:
 
 
 
-# ---- the compile cache (issues 7.2, 7.5, 7.7-7.10, 12.6-12.9) -------------------------------------------------
+# ---- the compile cache -------------------------------------------------
 def _unusable_cache_raises(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.cache as cache
 
@@ -713,82 +689,86 @@ def _read_only_cache_raises(mp: pytest.MonkeyPatch) -> None:
     def read_only(self, exc):
         raise exc
 
-    mp.setattr(cache.CompileCache, "_read_only", read_only)
+    mp.setattr(cache.CompileCache, "mark_read_only", read_only)
 
 
 def _wrong_types_not_replaced(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.cache as cache
 
-    mp.setattr(cache.CompileCache, "_replace_corrupt", lambda self, path, what: None)
+    mp.setattr(cache.CompileCache, "replace_corrupt", lambda self, path, what: None)
 
 
 def _load_ignores_claims(mp: pytest.MonkeyPatch) -> None:
+    import hashlib
+
     import pieceworks.cache as cache
 
-    def load(self, name, loader, claim=None):  # the SHA-256 check only, as before entries carried claims
+    def load(self, name, loader, claim=None, skip=None):  # the SHA-256 check only, as before entries carried claims
         entry = self.read_index().get(name)
-        if entry is None:
-            return None
+        if entry is None or entry == skip:
+            return None, entry
         path = os.path.join(self.artifact_dir, entry["file"])
         try:
-            if cache._sha256_file(path) != (entry["sha256"], entry["bytes"]):
-                return None
-            return loader(path)
+            with open(path, "rb") as f:
+                data = f.read()
+            if (hashlib.sha256(data).hexdigest(), len(data)) != (entry["sha256"], entry["bytes"]):
+                return None, entry
+            return loader(path), entry
         except Exception:  # noqa: BLE001
-            return None
+            return None, entry
 
     mp.setattr(cache.CompileCache, "load", load)
 
 
 def _key_without(factor: str) -> Callable[[pytest.MonkeyPatch], None]:
     def mutate(mp: pytest.MonkeyPatch) -> None:
-        import pieceworks.compiler as compiler
+        import pieceworks.backend as backend
 
-        original = compiler.cache_factors
+        original = backend.cache_factors
 
-        def factors(gm, fakes, config):
-            found = original(gm, fakes, config)
+        def factors(*args):
+            found = original(*args)
             found.pop(factor)
             return found
 
-        mp.setattr(compiler, "cache_factors", factors)
+        mp.setattr(backend, "cache_factors", factors)
 
     return mutate
 
 
 def _key_ignores_torch_git(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.fingerprint as fingerprint
+    import pieceworks.key as key
 
-    original = fingerprint.software_factors
-    mp.setattr(fingerprint, "software_factors", lambda: {k: v for k, v in original().items() if k != "git"})
+    original = key.software_factors
+    mp.setattr(key, "software_factors", lambda: {k: v for k, v in original().items() if k != "git"})
 
 
 def _fingerprint_ignores_strides(mp: pytest.MonkeyPatch) -> None:
     import torch
 
-    import pieceworks.fingerprint as fingerprint
+    import pieceworks.key as key
 
-    original = fingerprint.describe_value
+    original = key.describe_value
 
     def describe(value):
         if isinstance(value, torch.Tensor):
             return f"T({tuple(map(str, value.shape))},{value.dtype},{value.device.type})"
         return original(value)
 
-    mp.setattr(fingerprint, "describe_value", describe)
+    mp.setattr(key, "describe_value", describe)
 
 
 def _key_includes_working_directory(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.compiler as compiler
+    import pieceworks.backend as backend
 
-    original = compiler.cache_factors
-    mp.setattr(compiler, "cache_factors", lambda *a: {**original(*a), "cwd": os.getcwd()})
+    original = backend.cache_factors
+    mp.setattr(backend, "cache_factors", lambda *a: {**original(*a), "cwd": os.getcwd()})
 
 
 def _fingerprint_ignores_constants(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.fingerprint as fingerprint
+    import pieceworks.key as key
 
-    mp.setattr(fingerprint, "_constant", lambda value: "number" if isinstance(value, (int, float)) else repr(value))
+    mp.setattr(key, "constant_text", lambda value: "number" if isinstance(value, (int, float)) else repr(value))
 
 
 def _no_entry_lock(mp: pytest.MonkeyPatch) -> None:
@@ -796,7 +776,7 @@ def _no_entry_lock(mp: pytest.MonkeyPatch) -> None:
 
     import pieceworks.cache as cache
 
-    mp.setattr(cache.CompileCache, "entry_lock", lambda self, name: contextlib.nullcontext(False))
+    mp.setattr(cache.CompileCache, "entry_lock", lambda self, name: contextlib.nullcontext())
 
 
 def _store_without_index_lock(mp: pytest.MonkeyPatch) -> None:
@@ -804,8 +784,8 @@ def _store_without_index_lock(mp: pytest.MonkeyPatch) -> None:
 
     import pieceworks.cache as cache
 
-    original = cache.CompileCache._locked
-    mp.setattr(cache.CompileCache, "_locked",
+    original = cache.CompileCache.index_lock
+    mp.setattr(cache.CompileCache, "index_lock",
                lambda self, exclusive: contextlib.nullcontext() if exclusive else original(self, exclusive))
 
 
@@ -841,42 +821,42 @@ def _backend_compilations_count_fresh_compiles(mp: pytest.MonkeyPatch) -> None:
 
 
 def _inductor_options_ignored(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.inductor as inductor
+    import pieceworks.compiler as compiler
 
-    original = inductor.compile_inductor
-    mp.setattr(inductor, "compile_inductor",
+    original = compiler.compile_inductor
+    mp.setattr(compiler, "compile_inductor",
                lambda gm, args, *, static, inductor_config: original(gm, args, static=static, inductor_config={}))
 
 
 MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
-    "unusable_cache_raises": ("an unusable cache directory raises instead of warning once (issue 7.2)",
+    "unusable_cache_raises": ("an unusable cache directory raises instead of warning once",
                               _unusable_cache_raises),
-    "read_only_cache_raises": ("a read-only cache raises instead of loading what is valid (issue 7.2)",
+    "read_only_cache_raises": ("a read-only cache raises instead of loading what is valid",
                                _read_only_cache_raises),
-    "wrong_types_not_replaced": ("a folder where the cache expects a file (or the reverse) is left in place "
-                                 "(issue 7.2)", _wrong_types_not_replaced),
-    "load_ignores_claims": ("an entry loads whatever piece it claims and whatever file it names (issue 7.5)",
+    "wrong_types_not_replaced": ("a folder where the cache expects a file (or the reverse) is left in place",
+        _wrong_types_not_replaced),
+    "load_ignores_claims": ("an entry loads whatever piece it claims and whatever file it names",
                             _load_ignores_claims),
-    "key_ignores_inductor_config": ("the key leaves out the global Inductor/functorch config (issues 7.7, 12.7)",
+    "key_ignores_inductor_config": ("the key leaves out the global Inductor/functorch config",
                                     _key_without("inductor")),
-    "key_ignores_torch_git": ("the key leaves out torch's git hash (issue 12.7)", _key_ignores_torch_git),
-    "fingerprint_ignores_strides": ("graph fingerprints leave out input strides (issue 12.7)",
+    "key_ignores_torch_git": ("the key leaves out torch's git hash", _key_ignores_torch_git),
+    "fingerprint_ignores_strides": ("graph fingerprints leave out input strides",
                                     _fingerprint_ignores_strides),
-    "key_includes_working_directory": ("the key includes the working directory, a per-run value (issue 12.7)",
+    "key_includes_working_directory": ("the key includes the working directory, a per-run value",
                                        _key_includes_working_directory),
-    "fingerprint_ignores_constants": ("fingerprints see x*2 and x*3 as one piece (issue 12.6)",
+    "fingerprint_ignores_constants": ("fingerprints see x*2 and x*3 as one piece",
                                       _fingerprint_ignores_constants),
-    "no_entry_lock": ("cold processes do not take turns on an entry: each compiles everything (issue 7.8)",
+    "no_entry_lock": ("cold processes do not take turns on an entry: each compiles everything",
                       _no_entry_lock),
-    "store_without_index_lock": ("writers merge the index without its lock (issue 12.8)", _store_without_index_lock),
-    "index_written_in_place": ("the index is rewritten in place, not via a temporary file and a rename (issue 12.8)",
+    "store_without_index_lock": ("writers merge the index without its lock", _store_without_index_lock),
+    "index_written_in_place": ("the index is rewritten in place, not via a temporary file and a rename",
                                _index_written_in_place),
-    "inductor_cache_not_carried": ("Inductor's cache stays outside the pieceworks cache: a new host rebuilds kernels "
-                                   "(issue 7.9)", _inductor_cache_not_carried),
+    "inductor_cache_not_carried": ("Inductor's cache stays outside the pieceworks cache: a new host rebuilds kernels",
+        _inductor_cache_not_carried),
     "backend_compilations_count_fresh_compiles": ("num_backend_compilations counts fresh distinct compiles, not "
-                                                  "vLLM's pieces x targets (issue 7.10)",
+                                                  "vLLM's pieces x targets",
                                                   _backend_compilations_count_fresh_compiles),
-    "inductor_options_ignored": ("inductor_compile_config enters the key but never reaches Inductor (issue 12.9)",
+    "inductor_options_ignored": ("inductor_compile_config enters the key but never reaches Inductor",
                                  _inductor_options_ignored),
     "resolve_returns_the_class": ("resolve('module:Subclass') returns the class, not an instance",
                                   _resolve_returns_the_class),
@@ -888,31 +868,31 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "breakdown_drops_splitting_ops": ("the host-overhead breakdown leaves the splitting pieces out",
                                       _breakdown_drops_splitting_ops),
     "piece_args_from_a_fake_rerun": ("piece arguments are re-derived under the fake mode, leaving unbacked symbols "
-                                     "pending (issue 7.1)", _piece_args_from_a_fake_rerun),
-    "unbacked_size_bound_in_its_reader": ("a splitting op's data-dependent size is bound in the piece that reads it "
-                                          "(issue 7.1)", _unbacked_size_bound_in_its_reader),
-    "static_compiles_of_data_dependent_pieces": ("pieces with data-dependent sizes get static compiles (issue 7.1)",
+                                     "pending", _piece_args_from_a_fake_rerun),
+    "unbacked_size_bound_in_its_reader": ("a splitting op's data-dependent size is bound in the piece that reads it",
+        _unbacked_size_bound_in_its_reader),
+    "static_compiles_of_data_dependent_pieces": ("pieces with data-dependent sizes get static compiles",
                                                  _static_compiles_of_data_dependent_pieces),
-    "data_dependent_pieces_captured": ("pieces with data-dependent sizes are captured in CUDA graphs (issue 7.1)",
+    "data_dependent_pieces_captured": ("pieces with data-dependent sizes are captured in CUDA graphs",
                                        _data_dependent_pieces_captured),
-    "splitting_ops_unchecked": ("splitting ops naming no registered op are accepted (issue 7.3)",
+    "splitting_ops_unchecked": ("splitting ops naming no registered op are accepted",
                                 _splitting_ops_unchecked),
-    "absent_splitting_ops_silent": ("splitting ops the graph never calls go unreported (issue 7.3)",
+    "absent_splitting_ops_silent": ("splitting ops the graph never calls go unreported",
                                     _absent_splitting_ops_silent),
-    "inductor_keys_unchecked": ("unknown inductor_compile_config keys are accepted (issue 7.4)",
+    "inductor_keys_unchecked": ("unknown inductor_compile_config keys are accepted",
                                 _inductor_keys_unchecked),
-    "config_not_frozen": ("a compiled config can still be edited (issue 7.6)", _config_not_frozen),
-    "config_shared_not_copied": ("compiled models use the caller's config object itself (issue 7.6)",
+    "config_not_frozen": ("a compiled config can still be edited", _config_not_frozen),
+    "config_shared_not_copied": ("compiled models use the caller's config object itself",
                                  _config_shared_not_copied),
     "capture_sizes_stop_below_the_limit": ("default capture sizes end at the stride step below an off-stride "
-                                           "max_num_batched_tokens (issue 7.12)", _capture_sizes_stop_below_the_limit),
-    "empty_capture_sizes_accepted": ("a graph mode with no capture size is accepted (issue 7.13)",
+                                           "max_num_batched_tokens", _capture_sizes_stop_below_the_limit),
+    "empty_capture_sizes_accepted": ("a graph mode with no capture size is accepted",
                                      _empty_capture_sizes_accepted),
-    "compile_sizes_shorthand_unknown": ('compile_sizes=["cudagraph_capture_sizes"] is rejected (issue 7.13)',
+    "compile_sizes_shorthand_unknown": ('compile_sizes=["cudagraph_capture_sizes"] is rejected',
                                         _compile_sizes_shorthand_unknown),
-    "unsplit_piecewise_runs_without_graphs": ("PIECEWISE on a graph with no splitting op captures nothing "
-                                              "(issue 7.11)", _unsplit_piecewise_runs_without_graphs),
-    "graph_mode_dropped_quietly": ("a graph mode that becomes NONE is logged at INFO (issue 7.15)",
+    "unsplit_piecewise_runs_without_graphs": ("PIECEWISE on a graph with no splitting op captures nothing",
+        _unsplit_piecewise_runs_without_graphs),
+    "graph_mode_dropped_quietly": ("a graph mode that becomes NONE is logged at INFO",
                                    _graph_mode_dropped_quietly),
     "gate_ratio_inverted": ("the gate computes base / head: slower looks faster", _gate_ratio_inverted),
     "gate_one_threshold_for_all": ("every metric gets the latency threshold (10%), pool bytes included",
@@ -922,16 +902,17 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "gate_failures_pass": ("a benchmark that failed in head does not make the comparison incomplete",
                            _gate_failures_pass),
     "empty_pieces_through_inductor": ("pieces that return nothing and write nothing go through Inductor, which saves "
-                                      "no artifact for them: every warm start compiles them again", _empty_pieces_through_inductor),
+                                      "no artifact for them: every warm start compiles them again",
+                                          _empty_pieces_through_inductor),
     "loads_start_compile_workers": ("artifacts load under the user's compile_threads, so a warm start starts a "
-                                    "pool of compile workers for kernels the artifact carries (issue 7.9)",
+                                    "pool of compile workers for kernels the artifact carries",
                                     _loads_start_compile_workers),
-    "timing_not_interleaved": ("side-by-side timing runs each callable's rounds one after the other (issue 9)",
+    "timing_not_interleaved": ("side-by-side timing runs each callable's rounds one after the other",
                                _timing_not_interleaved),
     "report_hides_what_the_split_costs": ("a FULL miss in the side-by-side runs never says what FULL without the "
-                                          "split measured (issue 9)", _report_hides_what_the_split_costs),
+                                          "split measured", _report_hides_what_the_split_costs),
     "report_hides_later_warm_starts": ("the report leaves out warm_start runs: a warm-start miss of an older asv "
-                                       "run stays unexplained (issue 7.9)", _report_hides_later_warm_starts),
+                                       "run stays unexplained", _report_hides_later_warm_starts),
     "gate_ignores_controls": ("the gate judges every item, the controls that show drift between runs included",
                               _gate_ignores_controls),
     "report_ignores_side_by_side_profiles": ("the report explains a missed target only from the latency run's own "
@@ -942,9 +923,9 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "report_hides_the_capture_cost": ("a missed capture target never says what the first size and each further "
                                       "graph cost", _report_hides_the_capture_cost),
     "report_latency_ratio_ignores_rounds": ("the latency tables and target rows divide one median by the other where "
-                                            "the run timed both sides in rotating rounds (issue 9)",
+                                            "the run timed both sides in rotating rounds",
                                             _report_latency_ratio_ignores_rounds),
-    "code_size_counts_docstrings": ("the reference core's code lines include docstrings (issue 9's size target)",
+    "code_size_counts_docstrings": ("the reference core's code lines include docstrings (the core's size target)",
                                     _code_size_counts_docstrings),
     "report_hides_the_kernel_difference": ("the report's miss notes never name the kernels only the slower side runs",
                                            _report_hides_the_kernel_difference),

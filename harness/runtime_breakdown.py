@@ -80,8 +80,8 @@ def _plan_parts(compiled: Any, batch: int) -> dict[str, Any]:
     plan, flat = breakdown.static_replay(compiled, batch)
     slots = [None] * plan.num_slots
     for step in plan.steps:  # one forward into `slots`: the values later eager steps read
-        step(flat, slots)
-    eager = [plan.steps[i] for i in plan.eager_steps]
+        step.run(flat, slots)
+    eager = [step.run for step in plan.steps if step.kind == "eager"]
     graphs = plan.graphs
 
     def replays() -> None:
@@ -140,7 +140,7 @@ def _measure_dtype(dtype: torch.dtype, args: argparse.Namespace, cache: str) -> 
             report["build_s"][name] = time.perf_counter() - start
             _say(f"  build {name}: {report['build_s'][name]:.1f} s")
     piecewise = built.get("PIECEWISE")
-    report["direct_calls"] = piecewise is not None and piecewise.runtime.binder is not None
+    report["direct_calls"] = piecewise is not None and piecewise.binder is not None
     rows = report["batches"] = {}
     with torch.no_grad():
         for batch in batches:

@@ -101,10 +101,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "first_call_s": first_call_s,
         "max_rel_error": worst,
         "torch": torch.__version__,
-        "cache_dir": runtime.cache_dir if runtime is not None else None,
+        "cache_dir": runtime.graph.cache_dir if runtime is not None else None,
         # where the first call's backend time went (split, compile or load); the rest of the first call is Dynamo's
         # trace, its guards and one run of the model
-        "build_seconds": runtime.build_seconds if runtime is not None else {},
+        "build_seconds": dict(runtime.graph.build_seconds) if runtime is not None else {},
     }
     print(json.dumps(report))
     return report

@@ -1,6 +1,9 @@
 """pieceworks: piecewise CUDA-graph compilation, the reference implementation.
 
-Public API: `CompilationConfig`, `CUDAGraphMode`, `compile`, `Backend`, `split_graph`, `counters`.
+Public API: `CompilationConfig`, `CUDAGraphMode`, `compile`, `Backend`, `split_graph`, `counters`. Public view for
+tools: `CompiledModel.runtime` (`Runtime`: `graph`, `mode`, `phase`, `pool`, `captured_sizes`, `replay_for(n)`),
+`Runtime.graph` (`CompiledGraph`: `split_module`, `pieces`, `build_seconds`, `cache_dir`), `Piece` (one piece and
+its facts), `ReplayPlan` / `FullGraph` (`batch`, `graphs`, `steps`, `run`).
 The name "pieceworks" is registered as a torch.compile backend:
 `torch.compile(model, backend="pieceworks", options={"splitting_ops": [...], ...})`.
 """
@@ -12,27 +15,18 @@ from typing import Any
 import torch
 
 from .api import CompiledModel, InputError, compile
-from .backend import Backend
+from .backend import Backend, CompiledGraph
 from .config import CompilationConfig, ConfigError, CUDAGraphMode, default_capture_sizes
 from .counters import CompilationCounter, counters
 from .dispatch import BatchSizeError
-from .split import SplitItem, split_graph
+from .piece import Piece
+from .plan import FullGraph, ReplayPlan
+from .runtime import Phase, Runtime
+from .split import split_graph
 
-__all__ = [
-    "Backend",
-    "BatchSizeError",
-    "CompilationConfig",
-    "CompilationCounter",
-    "CompiledModel",
-    "ConfigError",
-    "CUDAGraphMode",
-    "InputError",
-    "SplitItem",
-    "compile",
-    "counters",
-    "default_capture_sizes",
-    "split_graph",
-]
+__all__ = ["Backend", "BatchSizeError", "CompilationConfig", "CompilationCounter", "CompiledGraph", "CompiledModel",
+           "ConfigError", "CUDAGraphMode", "FullGraph", "InputError", "Phase", "Piece", "ReplayPlan", "Runtime",
+           "compile", "counters", "default_capture_sizes", "split_graph"]
 
 __version__ = "0.1.0"
 

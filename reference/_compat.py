@@ -18,7 +18,8 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
   checking `inductor_compile_config` keys, patched only for the duration of one compile;
 - Inductor's default cache folder, `torch._inductor.runtime.cache_dir_utils.default_cache_dir()` (2.11-2.15; None
   where absent: callers fall back to the folder's name);
-- Dynamo's `torch._dynamo.exc.BackendCompilerFailed`, which wraps an error raised inside a backend.
+- Dynamo's `torch._dynamo.exc.BackendCompilerFailed`, which wraps an error raised inside a backend;
+- a SymInt's sympy expression, `SymInt.node.expr` (2.11-2.15), to evaluate a size at one batch size.
 
 A missing feature raises `TorchCompatError` once, at first use, naming the feature, the torch version and the fix;
 nothing here patches torch.
@@ -26,7 +27,6 @@ nothing here patches torch.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +36,7 @@ import torch.fx
 __all__ = [
     "TorchCompatError", "standalone_compile", "load_artifact", "example_value", "op_identity", "op_schema",
     "split_module", "data_dependent_tracing", "fake_mode_of", "symbol_name", "unbacked_symbols", "registered_ops",
-    "inductor_config", "functorch_config", "inductor_default_cache_dir", "BackendCompilerFailed",
+    "inductor_config", "functorch_config", "inductor_default_cache_dir", "BackendCompilerFailed", "evaluate_at",
 ]
 
 
@@ -51,21 +51,24 @@ def _missing(feature: str) -> TorchCompatError:
     )
 
 
+def _feature(owner: Any, name: str, where: str) -> Any:
+    found = getattr(owner, name, None)
+    if found is None:
+        raise _missing(f"{where}.{name}")
+    return found
+
+
 def standalone_compile(gm: torch.fx.GraphModule, example_args: list[Any], dynamic_shapes: str,
                        options: dict[str, Any]) -> Any:
     """`torch._inductor.standalone_compile`: a `CompiledArtifact` (callable, `.save(path=, format=)`)."""
-    fn = getattr(torch._inductor, "standalone_compile", None)
-    if fn is None:
-        raise _missing("torch._inductor.standalone_compile")
+    fn = _feature(torch._inductor, "standalone_compile", "torch._inductor")
     return fn(gm, example_args, dynamic_shapes=dynamic_shapes, options=options)
 
 
 def load_artifact(path: str) -> Any:
     """`torch._inductor.CompiledArtifact.load(path=, format="binary")`."""
-    artifact = getattr(torch._inductor, "CompiledArtifact", None)
-    if artifact is None or not hasattr(artifact, "load"):
-        raise _missing("torch._inductor.CompiledArtifact.load")
-    return artifact.load(path=path, format="binary")
+    artifact = _feature(torch._inductor, "CompiledArtifact", "torch._inductor")
+    return _feature(artifact, "load", "torch._inductor.CompiledArtifact")(path=path, format="binary")
 
 
 def example_value(node: torch.fx.Node) -> Any:
@@ -91,23 +94,14 @@ def op_schema(target: Any) -> Any:
     return target._schema if isinstance(target, torch._ops.OpOverload) else None
 
 
-def _load_split_module() -> Callable[..., torch.fx.GraphModule]:
-    """`torch.fx.passes.split_module.split_module`, called as `split_module(gm, gm, callback,
-    keep_original_order=True)`; a stand-in that raises `TorchCompatError` if this torch lacks it."""
+def split_module(gm: torch.fx.GraphModule, root: torch.fx.GraphModule, callback: Callable[[Any], int],
+                 keep_original_order: bool) -> torch.fx.GraphModule:
+    """`torch.fx.passes.split_module.split_module(gm, root, callback, keep_original_order=...)`."""
     try:
         from torch.fx.passes.split_module import split_module as fn
     except ImportError:
-        fn = None
-    if fn is not None and "keep_original_order" in inspect.signature(fn).parameters:
-        return fn
-
-    def unavailable(*args: Any, **kwargs: Any) -> torch.fx.GraphModule:
-        raise _missing("torch.fx.passes.split_module.split_module(keep_original_order=...)")
-
-    return unavailable
-
-
-split_module = _load_split_module()
+        raise _missing("torch.fx.passes.split_module.split_module") from None
+    return fn(gm, root, callback, keep_original_order=keep_original_order)
 
 
 def data_dependent_tracing() -> Any:
@@ -181,3 +175,12 @@ try:
 except ImportError:  # pragma: no cover - every torch 2.11-2.15 has it; a class nothing raises keeps `except` valid
     class BackendCompilerFailed(Exception):  # type: ignore[no-redef]
         """Stand-in: this torch has no torch._dynamo.exc.BackendCompilerFailed."""
+
+
+def evaluate_at(value: Any, size: int) -> int:
+    """An int, or a SymInt's expression with every free symbol set to `size` (the batch size of a static
+    compile): `SymInt.node.expr` is a sympy expression."""
+    if not isinstance(value, torch.SymInt):
+        return int(value)
+    expr = value.node.expr
+    return int(expr.xreplace({symbol: size for symbol in expr.free_symbols}))

@@ -23,7 +23,13 @@ Contracts of the returned `CompiledModel`:
   captured size run without graphs. Arguments the model writes to in place are copied back after the call;
 - inference only: calls run under `torch.no_grad()`.
 
-`CompiledModel` checks arguments and calls its `Runtime` (runtime.py), which owns everything else.
+State and the data's path. `CompiledModel` owns the serving state of `pieceworks.compile`, built once, in one
+place (`_start_serving`), right after the tracing call: the `Runtime` (runtime.py: capture and replay), the
+`Binder` (binding.py: call arguments to graph inputs), the static input buffers (`StaticInputs`, padding.py) and
+which outputs to cut back. A call: `__call__` checks the arguments (`_check`), copies them into the static buffers
+and pads (`StaticInputs.load`), binds them to the graph's flat inputs (memoised per size), and calls
+`Runtime.run(flat, n, static=True)`, which replays the `ReplayPlan` or `FullGraph` of size n (plan.py: graph
+replays and eager splitting ops); then in-place writes are copied back and the outputs cut to the batch (`unpad`).
 """
 
 from __future__ import annotations
@@ -37,10 +43,13 @@ from typing import Any
 import torch
 
 from . import _compat
-from .backend import Backend
-from .config import CompilationConfig, ConfigError
+from .backend import CompiledGraph, compile_graph, own_config
+from .binding import Binder, bind
+from .config import CompilationConfig, ConfigError, CUDAGraphMode
 from .counters import counters
-from .runtime import Runtime
+from .dispatch import padded_size
+from .padding import StaticInputs, batched_outputs, unpad
+from .runtime import Phase, Runtime
 from .values import cycle_rows
 
 __all__ = ["CompiledModel", "InputError", "compile"]
@@ -68,115 +77,148 @@ def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]
     def call_model(*args: Any) -> Any:
         # One batch symbol for all inputs: tell Dynamo what the contract says (dim 0 is shared), so that pieces
         # never carry two unrelated batch symbols that only happen to be equal.
-        first = None
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                if first is None:
-                    first = a
-                else:
-                    torch._check(a.shape[0] == first.shape[0])
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        for a in tensors[1:]:
+            torch._check(a.shape[0] == tensors[0].shape[0])
         return model(*args)
 
     code = call_model.__code__.replace(co_name=name)
     return types.FunctionType(code, call_model.__globals__, name, None, call_model.__closure__)
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device})"
-    return f"{value!r} ({type(value).__name__})"
+def batch_of(args: tuple) -> int:
+    """The batch size of a call: dim 0 of every tensor argument, which must agree (else `InputError`)."""
+    sizes = {i: a.shape[0] if a.dim() else None for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    for i, size in sizes.items():
+        if size is None:
+            raise InputError(f"argument {i} is a 0-d tensor (shape ()): pieceworks treats dim 0 of every tensor "
+                             f"argument as the batch dimension. Fix: pass it with a batch dimension, e.g. "
+                             f"x.expand(batch) or x[None]")
+    if not sizes:
+        raise InputError("pieceworks needs at least one tensor argument with a batch dimension (dim 0)")
+    if len(set(sizes.values())) > 1:
+        raise InputError(f"tensor arguments disagree on the batch size (dim 0): {sizes}. Fix: every tensor argument "
+                         f"must have the same dim 0")
+    batch = next(iter(sizes.values()))
+    if batch < 1:
+        raise InputError(f"batch size {batch}: pieceworks serves batches of at least 1")
+    return batch
+
+
+def signature(a: Any) -> tuple:
+    """What a later call must repeat: a tensor's dtype, device, rank and trailing sizes; a value's type and value
+    (`2 == 2.0 == True` in Python, but the trace baked in the type too)."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.device, a.dim(), tuple(a.shape[1:]))
+    return ("value", type(a), a)
+
+
+def check_arguments(args: tuple, signatures: list[tuple]) -> int:
+    """The batch size of a call whose arguments match the first call's `signatures`; `InputError` naming the
+    argument, what it is and what was compiled, otherwise."""
+    batch = batch_of(args)
+    if len(args) != len(signatures):
+        raise InputError(f"compiled for {len(signatures)} arguments, called with {len(args)}")
+    for i, (a, want) in enumerate(zip(args, signatures)):
+        if signature(a) != want:
+            expected = f"the value {want[2]!r} ({want[1].__name__})" if want[0] == "value" else \
+                f"dtype={want[0]}, device={want[1]}, rank {want[2]}, trailing shape {want[3]}"
+            got = f"Tensor(shape={tuple(a.shape)}, dtype={a.dtype}, device={a.device})" \
+                if isinstance(a, torch.Tensor) else f"{a!r} ({type(a).__name__})"
+            raise InputError(f"argument {i} is {got}, but the model was compiled for {expected}. Fix: pass "
+                             f"arguments like the first call's, or compile another CompiledModel")
+    return batch
 
 
 class CompiledModel:
-    """What `pieceworks.compile` returns. Call it like the model. Not thread-safe: one caller at a time."""
+    """What `pieceworks.compile` returns. Call it like the model. Not thread-safe: one caller at a time.
+
+    Public view for tools (read-only): `runtime` (the `Runtime`, None before the first call; `runtime.graph` is
+    the `CompiledGraph` with its pieces and build seconds), `binder` (calls skip Dynamo), `static_inputs`,
+    `batched_outputs` (the output leaves cut back to the batch) and `graph_inputs(n)` (what a replay of size n
+    reads).
+    """
 
     _count = 0
 
     def __init__(self, model: Callable[..., Any], config: CompilationConfig | None = None) -> None:
         if not callable(model):
             raise TypeError(f"pieceworks.compile needs a callable model (an nn.Module), got {type(model).__name__}")
-        self.model = model
         if config is not None and not isinstance(config, CompilationConfig):
             raise TypeError(f"pieceworks.compile needs a pieceworks.CompilationConfig, got {type(config).__name__}")
-        self.backend = Backend(config, for_compile=True)
-        self.config = self.backend.config  # a frozen copy: `config` itself is frozen too (see CompilationConfig)
+        self.model = model
+        self.config = own_config(config)  # a frozen copy: `config` itself is frozen too (see CompilationConfig)
         CompiledModel._count += 1
         entry = _own_entry_point(model, f"pieceworks_model_{CompiledModel._count}")
-        self._dynamo_fn = torch.compile(
-            entry, backend=self._compile_graph, fullgraph=True, dynamic=False,
-            options={"guard_filter_fn": _drop_all_guards},
-        )
-        self._signature: list[Any] | None = None
-        self._keep_args: set[int] | None = None  # while tracing on copies: ids of the copies (not saved)
-        self._saved_state: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tensor, value before the tracing run)
-        self.runtime: Runtime | None = None  # once the first call has traced and compiled the model
+        self._dynamo_fn = torch.compile(entry, backend=self._compile_graph, fullgraph=True, dynamic=False,
+                                        options={"guard_filter_fn": _drop_all_guards})
+        self._graph: CompiledGraph | None = None  # set by the backend call, once
+        self._traced: dict[str, Any] = {}  # the tracing call's facts, until `_start_serving` reads them
+        self._runtime: Runtime | None = None
+        self._signatures: list[tuple] = []
+        self._binder: Binder | None = None  # None: calls go through Dynamo
+        self._static: StaticInputs | None = None
+        self._batched: Any = False
+        self._mutated_args: list[int] = []
+        self._flat_by_size: dict[int, list[Any]] = {}
         counters.num_models_seen += 1
 
-    # ---- argument checks ------------------------------------------------------------------------------------
-    @staticmethod
-    def _batch_of(args: tuple) -> int:
-        sizes = {}
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
-                if a.dim() == 0:
-                    raise InputError(
-                        f"argument {i} is a 0-d tensor (shape ()): pieceworks treats dim 0 of every tensor argument "
-                        f"as the batch dimension. Fix: pass it with a batch dimension, e.g. x.expand(batch) or x[None]"
-                    )
-                sizes[i] = a.shape[0]
-        if not sizes:
-            raise InputError("pieceworks needs at least one tensor argument with a batch dimension (dim 0)")
-        if len(set(sizes.values())) > 1:
-            raise InputError(
-                f"tensor arguments disagree on the batch size (dim 0): {sizes}. Fix: every tensor argument must "
-                f"have the same dim 0"
-            )
-        batch = next(iter(sizes.values()))
-        if batch < 1:
-            raise InputError(f"batch size {batch}: pieceworks serves batches of at least 1")
-        return batch
+    # ---- the public view ------------------------------------------------------------------------------------
+    @property
+    def runtime(self) -> Runtime | None:
+        return self._runtime
 
-    @staticmethod
-    def _signature_of(args: tuple) -> list[Any]:
-        return [CompiledModel._signature_entry(a) for a in args]
+    @property
+    def binder(self) -> Binder | None:
+        """How calls reach the compiled graph without Dynamo (call arguments to graph inputs, graph outputs to the
+        model's output); None where that could not be proven and calls go through Dynamo."""
+        return self._binder
 
-    @staticmethod
-    def _signature_entry(a: Any) -> tuple:
-        """What a later call must repeat: a tensor's dtype, device, rank and trailing sizes; a value's type and value
-        (`2 == 2.0 == True` in Python, but the trace baked in the type too)."""
-        if isinstance(a, torch.Tensor):
-            return (a.dtype, a.device, a.dim(), tuple(a.shape[1:]))
-        return ("value", type(a), a)
+    @property
+    def static_inputs(self) -> StaticInputs | None:
+        """The static input buffers calls are copied into (None without CUDA graphs)."""
+        return self._static
 
-    def _check(self, args: tuple) -> int:
-        batch = self._batch_of(args)
-        signature = self._signature
-        if len(args) != len(signature):
-            raise InputError(f"compiled for {len(signature)} arguments, called with {len(args)}")
-        for i, a in enumerate(args):
-            want = signature[i]
-            got = self._signature_entry(a)
-            if got != want:
-                if want[0] == "value":
-                    expected = f"the value {want[2]!r} ({want[1].__name__})"
-                else:
-                    expected = f"dtype={want[0]}, device={want[1]}, rank {want[2]}, trailing shape {want[3]}"
-                raise InputError(
-                    f"argument {i} is {_describe(a)}, but the model was compiled for {expected}. "
-                    f"Fix: pass arguments like the first call's, or compile another CompiledModel"
-                )
-        return batch
+    @property
+    def batched_outputs(self) -> Any:
+        """Which output leaves are cut back to the batch (`padding.batched_outputs`)."""
+        return self._batched
 
-    # ---- calls ----------------------------------------------------------------------------------------------
-    def _compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Runtime:
-        """The backend Dynamo calls: `self.backend`'s runtime. While tracing on copies (a first call of batch 1), it
-        saves what the tracing run is about to write in place besides the copies, for `_first_call` to put back."""
-        runtime = self.backend(gm, example_inputs)
-        if self._keep_args is not None:
-            written = (example_inputs[i] for i in runtime.mutated_inputs)
-            self._saved_state = [(t, t.clone()) for t in written
-                                 if isinstance(t, torch.Tensor) and id(t) not in self._keep_args]
-        return runtime
+    def graph_inputs(self, n: int) -> list[Any]:
+        """The graph's flat inputs for a replay of captured size `n`: the static buffers' views and the bound
+        parameters, the same objects on every call. Raises where calls have no static buffers or go through
+        Dynamo."""
+        if self._static is None or self._binder is None:
+            raise RuntimeError("this model has no static buffers or calls go through Dynamo: no graph inputs to show")
+        flat = self._flat_by_size.get(n)
+        if flat is None:
+            flat = self._flat_by_size[n] = self._binder.inputs(self._static.views(n), n)
+        return flat
+
+    # ---- the first call -------------------------------------------------------------------------------------
+    def _compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        """The backend Dynamo calls, once. While tracing on copies (a first call of batch 1), it saves what the
+        tracing run is about to write in place besides the copies, for `_first_call` to put back."""
+        if self._graph is not None:
+            raise RuntimeError(
+                "pieceworks: Dynamo asked to compile this model again after its first call (was "
+                "torch._dynamo.reset() called?). A CompiledModel never compiles while serving. Fix: create a new "
+                "CompiledModel with pieceworks.compile")
+        self._graph = compile_graph(gm, self.config)
+        keep = self._traced.get("copies")
+        if keep is not None:
+            self._traced["saved"] = [(t, t.clone()) for t in (example_inputs[i] for i in self._graph.mutated_inputs)
+                                     if isinstance(t, torch.Tensor) and id(t) not in keep]
+        self._traced["example_inputs"] = list(example_inputs)
+        return self._graph_call
+
+    def _graph_call(self, *flat: Any) -> Any:
+        """What Dynamo's compiled code calls: the tracing run (its output recorded for the binding), then the
+        runtime with the caller's arguments (the fallback, where the binding is not proven)."""
+        if self._runtime is not None:
+            return self._runtime(*flat)
+        out = self._traced["graph_output"] = self._graph(*flat)
+        return out
 
     def _first_call(self, args: tuple) -> Any:
         """Trace and compile with tensors of batch >= 2 whose dim 0 is marked dynamic; return this call's output.
@@ -184,16 +226,15 @@ class CompiledModel:
         Batch >= 2 and contiguous tensors: traced with aliases of the call's own tensors (`detach()`: same memory,
         so the marks stay off the caller's tensors), and the tracing run is the call. Otherwise: traced on
         contiguous copies of 2 (or batch) rows, the model state that run wrote is restored, and the call runs."""
-        batch = self._batch_of(args)
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        own = batch >= 2 and all(a.is_contiguous() for a in tensors)
+        batch = batch_of(args)
+        own = batch >= 2 and all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor))
         trace_args = []
         for a in args:
             if isinstance(a, torch.Tensor):
                 a = a.detach() if own else cycle_rows(a, max(batch, 2))
                 torch._dynamo.mark_dynamic(a, 0)
             trace_args.append(a)
-        self._keep_args = None if own else {id(a) for a in trace_args}
+        self._traced = {} if own else {"copies": {id(a) for a in trace_args}}
         start = time.perf_counter()
         counters.num_dynamo_traces += 1
         try:
@@ -206,27 +247,84 @@ class CompiledModel:
             if isinstance(inner, ConfigError):
                 raise inner from None
             raise
-        finally:
-            self._keep_args = None
-        saved, self._saved_state = self._saved_state, []
         log.info("pieceworks: traced and compiled in %.3f s (batch %d)", time.perf_counter() - start, max(batch, 2))
-        if len(self.backend.runtimes) != 1:
-            raise RuntimeError(f"expected one Dynamo graph, got {len(self.backend.runtimes)}")
-        runtime = self.backend.runtimes[0]
-        runtime.start_serving(self.model, trace_args, output, self._dynamo_fn)
-        self._signature = self._signature_of(args)
-        self.runtime = runtime
+        if self._graph is None:
+            raise RuntimeError("pieceworks: Dynamo compiled no graph for this model")
+        saved = self._traced.get("saved", [])
+        self._start_serving(trace_args, output)
+        self._signatures = [signature(a) for a in args]
         if own:
             return output
         for tensor, before in saved:
             tensor.copy_(before)
-        return runtime.serve(args, self._check(args))
+        return self._serve(args, check_arguments(args, self._signatures))
 
+    def _start_serving(self, trace_args: list[Any], output: Any) -> None:
+        """Build the serving state from the tracing call, in one place: the binding of call arguments to graph
+        inputs (or the Dynamo fallback, logged once with why), the outputs to cut back, the runtime and, where
+        graphs will be captured, the static buffers."""
+        traced, self._traced = self._traced, {}
+        graph, example_inputs = self._graph, traced["example_inputs"]
+        ids = {id(a): k for k, a in enumerate(trace_args) if isinstance(a, torch.Tensor)}
+        self._mutated_args = [ids[id(example_inputs[i])] for i in graph.mutated_inputs if id(example_inputs[i]) in ids]
+        symbols = graph.batch_symbols
+        placeholders = [n for n in graph.split_module.graph.nodes if n.op == "placeholder"]
+        found = bind(self.model, placeholders, example_inputs, trace_args, symbols, output,
+                     traced.get("graph_output"))
+        if isinstance(found, str):
+            log.info("pieceworks: calls go through Dynamo (%s)", found)
+        else:
+            self._binder = found
+        self._batched = batched_outputs(output, self._batched_leaf(trace_args, traced.get("graph_output"), symbols))
+        self._runtime = Runtime(graph, self.config)
+        if self._runtime.mode is not CUDAGraphMode.NONE and self.config.cudagraph_capture_sizes:
+            self._static = StaticInputs(trace_args, max(self.config.cudagraph_capture_sizes))
+
+    def _batched_leaf(self, trace_args: list[Any], graph_output: Any, symbols: frozenset[str]
+                      ) -> Callable[[Any], bool]:
+        """Whether a leaf of the model's output has the batch as dim 0: a graph output whose trace value's dim 0 is
+        the batch symbol, or a tensor argument returned as it is; nothing else (a weight of n rows is not cut at
+        padded size n)."""
+        flat = graph_output if isinstance(graph_output, (tuple, list)) else ()
+        index = {id(t): k for k, t in enumerate(flat) if isinstance(t, torch.Tensor)}
+        batched = [isinstance(v, torch.Tensor) and v.dim() > 0 and str(v.shape[0]) in symbols
+                   for v in self._graph.output_values]
+        args = {id(a) for a in trace_args if isinstance(a, torch.Tensor)}
+
+        def is_batched(leaf: Any) -> bool:
+            if not isinstance(leaf, torch.Tensor):
+                return False
+            k = index.get(id(leaf))
+            return id(leaf) in args if k is None else k < len(batched) and batched[k]
+
+        return is_batched
+
+    # ---- calls ----------------------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
         with torch.no_grad():
-            if self.runtime is None:
+            if self._runtime is None:
                 return self._first_call(args)
-            return self.runtime.serve(args, self._check(args))
+            return self._serve(args, check_arguments(args, self._signatures))
+
+    def _serve(self, args: Sequence[Any], batch: int) -> Any:
+        """One call with checked `args` of batch `batch`; see the module doc for the path."""
+        static = self._static
+        if static is not None and self._runtime.phase is not Phase.WAITING:
+            n = padded_size(self.config.cudagraph_capture_sizes, batch)
+            if n is not None:
+                static.load(args, batch)
+                out = self._call_static(n)
+                static.copy_back(args, batch, self._mutated_args)
+                return unpad(out, batch, n, self._batched)
+        if self._binder is None:
+            return self._dynamo_fn(*args)
+        return self._binder.outputs(self._runtime.run(self._binder.inputs(args, batch), batch, static=False))
+
+    def _call_static(self, n: int) -> Any:
+        """The model on the static buffers at captured size n (replayed, captured or run without graphs)."""
+        if self._binder is None:
+            return self._dynamo_fn(*self._static.views(n))
+        return self._binder.outputs(self._runtime.run(self.graph_inputs(n), n, static=True))
 
     def capture(self, sizes: Iterable[int] | None = None) -> dict[str, Any]:
         """The capture phase: every `cudagraph_capture_sizes` entry (or those in `sizes`), largest first, into one
@@ -235,10 +333,10 @@ class CompiledModel:
         Call after the first call (which traces and compiles). Without CUDA, or with mode NONE, it logs that it
         captures nothing and returns. Returns the phase's numbers: sizes, seconds, MiB, graphs.
         """
-        if self.runtime is None:
+        if self._runtime is None:
             raise RuntimeError("call the model once before capture(): the first call traces and compiles it")
         with torch.no_grad():
-            return self.runtime.capture(sizes)
+            return self._runtime.capture(self._call_static, [] if self._static is None else sizes)
 
 
 def compile(model: Callable[..., Any], config: CompilationConfig | None = None) -> CompiledModel:  # noqa: A001

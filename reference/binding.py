@@ -32,31 +32,23 @@ __all__ = ["Binder", "bind"]
 _ARG, _BATCH, _BOUND = 0, 1, 2
 
 
-class _Leaf:
-    """A position in the output template: the graph output `index`, or a constant."""
-
-    __slots__ = ("index", "value")
-
-    def __init__(self, index: int | None, value: Any = None) -> None:
-        self.index = index
-        self.value = value
-
-
 class Binder:
-    """`inputs(args, batch)`: the graph's flat inputs for a call; `outputs(flat)`: the model's output."""
+    """`inputs(args, batch)`: the graph's flat inputs for a call; `outputs(flat)`: the model's output.
+
+    `sources`: per graph input, `(_ARG, call argument index)`, `(_BATCH, None)` or `(_BOUND, the tensor)`;
+    `template`: the model's output with each tensor replaced by its graph output index (`None` stays `None`)."""
 
     def __init__(self, sources: list[tuple[int, Any]], template: Any) -> None:
         self.sources = sources
         self.template = template
-        self._single = template.index if isinstance(template, _Leaf) else None
 
     def inputs(self, args: Sequence[Any], batch: int) -> list[Any]:
         return [args[v] if kind == _ARG else (batch if kind == _BATCH else v) for kind, v in self.sources]
 
     def outputs(self, flat: Sequence[Any]) -> Any:
-        if self._single is not None:
-            return flat[self._single]
-        return tree_map(lambda leaf: leaf.value if leaf.index is None else flat[leaf.index], self.template)
+        if type(self.template) is int:
+            return flat[self.template]
+        return tree_map(lambda k: None if k is None else flat[k], self.template)
 
 
 def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequence[Any], call_args: Sequence[Any],
@@ -85,13 +77,12 @@ def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequ
     index = {id(t): k for k, t in enumerate(graph_output) if isinstance(t, torch.Tensor)}
     problems = []
 
-    def leaf(value: Any) -> _Leaf:
-        if value is None:
-            return _Leaf(None)
+    def leaf(value: Any) -> int | None:
         if isinstance(value, torch.Tensor) and id(value) in index:
-            return _Leaf(index[id(value)])
-        problems.append(type(value).__name__)
-        return _Leaf(None)
+            return index[id(value)]
+        if value is not None:
+            problems.append(type(value).__name__)
+        return None
 
     template = tree_map(leaf, call_output)
     if problems:

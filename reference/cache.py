@@ -47,7 +47,7 @@ from typing import Any
 from ._compat import inductor_default_cache_dir
 from .counters import counters
 
-__all__ = ["CompileCache", "CacheIndexError", "atomic_write", "cache_key", "parse_index", "serialize_index",
+__all__ = ["CompileCache", "CacheIndexError", "atomic_write", "parse_index", "serialize_index", "entries_digest",
            "artifact_stem", "INDEX_VERSION", "CLAIM_FIELDS"]
 
 log = logging.getLogger("pieceworks")
@@ -64,12 +64,6 @@ class CacheIndexError(ValueError):
     """The index file is not a pieceworks index of this version. The message says what is wrong."""
 
 
-def cache_key(factors: dict[str, str]) -> str:
-    """The cache folder name for `factors` (name -> digest): equal factors, equal key, in any process."""
-    blob = json.dumps(factors, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
-
-
 def artifact_stem(name: str) -> str:
     """How the artifact files of entry `name` begin (derived from the name, so entries cannot trade files).
     A file is `<stem>-<first 16 hex digits of its SHA-256>.bin`: a new version of an entry never overwrites the
@@ -78,29 +72,22 @@ def artifact_stem(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()[:32]
 
 
-def _entries_digest(entries: dict[str, dict[str, Any]]) -> str:
+def entries_digest(entries: dict[str, dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def serialize_index(entries: dict[str, dict[str, Any]]) -> bytes:
     """The index file's bytes: JSON with the entries and a SHA-256 over them (so no edit goes unnoticed)."""
-    doc = {"version": INDEX_VERSION, "entries": entries, "sha256": _entries_digest(entries)}
+    doc = {"version": INDEX_VERSION, "entries": entries, "sha256": entries_digest(entries)}
     return json.dumps(doc, sort_keys=True, indent=1).encode()
 
 
 def _well_formed(entry: Any) -> bool:
-    return (
-        isinstance(entry, dict)
-        and _REQUIRED <= set(entry) <= _REQUIRED | set(CLAIM_FIELDS)
-        and isinstance(entry["file"], str)
-        and isinstance(entry["sha256"], str)
-        and isinstance(entry["bytes"], int)
-        and not isinstance(entry["bytes"], bool)
-        and all(isinstance(entry[k], str) for k in CLAIM_FIELDS if k in entry)
-        and os.path.basename(entry["file"]) == entry["file"]
-        and entry["file"] not in ("", ".", "..")
-        and not entry["file"].startswith(".")
-    )
+    """Known fields of the right types, and a plain file name inside `artifacts/` (no path, no hidden file)."""
+    return isinstance(entry, dict) and _REQUIRED <= set(entry) <= _REQUIRED | set(CLAIM_FIELDS) \
+        and all(isinstance(entry[k], str) for k in ("file", "sha256", *CLAIM_FIELDS) if k in entry) \
+        and type(entry["bytes"]) is int and os.path.basename(entry["file"]) == entry["file"] \
+        and entry["file"] != "" and not entry["file"].startswith(".")
 
 
 def parse_index(data: bytes) -> dict[str, dict[str, Any]]:
@@ -115,18 +102,9 @@ def parse_index(data: bytes) -> dict[str, dict[str, Any]]:
     for name, entry in entries.items():
         if not _well_formed(entry):
             raise CacheIndexError(f"entry {name!r} is malformed: {entry!r}")
-    if doc.get("sha256") != _entries_digest(entries):
+    if doc.get("sha256") != entries_digest(entries):
         raise CacheIndexError("its entries do not match its SHA-256 (edited or garbled)")
     return entries
-
-
-def _fsync_dir(folder: str) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def atomic_write(path: str, data: bytes) -> None:
@@ -143,17 +121,16 @@ def atomic_write(path: str, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(folder)
+    with contextlib.suppress(OSError):  # the rename itself, durable
+        fd = os.open(folder, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
 
 
 def _sha256_file(path: str) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-            size += len(block)
-    return h.hexdigest(), size
+        data = f.read()
+    return hashlib.sha256(data).hexdigest(), len(data)
 
 
 def _reason(exc: BaseException) -> str:
@@ -190,13 +167,13 @@ class CompileCache:
         self.writable = True
         os.makedirs(self.root, exist_ok=True)
         if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
-            self._replace_corrupt(self.directory, "a file where the cache folder belongs")
+            self.replace_corrupt(self.directory, "a file where the cache folder belongs")
         if not os.path.isdir(self.directory):
             os.mkdir(self.directory)
         try:
             self._repair_and_prepare(factors)
         except OSError as exc:
-            self._read_only(exc)
+            self.mark_read_only(exc)
 
     @classmethod
     def open(cls, root: str, key: str, factors: dict[str, str] | None = None) -> CompileCache | None:
@@ -220,17 +197,17 @@ class CompileCache:
         os.unlink(probe)
         for folder in (self.artifact_dir, self.lock_dir):
             if os.path.lexists(folder) and not os.path.isdir(folder):
-                self._replace_corrupt(folder, "a file where a folder belongs")
+                self.replace_corrupt(folder, "a file where a folder belongs")
             os.makedirs(folder, exist_ok=True)
         factors_path = os.path.join(self.directory, "factors.json")
         for path in (self.index_path, self.lock_path, factors_path):
             if os.path.isdir(path) and not os.path.islink(path):
-                self._replace_corrupt(path, "a folder where a file belongs")
+                self.replace_corrupt(path, "a folder where a file belongs")
         self._remove_stale_temporaries()
         if factors and not os.path.exists(factors_path):
             atomic_write(factors_path, json.dumps(factors, sort_keys=True, indent=1).encode())
 
-    def _replace_corrupt(self, path: str, what: str) -> None:
+    def replace_corrupt(self, path: str, what: str) -> None:
         log.warning("pieceworks cache: %s is %s (a corrupt cache); removing it, its entries will be recompiled",
                     path, what)
         _remove(path)
@@ -245,7 +222,7 @@ class CompileCache:
                         if now - os.lstat(path).st_mtime > _STALE_TEMP_S:
                             _remove(path)
 
-    def _read_only(self, exc: BaseException) -> None:
+    def mark_read_only(self, exc: BaseException) -> None:
         self.writable = False
         _warn_once(
             "read-only", self.directory,
@@ -266,17 +243,15 @@ class CompileCache:
 
     # ---- locks ----------------------------------------------------------------------------------------------
     def _lock_fd(self, path: str) -> int | None:
-        try:
-            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            pass
-        try:  # a read-only cache: a shared lock still keeps us from reading half of another writer's update
-            return os.open(path, os.O_RDONLY)
-        except OSError:
-            return None
+        # A read-only cache opens the lock read-only: a shared lock still keeps us from reading half of another
+        # writer's update.
+        for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
+            with contextlib.suppress(OSError):
+                return os.open(path, flags, 0o644)
+        return None
 
     @contextlib.contextmanager
-    def _locked(self, exclusive: bool) -> Iterator[None]:
+    def index_lock(self, exclusive: bool) -> Iterator[None]:
         fd = self._lock_fd(self.lock_path)
         if fd is None:
             if exclusive:
@@ -290,26 +265,21 @@ class CompileCache:
             os.close(fd)  # releases the lock
 
     @contextlib.contextmanager
-    def entry_lock(self, name: str) -> Iterator[bool]:
-        """Hold entry `name`'s exclusive lock across processes (while compiling and storing it). Yields whether
-        another process held it first (then it has probably stored the entry: look again). A no-op when the cache
-        is read-only."""
-        if not self.writable:
-            yield False
-            return
-        fd = self._lock_fd(os.path.join(self.lock_dir, artifact_stem(name) + ".lock"))
+    def entry_lock(self, name: str) -> Iterator[None]:
+        """Hold entry `name`'s exclusive lock across processes (while compiling and storing it), so that processes
+        missing the same entry take turns: the first compiles and stores it, the others then find it. A no-op when
+        the cache is read-only."""
+        fd = self._lock_fd(os.path.join(self.lock_dir, artifact_stem(name) + ".lock")) if self.writable else None
         if fd is None:
-            yield False
+            yield
             return
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                waited = False
             except BlockingIOError:
                 log.info("pieceworks cache: another process is compiling %s; waiting for it", name)
                 fcntl.flock(fd, fcntl.LOCK_EX)
-                waited = True
-            yield waited
+            yield
         finally:
             os.close(fd)
 
@@ -331,43 +301,39 @@ class CompileCache:
             log.warning("pieceworks cache index %s is unreadable (%s); ignoring it and recompiling", self.index_path, exc)
             return {}
 
-    def lookup(self, name: str) -> dict[str, Any] | None:
-        """Entry `name` as the index has it now (unchecked), or None."""
-        with self._locked(exclusive=False):
-            return self.read_index().get(name)
-
-    def load(self, name: str, loader: Callable[[str], Any], claim: dict[str, str] | None = None) -> Any | None:
-        """Return `loader(path)` for entry `name`, or None (a miss) when absent, corrupt or unloadable.
+    def load(self, name: str, loader: Callable[[str], Any], claim: dict[str, str] | None = None,
+             skip: dict[str, Any] | None = None) -> tuple[Any | None, dict[str, Any] | None]:
+        """`(loader(path), entry)` for entry `name`, or `(None, entry)`: a miss when the entry is absent, corrupt or
+        unloadable, or equal to `skip` (an entry this caller already tried: not loaded nor reported twice). One
+        read of the index, under its shared lock.
 
         `claim` (see CLAIM_FIELDS): what the caller's piece is; an entry claiming anything else is corrupt.
         """
-        with self._locked(exclusive=False):
+        with self.index_lock(exclusive=False):
             entry = self.read_index().get(name)
-            if entry is None:
-                return None
+            if entry is None or entry == skip:
+                return None, entry
             path = os.path.join(self.artifact_dir, entry["file"])
-            if claim is not None:
-                wrong = {k: (entry.get(k), v) for k, v in claim.items() if entry.get(k) != v}
-                if wrong:
-                    said = ", ".join(f"{k}={got!r} (this piece: {want!r})" for k, (got, want) in sorted(wrong.items()))
-                    return self._reject(path, f"was stored for another piece: {said}")
+            wrong = {k: (entry.get(k), v) for k, v in (claim or {}).items() if entry.get(k) != v}
+            if wrong:
+                said = ", ".join(f"{k}={got!r} (this piece: {want!r})" for k, (got, want) in sorted(wrong.items()))
+                return self._reject(path, f"was stored for another piece: {said}"), entry
             if not entry["file"].startswith(artifact_stem(name) + "-"):
-                return self._reject(path, f"is not the file of entry {name!r} (swapped index entries)")
+                return self._reject(path, f"is not the file of entry {name!r} (swapped index entries)"), entry
             try:
                 sha, size = _sha256_file(path)
             except OSError as exc:
-                return self._reject(path, f"cannot be read ({_reason(exc)})")
+                return self._reject(path, f"cannot be read ({_reason(exc)})"), entry
             if (sha, size) != (entry["sha256"], entry["bytes"]):
                 return self._reject(
                     path, f"has {size} bytes with SHA-256 {sha[:12]}…, the index says {entry['bytes']} bytes "
-                    f"with {entry['sha256'][:12]}… (truncated or garbled)"
-                )
+                    f"with {entry['sha256'][:12]}… (truncated or garbled)"), entry
             try:
                 loaded = loader(path)
             except Exception as exc:  # noqa: BLE001 - any failure to load means: recompile
-                return self._reject(path, f"failed to load ({type(exc).__name__}: {exc})")
+                return self._reject(path, f"failed to load ({type(exc).__name__}: {exc})"), entry
         counters.num_compiled_artifacts_loaded += 1
-        return loaded
+        return loaded, entry
 
     def _reject(self, path: str, why: str) -> None:
         counters.num_cache_artifacts_rejected += 1
@@ -382,28 +348,25 @@ class CompileCache:
         """
         if not self.writable:
             return False
-        try:
-            fd, tmp = tempfile.mkstemp(dir=self.artifact_dir, prefix=".tmp-")
-            os.close(fd)
-            os.unlink(tmp)  # CompiledArtifact.save writes the path itself
-        except OSError as exc:
-            self._read_only(exc)
-            return False
+        tmp = os.path.join(self.artifact_dir, f".tmp-{os.getpid()}-{time.monotonic_ns()}")  # save writes the path
         try:
             save(tmp)
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
             sha, size = _sha256_file(tmp)
         except Exception as exc:  # noqa: BLE001 - an unsaveable artifact still runs; it just is not cached
-            log.warning("pieceworks could not save the artifact for %s (%s: %s); it will be recompiled next time",
-                        name, type(exc).__name__, exc)
             with contextlib.suppress(OSError):
                 _remove(tmp)
+            if isinstance(exc, OSError):
+                self.mark_read_only(exc)
+            else:
+                log.warning("pieceworks could not save the artifact for %s (%s: %s); it will be recompiled next "
+                            "time", name, type(exc).__name__, exc)
             return False
         stem = artifact_stem(name)
         file = f"{stem}-{sha[:16]}.bin"
         try:
-            with self._locked(exclusive=True):
+            with self.index_lock(exclusive=True):
                 os.replace(tmp, os.path.join(self.artifact_dir, file))
                 entries = self.read_index()
                 entries[name] = {"file": file, "sha256": sha, "bytes": size, **(claim or {})}
@@ -415,7 +378,7 @@ class CompileCache:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            self._read_only(exc)
+            self.mark_read_only(exc)
             return False
         counters.num_compiled_artifacts_saved += 1
         counters.num_cache_entries_updated += 1
@@ -430,14 +393,5 @@ def _user_chose_inductor_dir() -> bool:
         return False
     default = inductor_default_cache_dir()
     if default is None:  # layout of another torch: only the folder's name is known
-        return os.path.basename(os.path.normpath(chosen)) != f"torchinductor_{_user()}"
+        return not os.path.basename(os.path.normpath(chosen)).startswith("torchinductor_")
     return os.path.abspath(chosen) != os.path.abspath(default)
-
-
-def _user() -> str:
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001
-        return "unknown_user"

@@ -16,9 +16,10 @@ import os
 import re
 from typing import Any
 
-__all__ = ["CUDAGraphMode", "CompilationConfig", "ConfigError", "default_capture_sizes"]
+__all__ = ["CUDAGraphMode", "CompilationConfig", "ConfigError", "default_capture_sizes", "check_inductor_keys",
+           "check_something_to_capture", "CAPTURE_SIZES_SHORTHAND"]
 
-_CAPTURE_SIZES = "cudagraph_capture_sizes"  # vLLM's shorthand in compile_sizes
+CAPTURE_SIZES_SHORTHAND = "cudagraph_capture_sizes"  # vLLM's shorthand in compile_sizes: every capture size
 _OP_NAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
 
 
@@ -63,7 +64,7 @@ def _fail(field: str, value: Any, problem: str, fix: str) -> None:
     raise ConfigError(f"CompilationConfig.{field}={value!r}: {problem}. Fix: {fix}.")
 
 
-def _check_inductor_keys(config: dict[str, Any]) -> None:
+def check_inductor_keys(config: dict[str, Any]) -> None:
     """Every key must be an Inductor config option (dotted for nested ones, e.g. "triton.cudagraphs")."""
     if not config:
         return
@@ -73,26 +74,20 @@ def _check_inductor_keys(config: dict[str, Any]) -> None:
     for key in config:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=3)
-            _fail(
-                "inductor_compile_config", config, f"{key!r} is not an Inductor config option",
-                f"use one of {close}" if close else "see torch._inductor.config for the options",
-            )
+            _fail("inductor_compile_config", config, f"{key!r} is not an Inductor config option",
+                  f"use one of {close}" if close else "see torch._inductor.config for the options")
 
 
-def _check_something_to_capture(mode: CUDAGraphMode, capture_sizes: list[int]) -> None:
+def check_something_to_capture(mode: CUDAGraphMode, capture_sizes: list[int]) -> None:
+    """A graph mode needs at least one capture size: graphs are captured for those sizes only."""
     if not capture_sizes and mode is not CUDAGraphMode.NONE:
-        _fail(
-            "cudagraph_capture_sizes", capture_sizes,
-            f"no size to capture, but cudagraph_mode={mode.name} captures graphs only for these sizes",
-            "list the batch sizes to capture, leave cudagraph_capture_sizes=None for vLLM's defaults, or set "
-            "cudagraph_mode=NONE",
-        )
+        _fail("cudagraph_capture_sizes", capture_sizes, f"no size to capture, but cudagraph_mode={mode.name} "
+              f"captures graphs only for these sizes", "list the batch sizes to capture, leave "
+              "cudagraph_capture_sizes=None for vLLM's defaults, or set cudagraph_mode=NONE")
 
 
-def _check_int_list(field: str, value: Any) -> list[int]:
-    if not isinstance(value, (list, tuple)) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    ):
+def _int_list(field: str, value: Any) -> list[int]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         _fail(field, value, "expected a list of int", f"pass e.g. {field}=[1, 2, 4, 8]")
     if any(v <= 0 for v in value):
         _fail(field, value, "every entry must be a positive batch size", "remove zero and negative entries")
@@ -138,95 +133,63 @@ class CompilationConfig:
     debug_replay_checks: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.splitting_ops, str) or not isinstance(self.splitting_ops, (list, tuple)):
-            _fail("splitting_ops", self.splitting_ops, "expected a list of op names", 'pass ["silly::attention"]')
-        for name in self.splitting_ops:
+        ops = self.splitting_ops
+        if isinstance(ops, str) or not isinstance(ops, (list, tuple)):
+            _fail("splitting_ops", ops, "expected a list of op names", 'pass ["silly::attention"]')
+        for name in ops:
             if not isinstance(name, str) or not _OP_NAME.match(name):
-                _fail(
-                    "splitting_ops",
-                    self.splitting_ops,
-                    f"{name!r} is not an op name",
-                    'write "namespace::op" or "namespace::op.overload", e.g. "silly::attention" or '
-                    '"silly::attention.default"',
-                )
-        self.splitting_ops = list(self.splitting_ops)
-        if isinstance(self.max_num_batched_tokens, bool) or not isinstance(self.max_num_batched_tokens, int):
-            _fail("max_num_batched_tokens", self.max_num_batched_tokens, "expected an int", "pass e.g. 8192")
-        if self.max_num_batched_tokens <= 0:
-            _fail("max_num_batched_tokens", self.max_num_batched_tokens, "must be positive", "pass e.g. 8192")
+                _fail("splitting_ops", ops, f"{name!r} is not an op name", 'write "namespace::op" or '
+                      '"namespace::op.overload", e.g. "silly::attention" or "silly::attention.default"')
+        self.splitting_ops = list(ops)
         top = self.max_num_batched_tokens
-        self.compile_ranges = _check_int_list("compile_ranges", self.compile_ranges)
-        if self.compile_ranges != sorted(set(self.compile_ranges)):
-            _fail(
-                "compile_ranges",
-                self.compile_ranges,
-                "endpoints must be strictly increasing",
-                f"sort them and drop repeats: {sorted(set(self.compile_ranges))}",
-            )
-        if self.compile_ranges and self.compile_ranges[-1] > top:
-            _fail(
-                "compile_ranges",
-                self.compile_ranges,
-                f"endpoint {self.compile_ranges[-1]} is above max_num_batched_tokens={top}",
-                "raise max_num_batched_tokens or lower the endpoint",
-            )
-        if not isinstance(self.cudagraph_mode, CUDAGraphMode):
-            if isinstance(self.cudagraph_mode, str) and self.cudagraph_mode.upper() in CUDAGraphMode.__members__:
-                self.cudagraph_mode = CUDAGraphMode[self.cudagraph_mode.upper()]
-            else:
-                _fail(
-                    "cudagraph_mode",
-                    self.cudagraph_mode,
-                    "unknown mode",
-                    f"use pieceworks.CUDAGraphMode or one of {list(CUDAGraphMode.__members__)}",
-                )
+        if isinstance(top, bool) or not isinstance(top, int):
+            _fail("max_num_batched_tokens", top, "expected an int", "pass e.g. 8192")
+        if top <= 0:
+            _fail("max_num_batched_tokens", top, "must be positive", "pass e.g. 8192")
+        ends = self.compile_ranges = _int_list("compile_ranges", self.compile_ranges)
+        if ends != sorted(set(ends)):
+            _fail("compile_ranges", ends, "endpoints must be strictly increasing",
+                  f"sort them and drop repeats: {sorted(set(ends))}")
+        if ends and ends[-1] > top:
+            _fail("compile_ranges", ends, f"endpoint {ends[-1]} is above max_num_batched_tokens={top}",
+                  "raise max_num_batched_tokens or lower the endpoint")
+        mode = self.cudagraph_mode
+        if not isinstance(mode, CUDAGraphMode):
+            if not (isinstance(mode, str) and mode.upper() in CUDAGraphMode.__members__):
+                _fail("cudagraph_mode", mode, "unknown mode",
+                      f"use pieceworks.CUDAGraphMode or one of {list(CUDAGraphMode.__members__)}")
+            self.cudagraph_mode = CUDAGraphMode[mode.upper()]
         if self.cudagraph_capture_sizes is None:
             self.cudagraph_capture_sizes = default_capture_sizes(min(512, top))
-        sizes = _check_int_list("cudagraph_capture_sizes", self.cudagraph_capture_sizes)
+        sizes = _int_list("cudagraph_capture_sizes", self.cudagraph_capture_sizes)
         self.cudagraph_capture_sizes = sorted(set(sizes))
         above = [s for s in self.cudagraph_capture_sizes if s > top]
         if above:
-            _fail(
-                "cudagraph_capture_sizes",
-                sizes,
-                f"{above} are above the largest compile range {self.ranges()[-1]}",
-                "raise max_num_batched_tokens or drop those sizes",
-            )
-        _check_something_to_capture(self.cudagraph_mode, self.cudagraph_capture_sizes)
+            _fail("cudagraph_capture_sizes", sizes, f"{above} are above the largest compile range "
+                  f"{self.ranges()[-1]}", "raise max_num_batched_tokens or drop those sizes")
+        check_something_to_capture(self.cudagraph_mode, sizes)
         self.compile_sizes = self._expand_compile_sizes()
         outside = [s for s in self.compile_sizes if s > top]
         if outside:
-            _fail(
-                "compile_sizes",
-                self.compile_sizes,
-                f"{outside} lie outside every compile range {self.ranges()}",
-                "raise max_num_batched_tokens or drop those sizes",
-            )
-        if isinstance(self.cudagraph_num_warmups, bool) or not isinstance(self.cudagraph_num_warmups, int):
-            _fail("cudagraph_num_warmups", self.cudagraph_num_warmups, "expected an int", "pass e.g. 1")
-        if self.cudagraph_num_warmups < 0:
-            _fail("cudagraph_num_warmups", self.cudagraph_num_warmups, "must be >= 0", "pass 0 or more")
+            _fail("compile_sizes", self.compile_sizes, f"{outside} lie outside every compile range {self.ranges()}",
+                  "raise max_num_batched_tokens or drop those sizes")
+        warmups = self.cudagraph_num_warmups
+        if isinstance(warmups, bool) or not isinstance(warmups, int):
+            _fail("cudagraph_num_warmups", warmups, "expected an int", "pass e.g. 1")
+        if warmups < 0:
+            _fail("cudagraph_num_warmups", warmups, "must be >= 0", "pass 0 or more")
         if self.compiler not in ("inductor", "eager"):
             _fail("compiler", self.compiler, "unknown compiler", 'use "inductor" or "eager"')
-        if not isinstance(self.inductor_compile_config, dict) or not all(
-            isinstance(k, str) for k in self.inductor_compile_config
-        ):
-            _fail(
-                "inductor_compile_config",
-                self.inductor_compile_config,
-                "expected a dict of Inductor config keys",
-                'pass e.g. {"max_autotune": False}',
-            )
-        _check_inductor_keys(self.inductor_compile_config)
+        options = self.inductor_compile_config
+        if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+            _fail("inductor_compile_config", options, "expected a dict of Inductor config keys",
+                  'pass e.g. {"max_autotune": False}')
+        check_inductor_keys(options)
         try:
-            json.dumps(self.inductor_compile_config, sort_keys=True)
+            json.dumps(options, sort_keys=True)
         except TypeError:
-            _fail(
-                "inductor_compile_config",
-                self.inductor_compile_config,
-                "values must be JSON-serialisable so that the cache key can cover them",
-                "pass plain bools, numbers, strings, lists and dicts",
-            )
+            _fail("inductor_compile_config", options, "values must be JSON-serialisable so that the cache key can "
+                  "cover them", "pass plain bools, numbers, strings, lists and dicts")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             _fail("cache_dir", self.cache_dir, "expected a path", "pass a str or pathlib.Path, or None")
         for flag in ("cache_enabled", "lazy_capture", "debug_replay_checks"):
@@ -238,13 +201,14 @@ class CompilationConfig:
     def _expand_compile_sizes(self) -> list[int]:
         """`compile_sizes` as sorted ints; the entry "cudagraph_capture_sizes" stands for every capture size (vLLM)."""
         sizes = self.compile_sizes
-        if isinstance(sizes, (list, tuple)) and _CAPTURE_SIZES in sizes:
-            sizes = [s for s in sizes if s != _CAPTURE_SIZES] + list(self.cudagraph_capture_sizes)
+        shorthand = CAPTURE_SIZES_SHORTHAND
+        if isinstance(sizes, (list, tuple)) and shorthand in sizes:
+            sizes = [s for s in sizes if s != shorthand] + list(self.cudagraph_capture_sizes)
         bad = [s for s in (sizes if isinstance(sizes, (list, tuple)) else []) if isinstance(s, str)]
         if bad:
             _fail("compile_sizes", self.compile_sizes, f"unknown entry {bad[0]!r}",
-                  f'list ints, or "{_CAPTURE_SIZES}" for every capture size')
-        return sorted(set(_check_int_list("compile_sizes", sizes)))
+                  f'list ints, or "{CAPTURE_SIZES_SHORTHAND}" for every capture size')
+        return sorted(set(_int_list("compile_sizes", sizes)))
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_frozen"):
@@ -285,12 +249,7 @@ class CompilationConfig:
 
     def compute_hash(self) -> str:
         """SHA-256 of the fields that change compiled code; equal configs give equal hashes in any process."""
-        factors = {
-            "splitting_ops": self.splitting_ops,
-            "ranges": self.ranges(),
-            "compile_sizes": self.compile_sizes,
-            "compiler": self.compiler,
-            "inductor_compile_config": self.inductor_compile_config,
-        }
+        factors = {"splitting_ops": self.splitting_ops, "ranges": self.ranges(), "compile_sizes": self.compile_sizes,
+                   "compiler": self.compiler, "inductor_compile_config": self.inductor_compile_config}
         blob = json.dumps(factors, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()

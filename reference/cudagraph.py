@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -53,8 +53,15 @@ def non_owning_alias(value: Any) -> Any:
     return raw.view(value.dtype).as_strided(value.shape, value.stride(), value.storage_offset())
 
 
-# (index into the graph's flat inputs, captured address, what reads it, the reader's input position, its name)
-AddressCheck = tuple[int, int, str, int, str]
+class AddressCheck(NamedTuple):
+    """One input a graph reads: `args[index]` must sit at `address`. `reader`, `position` and `name` say who reads
+    it, for the error."""
+
+    index: int
+    address: int
+    reader: str
+    position: int
+    name: str
 
 
 def check_addresses(args: Sequence[Any], checks: Sequence[AddressCheck], batch: int) -> None:
@@ -71,45 +78,55 @@ def check_addresses(args: Sequence[Any], checks: Sequence[AddressCheck], batch: 
 
 
 class CapturePool:
-    """The pool, capture stream and warm-up MemPool of one model, created at its first capture."""
+    """The pool, capture stream and warm-up MemPool of one model, created at its first capture; only this object
+    writes them. Not thread-safe."""
 
     def __init__(self, num_warmups: int) -> None:
         self.num_warmups = num_warmups
-        self.handle: Any = None
-        self.stream: torch.cuda.Stream | None = None
-        self.warmup_pool: Any = None
+        self._handle: Any = None
+        self._stream: torch.cuda.Stream | None = None
+        self._warmup_pool: Any = None
 
-    def _warmup_allocations(self) -> Any:
-        """Where warm-ups allocate: a MemPool of this model's own (see the module contract). The first GEMM on the
-        capture stream allocates that stream's cuBLAS workspaces, and every captured GEMM keeps their address."""
-        if self.warmup_pool is None:
-            return contextlib.nullcontext()
-        return torch.cuda.use_mem_pool(self.warmup_pool)
+    @property
+    def handle(self) -> Any:
+        """The graph pool's handle (`torch.cuda.graph_pool_handle()`), None before the first capture."""
+        return self._handle
+
+    def reset(self) -> None:
+        """Start a fresh pool for later captures (same stream and warm-up MemPool): the old pool is freed with the
+        last graph captured into it. The caller drops those graphs."""
+        if self._handle is not None:
+            torch.cuda.synchronize()
+            self._handle = torch.cuda.graph_pool_handle()
 
     def capture(self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int]) -> tuple[Any, Any]:
         """Warm `fn(*args)` up, capture it into the pool, replay it once; return `(graph, owning outputs)`.
 
-        `mutated`: positions of `args` that `fn` writes to in place (restored after the warm-ups).
+        `mutated`: positions of `args` that `fn` writes to in place, restored after the warm-ups, so the replay
+        that follows the capture is the only write a capture makes.
         """
-        if self.handle is None:
-            self.handle = torch.cuda.graph_pool_handle()
-            self.stream = torch.cuda.Stream()
-            self.warmup_pool = torch.cuda.MemPool() if hasattr(torch.cuda, "MemPool") else None
+        if self._handle is None:
+            self._handle = torch.cuda.graph_pool_handle()
+            self._stream = torch.cuda.Stream()
+            self._warmup_pool = torch.cuda.MemPool() if hasattr(torch.cuda, "MemPool") else None
         # Saved on the caller's stream before the capture stream waits for it: the clones complete before any
         # warm-up can write to these inputs.
         saved = [(i, args[i].clone()) for i in mutated if isinstance(args[i], torch.Tensor)]
         graph = torch.cuda.CUDAGraph()
-        stream = self.stream
+        stream = self._stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            with self._warmup_allocations():
+            # Warm-ups allocate from a MemPool of this model's own: the first GEMM on the capture stream allocates
+            # that stream's cuBLAS workspaces, which every captured GEMM keeps reading.
+            with torch.cuda.use_mem_pool(self._warmup_pool) if self._warmup_pool is not None \
+                    else contextlib.nullcontext():
                 for _ in range(self.num_warmups):
                     fn(*args)
             for i, value in saved:
                 args[i].copy_(value)
                 value.record_stream(stream)  # freed below, while the copy may still be queued on this stream
             del saved
-            graph.capture_begin(pool=self.handle)
+            graph.capture_begin(pool=self._handle)
             try:
                 outputs = fn(*args)
             finally:

@@ -22,7 +22,7 @@ import torch
 
 from .values import cycle_rows, tree_map
 
-__all__ = ["StaticInputs", "batched_outputs", "unpad"]
+__all__ = ["StaticInputs", "batched_outputs", "unpad", "container_items"]
 
 
 class StaticInputs:
@@ -41,18 +41,23 @@ class StaticInputs:
             self._views[n] = views
         return views
 
-    def load(self, args: Sequence[Any], batch: int, n: int) -> list[Any]:
-        """Copy `args` (batch `batch`) into the buffers; return the arguments at padded batch n."""
+    def copy_back(self, args: Sequence[Any], batch: int, positions: Sequence[int]) -> None:
+        """Copy the first `batch` rows of the buffers at `positions` (arguments the model writes in place) back into
+        the caller's `args`."""
+        for i in positions:
+            args[i].copy_(self.buffers[i][:batch])
+
+    def load(self, args: Sequence[Any], batch: int) -> None:
+        """Copy `args` (batch `batch`) into the buffers' first rows (one copy per tensor argument)."""
         destinations = self._destinations.get(batch)
         if destinations is None:  # (buffer[:batch], argument index) per tensor buffer, made once per batch size
             destinations = [(v, i) for i, v in enumerate(self.views(batch)) if isinstance(v, torch.Tensor)]
             self._destinations[batch] = destinations
         for destination, i in destinations:
             destination.copy_(args[i], non_blocking=True)
-        return self.views(n)
 
 
-def _children(value: Any) -> list[Any] | None:
+def container_items(value: Any) -> list[Any] | None:
     """The items of a container output (tuple, list, namedtuple, dict values), None for a leaf."""
     if type(value) in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
         return list(value)
@@ -73,7 +78,7 @@ def _rebuild(like: Any, items: list[Any]) -> Any:
 def batched_outputs(output: Any, is_batched: Callable[[Any], bool]) -> Any:
     """Which leaves of `output` (the tracing call's output) `unpad` cuts: a tree of `output`'s shape whose leaves
     are `is_batched(leaf)`; a subtree with nothing to cut collapses to False, so a call walks only what it cuts."""
-    items = _children(output)
+    items = container_items(output)
     if items is None:
         return bool(is_batched(output))
     masks = [batched_outputs(v, is_batched) for v in items]
@@ -93,5 +98,5 @@ def unpad(value: Any, batch: int, n: int, batched: Any = None) -> Any:
         )
     if batched is True:
         return value[:batch]
-    items = _children(value)
-    return _rebuild(value, [unpad(v, batch, n, m) for v, m in zip(items, _children(batched))])
+    items = container_items(value)
+    return _rebuild(value, [unpad(v, batch, n, m) for v, m in zip(items, container_items(batched))])

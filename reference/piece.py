@@ -1,84 +1,254 @@
-"""A compiled piece at run time: find the batch size in the arguments, call the code compiled for it.
+"""A piece of a split graph and the facts about it, found once, right after the split.
 
-`CompiledPiece` replaces one non-splitting submodule of the stitching module. Its per-call cost is one attribute
-read for the batch size and one dict lookup (the range search runs once per new size and is memoised).
+`Piece` is the one record of a piece from the split to the replay. `analyse` builds it from the stitching module:
+which inputs the piece writes in place, its data-dependent (unbacked) sizes, why it cannot be captured in a CUDA
+graph, where its batch size sits in its arguments, and its fingerprint. Everything later (the compiler, the
+runtime, the replay plans, tools) reads these fields; nothing computes them again. The compiler returns a copy
+with `runnables` filled (`dataclasses.replace`); a record is never changed in place.
+
+Capturability follows PyTorch's dynamo `cudagraphs` backend: a piece is refused (it then runs eagerly between
+graphs, logged once with the reason) when it makes CPU tensors (0-d scalars aside), has tensors on several
+devices, synchronises with the host (`.item()`, `nonzero`, ...), has data-dependent sizes, or writes in place to
+an input whose address is not fixed (an output of a splitting op, allocated anew on every call: PIECEWISE only,
+`Piece.piecewise_refusal`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+import dataclasses
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
+import torch.fx
 
+from ._compat import example_value, op_identity, op_schema, symbol_name, unbacked_symbols
 from .dispatch import compile_target
+from .key import graph_fingerprint
+from .values import tensors_in
 
-__all__ = ["BatchLocator", "CompiledPiece"]
+__all__ = ["Piece", "Target", "BatchPosition", "analyse", "batch_position", "mutated_inputs", "traced_args",
+           "data_dependent_sizes", "uncapturable_reason", "moving_inputs"]
+
+Target = int | tuple[int, int]  # a compile size, or a closed compile range (lo, hi)
+
+_SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "nonzero", "unique", "masked_select"}
+_SYNC_NAMES = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
+               "item", "tolist", "repeat_interleave", "bincount", "histc"}
+_INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                      operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.setitem}
+_VIEW_METHODS = {"view", "reshape", "transpose", "permute", "expand", "narrow", "select", "unsqueeze", "squeeze",
+                 "flatten", "unflatten", "split", "chunk", "t", "as_strided", "view_as", "unbind", "diagonal"}
 
 
-class BatchLocator:
-    """Where the batch size sits in a piece's (or graph's) positional arguments.
+class BatchPosition(NamedTuple):
+    """Where the batch size sits in positional arguments: `args[index]` itself (`dim` None: a SymInt argument), or
+    `args[index].shape[dim]`."""
 
-    Built from the FakeTensors/SymInts of the trace: the first SymInt argument that is a batch symbol, else the
-    first tensor dimension that is exactly a batch symbol. `index is None` means the piece does not depend on the
-    batch size at all.
-    """
+    index: int
+    dim: int | None
 
-    def __init__(self, example_args: Sequence[Any], batch_symbols: set[str]) -> None:
-        self.symbols = set(batch_symbols)
-        self.index: int | None = None
-        self.dim: int | None = None  # None: the argument is the size itself
-        for i, value in enumerate(example_args):
-            if isinstance(value, torch.SymInt) and str(value) in batch_symbols:
-                self.index = i
-                return
-        for i, value in enumerate(example_args):
-            if isinstance(value, torch.Tensor):
-                for d, size in enumerate(value.shape):
-                    if isinstance(size, torch.SymInt) and str(size) in batch_symbols:
-                        self.index, self.dim = i, d
-                        return
-
-    def __call__(self, args: Sequence[Any]) -> int | None:
-        if self.index is None:
-            return None
+    def read(self, args: Sequence[Any]) -> int:
         value = args[self.index]
         return int(value) if self.dim is None else value.shape[self.dim]
 
 
-class CompiledPiece:
-    """Compiled code of one piece for each compile range and compile size, dispatched per call.
+def batch_position(example_args: Sequence[Any], batch_symbols: set[str] | frozenset[str]) -> BatchPosition | None:
+    """The first SymInt argument that is a batch symbol, else the first tensor dimension that is exactly one; None
+    when the arguments do not depend on the batch size."""
+    found = [BatchPosition(i, None) for i, v in enumerate(example_args) if symbol_name(v) in batch_symbols] + [
+        BatchPosition(i, d) for i, v in enumerate(example_args) if isinstance(v, torch.Tensor)
+        for d, size in enumerate(v.shape) if symbol_name(size) in batch_symbols]
+    return found[0] if found else None
 
-    `runnables` maps a compile target (an int compile size or a `(lo, hi)` range) to a callable. Thread-safety:
-    the memo dict is only ever added to; concurrent callers at worst resolve a size twice.
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Piece:
+    """One piece of a split graph: `split_module.<submod_name>`, the `graph_id`-th in run order (vLLM's names).
+
+    `example_args`: the FakeTensors/SymInts it received in Dynamo's trace. `runnables`: compiled code per compile
+    target (empty for splitting pieces, which run as traced). A compiled piece is installed in the stitching
+    module in place of its submodule; calling it finds the batch size and calls the code compiled for it (one
+    dict lookup per call once a size has been seen; the lookup table is only ever added to).
     """
 
-    def __init__(
-        self,
-        name: str,
-        locate_batch: BatchLocator,
-        runnables: dict[int | tuple[int, int], Callable[..., Any]],
-        compile_sizes: Sequence[int],
-        ranges: Sequence[tuple[int, int]],
-    ) -> None:
-        self.name = name
-        self.locate_batch = locate_batch
-        self.runnables = runnables
-        self.compile_sizes = list(compile_sizes)
-        self.ranges = list(ranges)
-        self._by_batch: dict[int | None, Callable[..., Any]] = {}
-        if locate_batch.index is None:
-            self._by_batch[None] = runnables[self.ranges[0]]
+    submod_name: str
+    graph_id: int
+    is_splitting_graph: bool
+    graph: torch.fx.GraphModule
+    example_args: tuple = ()
+    mutated_inputs: tuple[int, ...] = ()
+    unbacked_symbols: tuple[str, ...] = ()
+    uncapturable: str | None = None
+    moving_inputs: tuple[int, ...] = ()
+    batch_position: BatchPosition | None = None
+    fingerprint: str = ""
+    runnables: Mapping[Target, Callable[..., Any]] = dataclasses.field(default_factory=dict)
 
-    def runnable_for(self, batch: int | None) -> Callable[..., Any]:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_batch", {})
+
+    @property
+    def piecewise_refusal(self) -> str | None:
+        """Why this piece cannot have a CUDA graph of its own: `uncapturable`, or it writes in place to an input a
+        splitting op allocates anew on every call (a replay would write to a stale address). None if it can."""
+        if self.uncapturable is not None:
+            return self.uncapturable
+        for i in sorted(set(self.mutated_inputs) & set(self.moving_inputs)):
+            return (f"it mutates input {i} ({self.placeholder_names[i]}), which a splitting op allocates anew on "
+                    f"every call: a replay would write to a stale address")
+        return None
+
+    @property
+    def placeholder_names(self) -> list[str]:
+        return [n.name for n in self.graph.graph.nodes if n.op == "placeholder"]
+
+    def runnable(self, batch: int | None) -> Callable[..., Any]:
+        """The code compiled for `batch`: its compile size, else its compile range (`BatchSizeError` outside); the
+        first range's for a piece that does not depend on the batch (`batch` None)."""
         fn = self._by_batch.get(batch)
         if fn is None:
-            fn = self.runnables[compile_target(self.compile_sizes, self.ranges, batch)]
-            self._by_batch[batch] = fn
+            ranges = sorted(t for t in self.runnables if isinstance(t, tuple))
+            sizes = [t for t in self.runnables if isinstance(t, int)]
+            fn = self._by_batch[batch] = self.runnables[ranges[0] if batch is None else
+                                                        compile_target(sizes, ranges, batch)]
         return fn
 
+    def runnable_for(self, args: Sequence[Any]) -> Callable[..., Any]:
+        position = self.batch_position
+        return self.runnable(None if position is None else position.read(args))
+
     def __call__(self, *args: Any) -> Any:
-        return self.runnable_for(self.locate_batch(args))(*args)
+        return self.runnable_for(args)(*args)
 
     def __repr__(self) -> str:
-        return f"CompiledPiece({self.name}, targets={list(self.runnables)})"
+        return f"Piece({self.submod_name}, graph_id={self.graph_id}, targets={list(self.runnables)})"
+
+
+def analyse(split_gm: torch.fx.GraphModule, submod_name: str, graph_id: int, is_splitting_graph: bool,
+            splitting_names: set[str], batch_symbols: frozenset[str]) -> Piece:
+    """The facts of piece `submod_name` of `split_gm` (see the module doc)."""
+    graph = getattr(split_gm, submod_name)
+    example_args = traced_args(graph)
+    moving = () if is_splitting_graph else tuple(sorted(moving_inputs(split_gm, submod_name, splitting_names)))
+    reason = uncapturable_reason(graph, example_args)
+    if is_splitting_graph and reason == "no CUDA tensors":  # a splitting op on CPU values is no reason against FULL
+        reason = None
+    return Piece(
+        submod_name, graph_id, is_splitting_graph, graph, example_args, tuple(sorted(mutated_inputs(graph))),
+        tuple(data_dependent_sizes(graph)), reason, moving, batch_position(example_args, batch_symbols),
+        graph_fingerprint(graph, list(example_args)),
+    )
+
+
+def traced_args(graph: torch.fx.GraphModule) -> tuple:
+    """The FakeTensors/SymInts a piece received in Dynamo's trace: its placeholders' example values, which
+    `split_module` copies from the traced nodes. Read, never recomputed: re-running a piece under the trace's fake
+    mode would mint a fresh unbacked symbol for every data-dependent size and leave it pending in the shared shape
+    environment, where the next compile fails with `PendingUnbackedSymbolNotFound`."""
+    return tuple(example_value(n) for n in graph.graph.nodes if n.op == "placeholder")
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    """The bare op name (`nonzero` for `aten::nonzero.default`), a method's name, or a function's `__name__`."""
+    identity = op_identity(node.target)
+    if identity is not None:
+        return identity[0].split("::")[-1]
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+
+
+def _written_args(node: torch.fx.Node) -> list[Any]:
+    """The arguments `node` writes in place (empty for a node that writes nothing)."""
+    if node.op == "call_method":
+        return [node.args[0]] if node.target.endswith("_") and not node.target.endswith("__") else []
+    if node.op != "call_function":
+        return []
+    if node.target in _INPLACE_OPERATORS:
+        return [node.args[0]]
+    if "out" in node.kwargs:
+        out = node.kwargs["out"]
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+    schema = op_schema(node.target)
+    if schema is not None:
+        return [node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+                for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    name = getattr(node.target, "__name__", "")
+    return [node.args[0]] if node.args and name.endswith("_") and not name.endswith("__") else []
+
+
+def _base_placeholder(node: Any) -> torch.fx.Node | None:
+    """The placeholder `node` is (a view of), following getitem and view-like ops."""
+    while isinstance(node, torch.fx.Node):
+        if node.op == "placeholder":
+            return node
+        viewish = (node.op == "call_method" and node.target in _VIEW_METHODS) or (
+            node.op == "call_function" and node.target is operator.getitem)
+        if not viewish:
+            return None
+        node = node.args[0]
+    return None
+
+
+def mutated_inputs(gm: torch.fx.GraphModule) -> set[int]:
+    """Indices of `gm`'s placeholders that some node writes to in place (directly or through a view)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    written = set()
+    for node in gm.graph.nodes:
+        for arg in _written_args(node):
+            base = _base_placeholder(arg)
+            if base is not None:
+                written.add(placeholders.index(base))
+    return written
+
+
+def data_dependent_sizes(gm: torch.fx.GraphModule) -> list[str]:
+    """The data-dependent (unbacked) symbols in `gm`'s traced values, e.g. `u0` from `.item()`, `nonzero` or a
+    splitting op whose fake impl calls `new_dynamic_size()`; sorted. A CUDA graph or a static compile would bake in
+    the value one call saw."""
+    found = set()
+    for node in gm.graph.nodes:
+        value = example_value(node)
+        for v in tensors_in(value) or ([value] if isinstance(value, (torch.SymInt, torch.SymFloat)) else []):
+            found |= unbacked_symbols(v)
+    return sorted(found)
+
+
+def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any]) -> str | None:
+    """Why `gm` cannot be captured in a CUDA graph, naming the node; None if it can."""
+    devices = {t.device for a in example_args for t in tensors_in(a)}
+    for node in gm.graph.nodes:
+        for t in tensors_in(example_value(node)):
+            devices.add(t.device)
+            if t.device.type == "cpu" and t.dim() > 0:
+                return f"node {node.name} ({node.format_node()}) makes a CPU tensor"
+        if (node.op == "call_method" and node.target in _SYNC_METHODS) or (
+                node.op == "call_function" and _op_name(node) in _SYNC_NAMES):
+            return f"node {node.name} ({node.format_node()}) synchronises with the host"
+    symbols = data_dependent_sizes(gm)
+    if symbols:
+        return f"its sizes depend on data ({', '.join(symbols)}), which a CUDA graph would bake in"
+    cuda = {d for d in devices if d.type == "cuda"}
+    if not cuda:
+        return "no CUDA tensors"
+    if len(cuda) > 1:
+        return f"tensors on several devices {sorted(map(str, cuda))}"
+    if any(t.device.type == "cpu" and t.dim() > 0 for a in example_args for t in tensors_in(a)):
+        return "CPU tensor inputs"
+    return None
+
+
+def moving_inputs(split_gm: torch.fx.GraphModule, submod_name: str, splitting_names: set[str]) -> set[int]:
+    """Positions of the arguments of the call to `submod_name` whose address may change between calls: outputs of
+    splitting pieces and of glue in the stitching module (not graph inputs, constants or compiled pieces' outputs,
+    which sit at fixed addresses)."""
+    call = next(n for n in split_gm.graph.nodes if n.op == "call_module" and n.target == submod_name)
+    moving = set()
+    for position, node in enumerate(call.args):
+        while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is operator.getitem:
+            node = node.args[0]
+        if not isinstance(node, torch.fx.Node) or node.op == "placeholder":
+            continue
+        if node.op != "call_module" or node.target in splitting_names:
+            moving.add(position)
+    return moving

@@ -9,7 +9,12 @@ cannot be captured, glue such as `getitem`) runs eagerly. It records, for every 
 - a slot: the output of an eager step, fresh on every call.
 
 `ReplayPlan.run(args, checks)` then loops over prepared steps: no Dynamo frame, no FX module call, no per-piece batch
-lookup or compile-target dispatch (the runnable of this size is resolved at record time). Addresses:
+lookup or compile-target dispatch (the runnable of this size is resolved at record time). `FullGraph` is the FULL
+counterpart: one replay over the whole stitching module. Both are read-only once made; tools read `batch`, `graphs`
+(the CUDA graphs, in replay order), `steps` (`Step(name, kind, run)`: kind "graph" or "eager"; `run(args, slots)`
+does one step into a list of `num_slots` slots, the k-th eager step writing slot k, so that a tool can time steps
+one by one) and `graph_outputs`.
+Addresses:
 - graph inputs: a graph reads the address it captured. When the caller guarantees them (static buffers,
   `checks=()`), nothing is checked; otherwise `check_addresses` runs once per call over the inputs the graphs read
   (`cheap_checks`: caller-owned inputs; `all_checks`: parameters and buffers too, for `debug_replay_checks`);
@@ -23,71 +28,82 @@ from __future__ import annotations
 import collections
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
 
 from .cudagraph import AddressCheck, check_addresses, non_owning_alias
-from .values import tree_map
+from .piece import Piece
+from .values import tensors_in, tree_map
 
-__all__ = ["ReplayPlan", "GraphPiece", "record_plan"]
+__all__ = ["ReplayPlan", "FullGraph", "Step", "record_plan", "replay_step", "address_checks"]
 
-Step = Callable[[Sequence[Any], list], None]
+StepFn = Callable[[Sequence[Any], list], None]
 _CONST, _INPUT, _SLOT = 0, 1, 2
 # Where a replay finds a value: (_CONST, value), (_INPUT, index into args) or (_SLOT, index into slots). Its own type,
 # so that `tree_map` treats it as a leaf.
 _Ref = collections.namedtuple("_Ref", ["kind", "where"])
 
 
-class GraphPiece:
-    """What `record_plan` needs to capture one compiled piece: its per-batch runnable, the positions of the inputs
-    it writes to in place, its placeholder names and a label for errors."""
+class Step(NamedTuple):
+    """One step of a plan: `run(args, slots)` replays a graph (`kind` "graph") or runs a node eagerly ("eager":
+    splitting ops, pieces that cannot be captured, glue), writing its value into `slots`. `name`: the stitching
+    module node's target (a piece's name for pieces)."""
 
-    def __init__(self, runnable_for: Callable[[Sequence[Any]], Callable[..., Any]], mutated: Sequence[int],
-                 names: Sequence[str], label: str) -> None:
-        self.runnable_for = runnable_for
-        self.mutated = list(mutated)
-        self.names = list(names)
-        self.label = label
+    name: str
+    kind: str
+    run: StepFn
 
 
 class ReplayPlan:
     """A recorded PIECEWISE forward pass of one batch size. `run(args, checks)` replays it; see the module doc."""
 
     def __init__(self, batch: int, steps: list[Step], num_slots: int, output: Any, cheap_checks: list[AddressCheck],
-                 all_checks: list[AddressCheck], graphs: list[Any], eager_steps: list[int],
-                 keep: list[torch.Tensor], step_names: list[str], graph_outputs: list[Any]) -> None:
+                 all_checks: list[AddressCheck], keep: list[torch.Tensor], graph_outputs: list[Any]) -> None:
         self.batch = batch
-        self.steps = steps
+        self.steps = tuple(steps)
+        self.graphs = tuple(step.run.graph for step in steps if step.kind == "graph")
         self.num_slots = num_slots
-        self.output = output  # a ref tree (see _resolve), or the constant outputs themselves when `output_is_constant`
-        self.output_is_constant = _is_constant(output)
-        if self.output_is_constant:
-            self.output = _value(output, (), [])
-        self.cheap_checks = cheap_checks
-        self.all_checks = all_checks
-        self.graphs = graphs  # the CUDA graphs, in replay order
-        self.eager_steps = eager_steps  # indices of `steps` that run eagerly (splitting ops, glue, uncapturable)
-        self.step_names = step_names  # per step: the stitching-module node's target (a piece's name for pieces)
-        self.graph_outputs = graph_outputs  # per graph: the (non-owning) outputs a replay writes
-        self.keep = keep  # capture-time eager outputs the graphs read: owned here so their addresses stay valid
+        self.graph_outputs = tuple(graph_outputs)  # per graph: the (non-owning) outputs a replay writes
+        self.cheap_checks = tuple(cheap_checks)  # caller-owned inputs the graphs read
+        self.all_checks = tuple(all_checks)  # and parameters and buffers
+        self._runs = [step.run for step in steps]
+        self._output_is_constant = _is_constant(output)
+        self._output = _value(output, (), []) if self._output_is_constant else output  # values, or a ref tree
+        self.kept = tuple(keep)  # eager outputs the graphs read, owned here so that their addresses stay valid
 
-    def run(self, args: Sequence[Any], checks: Sequence[AddressCheck]) -> Any:
+    def run(self, args: Sequence[Any], checks: Sequence[AddressCheck] = ()) -> Any:
         if checks:
             check_addresses(args, checks, self.batch)
         slots = [None] * self.num_slots
-        for step in self.steps:
-            step(args, slots)
-        if self.output_is_constant:
-            return self.output
-        return _value(self.output, args, slots)
+        for run in self._runs:
+            run(args, slots)
+        return self._output if self._output_is_constant else _value(self._output, args, slots)
+
+
+class FullGraph(ReplayPlan):
+    """The FULL graph of one batch size: a plan of one replay over the whole stitching module, returning the
+    capture's outputs (non-owning aliases: valid until the next replay)."""
+
+    def __init__(self, batch: int, graph: Any, outputs: Any, cheap_checks: list[AddressCheck],
+                 all_checks: list[AddressCheck]) -> None:
+        aliases = tree_map(non_owning_alias, outputs)
+        super().__init__(batch, [Step("full graph", "graph", replay_step(graph, []))], 0, _Ref(_CONST, aliases),
+                         cheap_checks, all_checks, [], [aliases])
+
+
+def address_checks(placeholder_names: Sequence[str], args: Sequence[Any], reader: str
+                   ) -> tuple[list[AddressCheck], list[AddressCheck]]:
+    """`(cheap, every)` checks for a FULL graph captured from `args`: every tensor input, and those that are not
+    parameters (whose address only moves when someone replaces them)."""
+    every = [AddressCheck(i, a.data_ptr(), reader, i, name)
+             for i, (name, a) in enumerate(zip(placeholder_names, args)) if isinstance(a, torch.Tensor)]
+    return [c for c in every if not isinstance(args[c.index], torch.nn.Parameter)], every
 
 
 def _is_constant(ref_tree: Any) -> bool:
-    found = []
-    tree_map(lambda r: found.append(r.kind != _CONST), ref_tree)
-    return not any(found)
+    return all(r.kind == _CONST for r in tensors_in(ref_tree, _Ref))
 
 
 def _value(ref_tree: Any, args: Sequence[Any], slots: list) -> Any:
@@ -116,16 +132,9 @@ def _getter(ref_tree: Any) -> Callable[[Sequence[Any], list], Any]:
     return lambda args, slots: _value(ref_tree, args, slots)
 
 
-def _eager_step(fn: Callable[..., Any], arg_refs: list, kwarg_refs: dict, slot: int) -> Step:
+def _eager_step(fn: Callable[..., Any], arg_refs: list, kwarg_refs: dict, slot: int) -> StepFn:
     getters = [_getter(r) for r in arg_refs]
     kw_getters = {k: _getter(r) for k, r in kwarg_refs.items()}
-    if all(_is_constant(r) for r in arg_refs) and not kw_getters:
-        constant_args = [_value(r, (), []) for r in arg_refs]
-
-        def run_constant(args: Sequence[Any], slots: list) -> None:
-            slots[slot] = fn(*constant_args)
-
-        return run_constant
 
     def run(args: Sequence[Any], slots: list) -> None:
         slots[slot] = fn(*[g(args, slots) for g in getters], **{k: g(args, slots) for k, g in kw_getters.items()})
@@ -133,31 +142,32 @@ def _eager_step(fn: Callable[..., Any], arg_refs: list, kwarg_refs: dict, slot: 
     return run
 
 
-def _replay_step(replay: Callable[[], None], moved: list[tuple[int, torch.Tensor]]) -> Step:
-    if not moved:
-        return lambda args, slots: replay()
-
-    def run(args: Sequence[Any], slots: list) -> None:
-        for j, captured in moved:
-            fresh = slots[j]
-            if fresh.data_ptr() != captured.data_ptr():
-                captured.copy_(fresh)
-        replay()
-
+def replay_step(graph: Any, moved: list[tuple[int, torch.Tensor]]) -> StepFn:
+    """A step replaying `graph`. `moved`: (slot, captured tensor) for each eager output the graph reads; one that
+    is not where the capture saw it is copied there first."""
+    replay = graph.replay
+    if moved:
+        def run(args: Sequence[Any], slots: list) -> None:
+            for j, captured in moved:
+                fresh = slots[j]
+                if fresh.data_ptr() != captured.data_ptr():
+                    captured.copy_(fresh)
+            replay()
+    else:
+        def run(args: Sequence[Any], slots: list) -> None:
+            replay()
+    run.graph = graph
     return run
 
 
 def _single_op(gm: torch.fx.GraphModule, used: bool) -> tuple[Callable[..., Any], list[int]] | None:
     """`(op, positions)` when a splitting piece is one op on some of its inputs (attention is): the plan calls
     `op(*[inputs[p] for p in positions])` directly, without the piece's FX frame. None otherwise."""
-    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(nodes) != 1 or nodes[0].op != "call_function" or nodes[0].kwargs:
-        return None
-    if not all(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in nodes[0].args):
-        return None
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
     output = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    if used and output is not nodes[0]:
+    if len(nodes) != 1 or nodes[0].op != "call_function" or nodes[0].kwargs or (used and output is not nodes[0]) \
+            or not all(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in nodes[0].args):
         return None
     return nodes[0].target, [placeholders.index(a) for a in nodes[0].args]
 
@@ -172,28 +182,27 @@ def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node) -> Callable[.
 
 
 def record_plan(
-    split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any], graph_pieces: dict[str, GraphPiece],
+    split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any], graph_pieces: dict[str, Piece],
     capture: Callable[[Callable[..., Any], Sequence[Any], Sequence[int]], tuple[Any, Any]],
 ) -> tuple[ReplayPlan, Any]:
-    """Run `split_gm(*args)` once, capturing the pieces named in `graph_pieces`; return the plan and this run's
+    """Run `split_gm(*args)` once, capturing the pieces in `graph_pieces` (by name); return the plan and this run's
     (owning) outputs. `capture(fn, args, mutated)` returns `(graph, outputs)` with the outputs already computed."""
     real: dict[torch.fx.Node, Any] = {}
     refs: dict[torch.fx.Node, _Ref] = {}
     steps: list[Step] = []
     cheap: dict[int, AddressCheck] = {}
     every: dict[int, AddressCheck] = {}
-    graphs, keep, eager, names, graph_outputs = [], [], [], [], []
-    num_slots = 0
-    placeholder = 0
+    keep, graph_outputs = [], []
+    num_slots = placeholder = 0
     outputs = output_refs = None
     # Drop this run's values after their last use, as the stitching module's own code does, so that later pieces'
     # captures can reuse the pool blocks of values that are dead by then.
     last_use = {inp: node for node in split_gm.graph.nodes for inp in node.all_input_nodes}
     previous = None
     for node in split_gm.graph.nodes:
-        if previous is not None:
+        if previous is not None and previous.op != "output":
             for inp in previous.all_input_nodes:
-                if last_use[inp] is previous and previous.op != "output":
+                if last_use[inp] is previous:
                     real.pop(inp, None)
         previous = node
         if node.op == "placeholder":
@@ -216,24 +225,22 @@ def record_plan(
         kwarg_refs = {k: _ref_tree(v, refs) for k, v in node.kwargs.items()}
         piece = graph_pieces.get(node.target) if node.op == "call_module" else None
         if piece is not None:
-            graph, out = capture(piece.runnable_for(call_args), call_args, piece.mutated)
+            graph, out = capture(piece.runnable_for(call_args), call_args, piece.mutated_inputs)
             moved = []
+            names = piece.placeholder_names
             for position, (value, ref) in enumerate(zip(call_args, arg_refs)):
-                if not isinstance(value, torch.Tensor):
-                    continue
-                if not isinstance(ref, _Ref):
+                if not isinstance(value, torch.Tensor) or not isinstance(ref, _Ref):
                     continue
                 if ref.kind == _INPUT:
-                    check = (ref.where, value.data_ptr(), piece.label, position, piece.names[position])
+                    check = AddressCheck(ref.where, value.data_ptr(), f"piece {piece.submod_name} (graph "
+                                         f"{piece.graph_id})", position, names[position])
                     every.setdefault(ref.where, check)
                     if not isinstance(value, torch.nn.Parameter):
                         cheap.setdefault(ref.where, check)
                 elif ref.kind == _SLOT:
                     moved.append((ref.where, value))
                     keep.append(value)
-            steps.append(_replay_step(graph.replay, moved))
-            names.append(str(node.target))
-            graphs.append(graph)
+            steps.append(Step(str(node.target), "graph", replay_step(graph, moved)))
             real[node], refs[node] = out, _Ref(_CONST, tree_map(non_owning_alias, out))
             graph_outputs.append(refs[node].where)
             continue
@@ -250,10 +257,8 @@ def record_plan(
             arg_refs = [arg_refs[p] for p in positions]
         real[node] = fn(*call_args, **call_kwargs)
         refs[node] = _Ref(_SLOT, num_slots)
-        eager.append(len(steps))
-        names.append(str(node.target))
-        steps.append(_eager_step(fn, arg_refs, kwarg_refs, num_slots))
+        steps.append(Step(str(node.target), "eager", _eager_step(fn, arg_refs, kwarg_refs, num_slots)))
         num_slots += 1
-    plan = ReplayPlan(batch, steps, num_slots, output_refs, list(cheap.values()), list(every.values()), graphs, eager,
-                      keep, names, graph_outputs)
+    plan = ReplayPlan(batch, steps, num_slots, output_refs, list(cheap.values()), list(every.values()), keep,
+                      graph_outputs)
     return plan, outputs

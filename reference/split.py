@@ -12,11 +12,12 @@ Rules (the behaviour engine authors know from vLLM):
   piece that reads the tensor reads the size from the piece that bound it (else `split_module` sees the size
   bound after its first use and reports a cycle);
 - an empty `splitting_ops` gives one piece.
+
+Each piece is then analysed once into its `Piece` record (piece.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import operator
 from collections.abc import Sequence
@@ -26,18 +27,10 @@ import torch.fx
 
 from ._compat import example_value, op_identity, registered_ops, split_module, unbacked_symbols
 from .config import ConfigError
+from .piece import Piece, analyse
 
-__all__ = ["SplitItem", "split_graph", "op_names", "is_splitting_op", "check_splitting_ops", "absent_splitting_ops"]
-
-
-@dataclasses.dataclass
-class SplitItem:
-    """One piece of a split graph: `split_gm.<submod_name>` is `graph`, the `graph_id`-th piece in run order."""
-
-    submod_name: str
-    graph_id: int
-    is_splitting_graph: bool
-    graph: torch.fx.GraphModule
+__all__ = ["split_graph", "op_names", "is_splitting_op", "check_splitting_ops", "absent_splitting_ops",
+           "assign_pieces", "batch_symbols"]
 
 
 def op_names(target: object) -> set[str]:
@@ -53,18 +46,6 @@ def op_names(target: object) -> set[str]:
     return {name, f"{name}.{overload or 'default'}"}
 
 
-def _registered_ops() -> list[str]:
-    """Every op packet registered with the dispatcher ("ns::op"); empty where torch cannot list them."""
-    return sorted({n.split(".", 1)[0] for n in registered_ops()})
-
-
-def _closest_first(name: str, candidates: list[str], limit: int = 12) -> str:
-    close = difflib.get_close_matches(name, candidates, n=max(len(candidates), 1), cutoff=0.6)
-    listed = close + [c for c in candidates if c not in close]
-    more = f" and {len(listed) - limit} more" if len(listed) > limit else ""
-    return ", ".join(listed[:limit]) + more
-
-
 def _unknown_op(name: str) -> str | None:
     """Why `name` ("ns::op" or "ns::op.overload") names no registered op, or None when it does."""
     namespace, _, rest = name.partition("::")
@@ -74,15 +55,17 @@ def _unknown_op(name: str) -> str | None:
         if overload and overload not in packet.overloads():
             return f"op {namespace}::{op} has no overload {overload!r}, only {sorted(packet.overloads())}"
         return None
-    registered = _registered_ops()
-    in_namespace = [r for r in registered if r.startswith(f"{namespace}::")]
-    if in_namespace:
-        return (f"{name!r} names no registered op; namespace {namespace!r} has (closest first) "
-                f"{_closest_first(f'{namespace}::{op}', in_namespace)}")
-    namespaces = sorted({r.split("::", 1)[0] for r in registered})
-    close = difflib.get_close_matches(namespace, namespaces, n=3)
-    return f"{name!r} names no registered op: no op is registered in namespace {namespace!r}" + (
-        f" (close namespaces: {', '.join(close)})" if close else "")
+    registered = sorted({n.split(".", 1)[0] for n in registered_ops()})
+    ours = [r for r in registered if r.startswith(f"{namespace}::")]
+    if not ours:
+        close = difflib.get_close_matches(namespace, sorted({r.split("::", 1)[0] for r in registered}), n=3)
+        return f"{name!r} names no registered op: no op is registered in namespace {namespace!r}" + (
+            f" (close namespaces: {', '.join(close)})" if close else "")
+    listed = difflib.get_close_matches(f"{namespace}::{op}", ours, n=len(ours), cutoff=0.6)
+    listed += [r for r in ours if r not in listed]
+    more = f" and {len(listed) - 12} more" if len(listed) > 12 else ""
+    return (f"{name!r} names no registered op; namespace {namespace!r} has (closest first) "
+            f"{', '.join(listed[:12])}{more}")
 
 
 def check_splitting_ops(splitting_ops: Sequence[str]) -> None:
@@ -152,7 +135,8 @@ def decompose_sizes(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def _assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[dict, set[int]]:
+def assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[dict, set[int]]:
+    """Which piece each node goes to (see the module doc), and which pieces are splitting ones."""
     piece_of: dict[torch.fx.Node, int] = {}
     splitting_pieces: set[int] = set()
     current = 0
@@ -210,23 +194,29 @@ def _recompute_sizes_in_consumers(gm: torch.fx.GraphModule, piece_of: dict) -> N
     gm.recompile()
 
 
-def split_graph(
-    gm: torch.fx.GraphModule, splitting_ops: list[str] | set[str]
-) -> tuple[torch.fx.GraphModule, list[SplitItem]]:
-    """Split `gm` at `splitting_ops`; return the stitching module and its pieces in run order.
+def batch_symbols(gm: torch.fx.GraphModule) -> frozenset[str]:
+    """The symbols of the graph inputs' dim 0: the batch size (one symbol under `pieceworks.compile`)."""
+    found = set()
+    for node in gm.graph.nodes:
+        value = example_value(node) if node.op == "placeholder" else None
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and isinstance(value.shape[0], torch.SymInt):
+            found.add(str(value.shape[0]))
+    return frozenset(found)
+
+
+def split_graph(gm: torch.fx.GraphModule, splitting_ops: Sequence[str]) -> tuple[torch.fx.GraphModule, list[Piece]]:
+    """Split `gm` at `splitting_ops`; return the stitching module and its pieces in run order, each analysed.
 
     `gm` is modified in place (sizes decomposed). The stitching module calls each piece exactly once, in the
     original order; its outputs equal `gm`'s on any input.
     """
     ops = set(splitting_ops)
+    symbols = batch_symbols(gm)
     decompose_sizes(gm)
-    piece_of, splitting_pieces = _assign_pieces(gm, ops)
+    piece_of, splitting_pieces = assign_pieces(gm, ops)
     _recompute_sizes_in_consumers(gm, piece_of)
     split_gm = split_module(gm, gm, lambda node: piece_of[node], keep_original_order=True)
-
-    items = []
     names = [n.target for n in split_gm.graph.nodes if n.op == "call_module"]
-    for graph_id, name in enumerate(names):
-        piece_index = int(name.rsplit("_", 1)[1])
-        items.append(SplitItem(name, graph_id, piece_index in splitting_pieces, getattr(split_gm, name)))
-    return split_gm, items
+    splitting = {name for name in names if int(name.rsplit("_", 1)[1]) in splitting_pieces}
+    return split_gm, [analyse(split_gm, name, graph_id, name in splitting, splitting, symbols)
+                      for graph_id, name in enumerate(names)]

@@ -19,10 +19,10 @@ def tree_map(fn: Callable[[Any], Any], value: Any) -> Any:
     return fn(value)
 
 
-def tensors_in(value: Any) -> list[torch.Tensor]:
-    """The tensors in `value`, a tensor or a nested tuple, list or dict, in order."""
-    found: list[torch.Tensor] = []
-    tree_map(lambda v: found.append(v) if isinstance(v, torch.Tensor) else None, value)
+def tensors_in(value: Any, kind: type = torch.Tensor) -> list[Any]:
+    """The tensors (or other leaves of type `kind`) in `value`, a leaf or a nested tuple, list or dict, in order."""
+    found: list[Any] = []
+    tree_map(lambda v: found.append(v) if isinstance(v, kind) else None, value)
     return found
 
 

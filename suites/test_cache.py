@@ -130,7 +130,7 @@ def test_disabled_cache_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("PIECEWORKS_DISABLE_CACHE", "1")
     with counters.expect(num_compiled_artifacts_saved=0, num_inductor_compiles=3):
         compiled = _compile_silly(tmp_path)
-    assert compiled.runtime.cache_dir is None
+    assert compiled.runtime.graph.cache_dir is None
     assert os.listdir(tmp_path) == []
     monkeypatch.delenv("PIECEWORKS_DISABLE_CACHE")
     with counters.expect(num_compiled_artifacts_saved=0, num_inductor_compiles=3):
@@ -138,9 +138,9 @@ def test_disabled_cache_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_cache_key_changes_with_config_not_with_path(tmp_path):
-    a = _compile_silly(tmp_path / "a").runtime.cache_dir
-    b = _compile_silly(tmp_path / "b").runtime.cache_dir
-    c = _compile_silly(tmp_path / "a", compile_ranges=[8]).runtime.cache_dir
+    a = _compile_silly(tmp_path / "a").runtime.graph.cache_dir
+    b = _compile_silly(tmp_path / "b").runtime.graph.cache_dir
+    c = _compile_silly(tmp_path / "a", compile_ranges=[8]).runtime.graph.cache_dir
     assert os.path.basename(a) == os.path.basename(b)
     assert os.path.basename(a) != os.path.basename(c)
     factors = json.load(open(os.path.join(a, "factors.json")))
@@ -230,18 +230,16 @@ def test_inductor_compile_config_reaches_the_generated_code(tmp_path):
 def test_artifacts_load_in_this_process(tmp_path, monkeypatch):
     """A warm start loads each artifact with Inductor's compile_threads at 1 (no pool of compile workers started for
     kernels the artifact carries), and leaves the user's setting as it was."""
-    from pieceworks import _compat
-
-    config = _compat.inductor_config()
+    config = torch._inductor.config
     _compile_silly(tmp_path)
     seen = []
-    load = _compat.load_artifact
+    load = torch._inductor.CompiledArtifact.load
 
-    def spy(path):
+    def spy(*args, **kwargs):
         seen.append(config.compile_threads)
-        return load(path)
+        return load(*args, **kwargs)
 
-    monkeypatch.setattr(_compat, "load_artifact", spy)
+    monkeypatch.setattr(torch._inductor.CompiledArtifact, "load", staticmethod(spy))
     before = counters.snapshot()["num_compiled_artifacts_loaded"]
     with config.patch(compile_threads=3):  # the user's setting (config.patch: Inductor's own way to set it)
         _compile_silly(tmp_path)

@@ -62,7 +62,7 @@ def _fork(body) -> int:
 def _loads_exactly(cache: CompileCache, names) -> dict[str, bytes | None]:
     got = {}
     for name in names:
-        got[name] = cache.load(name, lambda p: open(p, "rb").read(), _claim(name))
+        got[name] = cache.load(name, lambda p: open(p, "rb").read(), _claim(name))[0]
         assert got[name] in (None, _payload(name)), f"{name} loaded {len(got[name])} bytes of something else"
     return got
 

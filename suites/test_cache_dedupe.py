@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
 from pieceworks.cache import parse_index
-from pieceworks.fingerprint import graph_fingerprint
+from pieceworks.key import graph_fingerprint
 
 HIDDEN = 4
 SPLIT = ["silly::attention"]
@@ -70,8 +70,8 @@ class _EveryPieceAgainstItsGraph(torch.fx.Interpreter):
     """Runs the stitching module; each compiled piece's output is compared with its own graph run eagerly."""
 
     def __init__(self, graph) -> None:
-        super().__init__(graph.split_gm)
-        self.items = {item.submod_name: item for item in graph.items if not item.is_splitting_graph}
+        super().__init__(graph.split_module)
+        self.items = {p.submod_name: p for p in graph.pieces if not p.is_splitting_graph}
         self.checked = []
 
     def call_module(self, target, args, kwargs):
@@ -91,7 +91,7 @@ class _EveryPieceAgainstItsGraph(torch.fx.Interpreter):
 def _graph_args(graph, model, x):
     """The stitching module's arguments for input `x`: Dynamo's placeholders are the batch size, x and the weight."""
     args = []
-    for node in (n for n in graph.split_gm.graph.nodes if n.op == "placeholder"):
+    for node in (n for n in graph.split_module.graph.nodes if n.op == "placeholder"):
         value = node.meta["example_value"]
         args.append(x.shape[0] if isinstance(value, torch.SymInt) else model.w if "_w" in node.name else x)
     return args
@@ -99,10 +99,11 @@ def _graph_args(graph, model, x):
 
 def _fingerprints(graph):
     found = {}
-    for item in graph.items:
-        if not item.is_splitting_graph:
-            args = [n.meta["example_value"] for n in item.graph.graph.nodes if n.op == "placeholder"]
-            found[item.submod_name] = graph_fingerprint(item.graph, args)
+    for piece in graph.pieces:
+        if not piece.is_splitting_graph:
+            args = [n.meta["example_value"] for n in piece.graph.graph.nodes if n.op == "placeholder"]
+            found[piece.submod_name] = graph_fingerprint(piece.graph, args)
+            assert found[piece.submod_name] == piece.fingerprint  # what the compiler shares code by
     return found
 
 
@@ -111,12 +112,12 @@ def test_pieces_differing_in_a_constant_never_share_code(segs, batch):
     model, compiled = _compile(segs, compiler="eager")
     x = torch.randn(batch, HIDDEN, generator=torch.Generator().manual_seed(batch))
     torch.testing.assert_close(compiled(x), model(x))
-    graph = compiled.runtime  # what the backend returned: stitching module and items
+    graph = compiled.runtime.graph  # what the backend built: the stitching module and the pieces
     checker = _EveryPieceAgainstItsGraph(graph)
     checker.run(*_graph_args(graph, model, x))
     assert len(checker.checked) == len(segs)
     prints = _fingerprints(graph)
-    names = [item.submod_name for item in graph.items if not item.is_splitting_graph]
+    names = [p.submod_name for p in graph.pieces if not p.is_splitting_graph]
     for i, a in enumerate(names):
         for j, b in enumerate(names[:i]):
             if prints[a] == prints[b]:

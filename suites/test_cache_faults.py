@@ -136,7 +136,7 @@ def test_unusable_cache_directory_warns_once_and_runs_uncached(tmp_path, caplog,
     caplog.set_level("WARNING", logger="pieceworks")
     with counters.expect(num_inductor_compiles=3, num_compiled_artifacts_saved=0, num_compiled_artifacts_loaded=0):
         compiled = _compile_silly(path)
-    assert compiled.runtime.cache_dir is None
+    assert compiled.runtime.graph.cache_dir is None
     warnings = [r.getMessage() for r in caplog.records if "unusable" in r.getMessage()]
     assert len(warnings) == 1, caplog.text
     assert str(path) in warnings[0] and "PIECEWORKS_DISABLE_CACHE" in warnings[0] and "Error" in warnings[0]
@@ -165,7 +165,7 @@ def test_read_only_cache_loads_what_is_valid_and_compiles_the_rest_in_memory(pri
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert len(warnings) == 1 and key_dir in warnings[0] and "PIECEWORKS_DISABLE_CACHE" in warnings[0], warnings
         assert "cannot be written" in warnings[0] and "Read-only file system" in warnings[0]
-        assert compiled.runtime.cache_dir == key_dir
+        assert compiled.runtime.graph.cache_dir == key_dir
         caplog.clear()
         with counters.expect(num_compiled_artifacts_loaded=2, num_inductor_compiles=1):
             _compile_silly(root)
@@ -248,7 +248,7 @@ def test_entries_moved_between_names_never_load_for_the_wrong_piece(n, data, tmp
             moved[names[i]] = {**entries[names[i]], **{k: entries[names[j]][k] for k in ("file", "sha256", "bytes")}}
     open(cache.index_path, "wb").write(serialize_index(moved))
     for i, name in enumerate(names):
-        got = cache.load(name, lambda p: open(p, "rb").read(), _claim(i))
+        got = cache.load(name, lambda p: open(p, "rb").read(), _claim(i))[0]
         assert got in (None, b"payload %d" % i), f"{name} loaded {got!r}"
         if order[i] == i:
             assert got == b"payload %d" % i
@@ -259,8 +259,8 @@ def test_index_entries_carry_their_claim(tmp_path):
     assert cache.store("range:1-8|g", lambda p: open(p, "wb").write(b"x"), _claim(1))
     entry = cache.read_index()["range:1-8|g"]
     assert {k: entry[k] for k in CLAIM_FIELDS} == _claim(1)
-    assert cache.load("range:1-8|g", lambda p: open(p, "rb").read(), _claim(1)) == b"x"
-    assert cache.load("range:1-8|g", lambda p: open(p, "rb").read(), _claim(2)) is None
+    assert cache.load("range:1-8|g", lambda p: open(p, "rb").read(), _claim(1))[0] == b"x"
+    assert cache.load("range:1-8|g", lambda p: open(p, "rb").read(), _claim(2))[0] is None
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX cache; tested on Linux")

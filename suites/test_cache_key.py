@@ -26,8 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pieceworks import CompilationConfig
-from pieceworks.cache import cache_key
-from pieceworks.compiler import cache_factors
+from pieceworks.key import cache_factors, cache_key
+from pieceworks.split import split_graph
 from pieceworks.harness import strategies as S
 from pieceworks.harness.tracing import dynamo_graph
 
@@ -55,8 +55,11 @@ def _trace(program, dtype=torch.float32, layout="contiguous", device="cpu"):
 
 
 def _key(traced, **config) -> str:
+    """The key the backend computes for this graph: split, then the factors of the split graph and its pieces."""
     gm, fakes = traced
-    return cache_key(cache_factors(gm, fakes, CompilationConfig(**{"splitting_ops": SPLIT, **config})))
+    config = CompilationConfig(**{"splitting_ops": SPLIT, **config})
+    split_gm, pieces = split_graph(gm, config.splitting_ops)
+    return cache_key(cache_factors(split_gm, fakes, [p.fingerprint for p in pieces], config))
 
 
 @contextlib.contextmanager

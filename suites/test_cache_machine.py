@@ -59,8 +59,8 @@ class CacheMachine(RuleBasedStateMachine):
             self.result_error = None
         except AssertionError as exc:
             self.result_error = f"input {x.tolist()}: {exc}"
-        if compiled.runtime.cache_dir is not None:
-            self.cache_dir = compiled.runtime.cache_dir
+        if compiled.runtime.graph.cache_dir is not None:
+            self.cache_dir = compiled.runtime.graph.cache_dir
 
     @rule(seed=st.integers(0, 2**32 - 1))
     def compile(self, seed) -> None:
@@ -131,7 +131,7 @@ class CacheMachine(RuleBasedStateMachine):
         if cache is None:
             return
         for name, entry in cache.read_index().items():
-            data = cache.load(name, lambda p: open(p, "rb").read())
+            data = cache.load(name, lambda p: open(p, "rb").read())[0]
             if data is not None:
                 assert hashlib.sha256(data).hexdigest() == entry["sha256"] and len(data) == entry["bytes"]
 

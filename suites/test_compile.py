@@ -43,8 +43,7 @@ def test_toy_llama_pieces_and_identical_layers_compile_once():
                          num_eager_compiles=3 * 2, num_shared_piece_compiles=(layers + 1 - 3) * 2):
         out = compiled(ids, pos)
     torch.testing.assert_close(out, model(ids, pos))
-    runtime = compiled.runtime
-    middle = [runtime.pieces[i.submod_name] for i in runtime.items if not i.is_splitting_graph][1:-1]
+    middle = [p for p in compiled.runtime.graph.pieces if not p.is_splitting_graph][1:-1]
     assert all(p.runnables[(1, 16)] is middle[0].runnables[(1, 16)] for p in middle)
 
 
@@ -60,11 +59,11 @@ def test_dispatch_exact_size_then_range():
     compiled = pieceworks.compile(models.SillyModel(), config)
     with counters.expect(num_eager_compiles=3 * (3 + 2)):
         compiled(torch.randn(3))
-    for piece in compiled.runtime.pieces.values():
+    for piece in (p for p in compiled.runtime.graph.pieces if not p.is_splitting_graph):
         expected = {1: (1, 8), 4: 4, 5: (1, 8), 8: (1, 8), 9: (9, 64), 16: 16, 17: (9, 64), 65: (65, 256),
                     256: (65, 256)}
         for batch, target in expected.items():
-            assert piece.runnable_for(batch) is piece.runnables[target], (batch, target)
+            assert piece.runnable(batch) is piece.runnables[target], (batch, target)
     x = torch.randn(16)
     torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
     with pytest.raises(pieceworks.BatchSizeError, match=r"batch size 257 .*\(65, 256\)"):
@@ -92,7 +91,7 @@ def test_two_models_of_one_class_keep_their_own_compiled_code():
     b = pieceworks.compile(models.SillyModel(), CompilationConfig(splitting_ops=[], compiler="eager"))
     a(torch.randn(4))
     b(torch.randn(4))
-    assert len(a.runtime.items) == 5 and len(b.runtime.items) == 1
+    assert len(a.runtime.graph.pieces) == 5 and len(b.runtime.graph.pieces) == 1
     x = torch.randn(6)
     torch.testing.assert_close(b(x), models.silly_model_expected(x))
 
@@ -108,7 +107,7 @@ def test_registered_backend_and_backend_object():
     backend = pieceworks.Backend(eager_config(cudagraph_mode=CUDAGraphMode.NONE))
     fn = torch.compile(model, backend=backend, fullgraph=True)
     fn(torch.randn(4))
-    assert len(backend.runtimes) == 1 and len(backend.runtimes[0].items) == 5
+    assert len(backend.runtimes) == 1 and len(backend.runtimes[0].graph.pieces) == 5
 
 
 def test_the_runtime_says_where_its_build_took_its_time():
@@ -119,7 +118,7 @@ def test_the_runtime_says_where_its_build_took_its_time():
     start = time.perf_counter()
     compiled(*models.toy_llama_inputs(3))
     first_call = time.perf_counter() - start
-    seconds = compiled.runtime.build_seconds
+    seconds = compiled.runtime.graph.build_seconds
     assert set(seconds) == {"split", "compile", "backend"}
     assert 0 < seconds["split"] and 0 < seconds["compile"]
     assert seconds["split"] + seconds["compile"] <= seconds["backend"] < first_call
@@ -138,7 +137,7 @@ def test_after_the_first_call_no_call_enters_dynamo():
     """The compiled graph is called directly: a Dynamo reset (which drops every compiled frame) changes nothing."""
     compiled = pieceworks.compile(models.SillyModel(), eager_config())
     compiled(torch.randn(4))
-    assert compiled.runtime.binder is not None
+    assert compiled.binder is not None
     torch._dynamo.reset()
     with counters.expect(num_dynamo_traces=0, num_graphs_seen=0, num_backend_compilations=0):
         for batch in [1, 4, 9]:
@@ -155,7 +154,7 @@ def test_unprovable_binding_calls_through_dynamo_and_a_retrace_is_refused(caplog
     caplog.set_level("INFO", logger="pieceworks")
     compiled = pieceworks.compile(ReturnsItsInput(), eager_config())
     compiled(torch.randn(4))
-    assert compiled.runtime.binder is None
+    assert compiled.binder is None
     assert "calls go through Dynamo (the model's output holds values that are not graph outputs" in caplog.text
     x = torch.randn(3)
     doubled, same = compiled(x)
@@ -166,7 +165,7 @@ def test_unprovable_binding_calls_through_dynamo_and_a_retrace_is_refused(caplog
 
 
 def test_pieces_with_different_constants_never_share_compiled_code():
-    from pieceworks.fingerprint import graph_fingerprint
+    from pieceworks.key import graph_fingerprint
 
     class AddsConstant(torch.nn.Module):
         def __init__(self, value):

@@ -104,7 +104,7 @@ def test_a_compiled_config_is_frozen_and_the_model_keeps_its_own_copy():
     assert compiled.config.splitting_ops == models.SPLITTING_OPS
     x = torch.randn(5)
     torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
-    assert len(compiled.runtime.items) == 5  # split as configured at compile(), not as edited later
+    assert len(compiled.runtime.graph.pieces) == 5  # split as configured at compile(), not as edited later
     again = dataclasses.replace(config, splitting_ops=["silly::attention"], compile_sizes=[4])
     assert again.compile_sizes == [4]
     again.max_num_batched_tokens = 4096  # a new config is not frozen until it is compiled

@@ -11,7 +11,7 @@ import torch.nn as nn
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
 from pieceworks.cudagraph import ReplayAddressError
-from pieceworks.plan import ReplayPlan
+from pieceworks.plan import FullGraph, ReplayPlan
 from pieceworks.runtime import CUDAGraphMissingError, Phase
 from pieceworks.harness import models
 from pieceworks.harness.checked import CheckedModel, OutputOverwrittenError
@@ -86,8 +86,9 @@ def test_capture_phase_closes(shared_cache, caplog):
         for batch in BATCHES:
             x = inputs(batch)[0]
             torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
-    assert sorted(runtime.replays) == SIZES and runtime.capture_order == sorted(SIZES, reverse=True)
-    assert all(isinstance(plan, ReplayPlan) for plan in runtime.replays.values())
+    assert sorted(runtime.captured_sizes) == SIZES and list(runtime.captured_sizes) == sorted(SIZES, reverse=True)
+    assert all(isinstance(runtime.replay_for(n), ReplayPlan) and not isinstance(runtime.replay_for(n), FullGraph)
+               for n in SIZES)
 
 
 def test_raw_backend_after_capture_raises_or_runs_without_graph(shared_cache):
@@ -104,7 +105,7 @@ def test_raw_backend_after_capture_raises_or_runs_without_graph(shared_cache):
         torch._dynamo.mark_dynamic(first, 0)
         fn(first)
         runtime = backend.runtimes[0]
-        runtime.capture(SIZES, lambda n: fn(static[:n]))
+        runtime.capture(lambda n: fn(static[:n]), SIZES)
         torch.testing.assert_close(fn(static[:8]), models.silly_model_expected(static[:8]))
         if policy == "raise":
             with pytest.raises(CUDAGraphMissingError, match="batch size 3 has no CUDA graph"):
@@ -241,8 +242,8 @@ def test_fresh_splitting_outputs_are_copied_to_the_captured_address(shared_cache
     compiled(torch.randn(3, device="cuda"))
     with counters.expect(num_cudagraph_captured=2 * len(SIZES), num_cudagraph_uncapturable=0):
         compiled.capture()
-    plan = compiled.runtime.replays[8]
-    assert isinstance(plan, ReplayPlan) and len(plan.graphs) == 2 and len(plan.keep) == 2
+    plan = compiled.runtime.replay_for(8)
+    assert isinstance(plan, ReplayPlan) and len(plan.graphs) == 2 and len(plan.kept) == 2
     for batch in [1, 5, 8, 8, 32, 3]:
         x = torch.randn(batch, device="cuda")
         torch.testing.assert_close(compiled(x), model(x))
@@ -260,17 +261,17 @@ def test_serving_calls_the_graph_directly_and_the_tracing_call_captures_nothing(
     args = inputs(3)
     torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
     runtime = compiled.runtime
-    assert runtime.binder is not None and runtime.phase is Phase.SERVING
-    assert runtime.capture_order == [] and counters.num_cudagraph_captured == captured
+    assert compiled.binder is not None and runtime.phase is Phase.SERVING
+    assert runtime.captured_sizes == () and counters.num_cudagraph_captured == captured
     torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
-    assert runtime.capture_order == [4]
-    plan = runtime.replays[4]
+    assert runtime.captured_sizes == (4,)
+    plan = runtime.replay_for(4)
     assert counters.num_cudagraph_captured - captured == len(plan.graphs)
-    flat = runtime.binder.inputs(runtime.static.views(4), 4)
+    flat = compiled.graph_inputs(4)
     assert plan.all_checks and all(flat[i].data_ptr() == address for i, address, *_ in plan.all_checks)
     torch._dynamo.reset()  # no later call enters Dynamo
     with counters.expect(num_dynamo_traces=0, num_backend_compilations=0):
         for batch in [3, 3, 16, 1]:
             args = inputs(batch)
             torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
-    assert runtime.capture_order == [4, 16, 1]
+    assert runtime.captured_sizes == (4, 16, 1)

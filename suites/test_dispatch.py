@@ -51,7 +51,8 @@ def test_static_inputs_hold_each_call_in_place_and_keep_earlier_rows_as_padding(
         batch = rng.choice([1, 3, 4, 7, 8, 13, 16])
         n = padded_size(sizes, batch)
         args = [torch.randint(0, 100, (batch,)) + step, 2.5, torch.randn(batch, 2)]
-        views = static.load(args, batch, n)
+        static.load(args, batch)
+        views = static.views(n)
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
                 expected[i][:batch] = a

@@ -29,9 +29,9 @@ NO_WORK_BUILT = dict(num_inductor_compiles=0, num_eager_compiles=0, num_cudagrap
 
 
 def _covers_every_piece_in_order(compiled, work) -> None:
-    expected = [item.submod_name for item in compiled.runtime.items]
+    expected = [p.submod_name for p in compiled.runtime.graph.pieces]
     assert [w.name for w in work] == expected, "the recorded work must be every piece of the forward, in run order"
-    assert [w.splitting for w in work] == [item.is_splitting_graph for item in compiled.runtime.items]
+    assert [w.splitting for w in work] == [p.is_splitting_graph for p in compiled.runtime.graph.pieces]
 
 
 def _output_like(value, out: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""The design card's layout rules, checked on the source: reference/ never imports harness/ or suites/, harness/
-never imports suites/, and reference/ reaches private torch APIs only through `_compat.py` (issue 9), apart from
-the few documented ones it names here."""
+"""The layout rules, checked on the source: reference/ never imports harness/ or suites/, harness/ never imports
+suites/, reference/ reaches private torch APIs only through `_compat.py` (apart from the few documented ones named
+here), and the tools (harness/, suites/, ci/) use only public names of the core: no name with a leading underscore
+that reference/ defines, whether imported, read as an attribute or named in a string (as monkeypatching does)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,61 @@ def test_the_private_use_finder_sees_attribute_chains_and_imports(tmp_path):
     source.write_text("import torch\nfrom torch._inductor import config\nx = torch._inductor.config.patch(a=1)\n"
                       "y = torch._dynamo.mark_dynamic\nz = torch.compile\nv = torch.__version__\n")
     assert private_torch_uses(source) == {"torch._inductor", "torch._inductor.config.patch", "torch._dynamo.mark_dynamic"}
+
+
+TOOLS = ("harness", "suites", "ci")
+
+
+def _private_names_defined(paths: list[Path]) -> set[str]:
+    """Names with one leading underscore that these files define: functions, classes, module globals, attributes
+    set on objects (`self._x = ...`, `object.__setattr__(self, "_x", ...)`) and the modules themselves."""
+    found = {p.stem for p in paths if p.stem.startswith("_") and not p.stem.startswith("__")}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                found.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                found.add(node.attr)
+            elif isinstance(node, ast.Call) and _dotted(node.func) == "object.__setattr__" and len(node.args) > 1 \
+                    and isinstance(node.args[1], ast.Constant):
+                found.add(node.args[1].value)
+    return {n for n in found if isinstance(n, str) and n.startswith("_") and not n.startswith("__")}
+
+
+def core_private_uses(path: Path, private: set[str]) -> set[str]:
+    """Where a tool file reaches a private name of the core: imports of `pieceworks._x` or of `_x` from a core
+    module, attributes named like one of `private`, and strings equal to one (`monkeypatch.setattr(obj, "_x")`)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            module = getattr(node, "module", None) or ""
+            for alias in node.names:
+                full = f"{module}.{alias.name}" if module else alias.name
+                core = full.startswith("pieceworks.") and full.split(".")[1] not in ("harness", "gate", "conformance")
+                if core and any(part.startswith("_") and not part.startswith("__") for part in full.split(".")):
+                    found.add(f"import {full}")
+        elif isinstance(node, ast.Attribute) and node.attr in private:
+            found.add(f".{node.attr}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in private:
+            found.add(repr(node.value))
+    return found
+
+
+def test_tools_use_only_public_names_of_the_core():
+    core = _private_names_defined(_sources("reference"))
+    tools = [p for folder in TOOLS for p in _sources(folder) if p.name != "test_layout.py"]
+    private = core - _private_names_defined(tools)  # a tool's own private helper of the same name is its own
+    found = {str(p.relative_to(REPO)): sorted(core_private_uses(p, private)) for p in tools}
+    assert not {k: v for k, v in found.items() if v}, (
+        "tools reaching into the core's private names: use its public view (see pieceworks/__init__.py)")
+
+
+def test_the_core_private_use_finder_sees_imports_attributes_and_strings(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text("import pieceworks._compat\nfrom pieceworks.plan import _Ref, record_plan\n"
+                      "from pieceworks.harness.report import _table\nx = model._binder\ny = model.runtime\n"
+                      "mp.setattr(runtime, '_phase', 1)\n")
+    assert core_private_uses(source, {"_binder", "_phase", "_Ref"}) == {
+        "import pieceworks._compat", "import pieceworks.plan._Ref", "._binder", "'_phase'"}

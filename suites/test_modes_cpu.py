@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn as nn
 
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
-from pieceworks.capturability import input_provenance, mutated_inputs, uncapturable_reason
+from pieceworks.piece import moving_inputs, mutated_inputs, uncapturable_reason
 from pieceworks.harness import models
 from pieceworks.harness.checked import CheckedModel, OutputOverwrittenError
 from pieceworks.harness.tracing import dynamo_graph
@@ -53,29 +55,28 @@ class MutatesSplitOutput(nn.Module):
 
 def test_mutation_of_a_splitting_output_is_found_and_refused():
     gm, _ = dynamo_graph(MutatesSplitOutput(), [torch.randn(4)])
-    split_gm, items = split_graph(gm, ["silly::pair"])
-    last = items[-1]
-    provenance = input_provenance(split_gm, last.submod_name, {items[1].submod_name})
-    assert "split" in provenance
-    moving = {i for i, k in enumerate(provenance) if k == "split"}
+    split_gm, pieces = split_graph(gm, ["silly::pair"])
+    last = pieces[-1]
+    moving = moving_inputs(split_gm, last.submod_name, {pieces[1].submod_name})
+    assert moving and set(last.moving_inputs) == moving
     assert mutated_inputs(last.graph) & moving
-    fakes = [n.meta["example_value"] for n in last.graph.graph.nodes if n.op == "placeholder"]
-    reason = uncapturable_reason(last.graph, fakes, moving)
-    assert reason is not None  # on CPU the first objection is the CPU tensor itself
-    first = items[0]
-    first_fakes = [n.meta["example_value"] for n in first.graph.graph.nodes if n.op == "placeholder"]
-    assert "CPU tensor" in uncapturable_reason(first.graph, first_fakes, set())
+    # the record says why PIECEWISE refuses it; on CPU the first objection is the CPU tensor itself
+    assert last.piecewise_refusal is not None and last.piecewise_refusal == last.uncapturable
+    with_cuda = dataclasses.replace(last, uncapturable=None)
+    assert "mutates input" in with_cuda.piecewise_refusal and "splitting op allocates anew" in with_cuda.piecewise_refusal
+    first = pieces[0]
+    assert "CPU tensor" in uncapturable_reason(first.graph, first.example_args)
 
 
 def test_input_provenance_of_toy_llama_pieces():
     model = models.ToyLlama(models.ToyLlamaConfig(num_layers=2))
     gm, _ = dynamo_graph(model, models.toy_llama_inputs(4))
-    split_gm, items = split_graph(gm, ["silly::attention"])
-    splitting = {i.submod_name for i in items if i.is_splitting_graph}
-    first = input_provenance(split_gm, items[0].submod_name, splitting)
-    assert "input" in first and "param" in first and "piece" not in first
-    middle = input_provenance(split_gm, items[2].submod_name, splitting)
-    assert "piece" in middle and "split" not in middle  # attention writes into a buffer the piece before made
+    split_gm, pieces = split_graph(gm, ["silly::attention"])
+    splitting = {p.submod_name for p in pieces if p.is_splitting_graph}
+    assert moving_inputs(split_gm, pieces[0].submod_name, splitting) == set()  # graph inputs and parameters
+    # attention writes into a buffer the piece before made: the piece after reads fixed addresses only
+    assert moving_inputs(split_gm, pieces[2].submod_name, splitting) == set()
+    assert pieces[2].moving_inputs == () and not pieces[0].is_splitting_graph
 
 
 def test_mutated_model_inputs_are_found():
@@ -94,7 +95,8 @@ def test_static_inputs_keep_addresses_and_pad_with_valid_rows():
     ids = torch.tensor([5, 6, 7])
     static = StaticInputs([ids, 3.0], max_size=8)
     assert static.buffers[0].tolist() == [5, 6, 7, 5, 6, 7, 5, 6]
-    view = static.load([torch.tensor([1, 2]), 3.0], batch=2, n=4)
+    static.load([torch.tensor([1, 2]), 3.0], batch=2)
+    view = static.views(4)
     assert view[0].tolist() == [1, 2, 7, 5] and view[1] == 3.0
     assert static.views(4)[0].data_ptr() == static.buffers[0].data_ptr()
     out = (torch.arange(4), torch.zeros(4, 2), torch.zeros(3))

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
 from pieceworks.api import InputError
-from pieceworks.cache import CacheIndexError, CompileCache, cache_key, parse_index, serialize_index
+from pieceworks.cache import CacheIndexError, CompileCache, parse_index, serialize_index
+from pieceworks.key import cache_key
 from pieceworks.dispatch import BatchSizeError, compile_target, padded_size
 from pieceworks.padding import unpad
 from pieceworks.harness import strategies as S
@@ -138,7 +139,7 @@ def test_damaged_artifact_never_loads(payload, damage, tmp_path_factory):
     bad = S.corrupt(payload, damage)
     with open(path, "wb") as f:
         f.write(bad)
-    loaded = cache.load("range:1-8|p", lambda p: open(p, "rb").read())
+    loaded, _ = cache.load("range:1-8|p", lambda p: open(p, "rb").read())
     assert loaded == (payload if bad == payload else None)
 
 
@@ -155,7 +156,7 @@ def test_changing_any_one_factor_changes_the_key(factors, which, new):
 
 
 # The key covering every code factor and nothing per run, equally in another process, is test_cache_key.py's
-# (issue 12 item 7: all factors, one property).
+# (all factors, one property).
 
 
 # ---- 5. dispatch and padding --------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ def test_padded_outputs_are_cut_back_exactly_where_the_trace_has_the_batch(progr
     n = S.HIDDEN
     x, y = S.program_inputs(n, seed=1)
     padded = compiled(x.clone(), y.clone())
-    got = unpad(padded, batch, n, compiled.runtime.output_batched)
+    got = unpad(padded, batch, n, compiled.batched_outputs)
     expected = module(x[:batch].clone(), y[:batch].clone())
     _same_tree(got, expected)
 

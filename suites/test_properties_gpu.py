@@ -34,7 +34,7 @@ POISONS = (float("nan"), float("inf"), float("-inf"))
 
 
 def _poison_padding(compiled, batch: int, value: float) -> None:
-    for buffer in compiled.runtime.static.buffers if compiled.runtime.static is not None else []:
+    for buffer in compiled.static_inputs.buffers if compiled.static_inputs is not None else []:
         if isinstance(buffer, torch.Tensor) and buffer.is_floating_point():
             buffer[batch:].fill_(value)
 

@@ -107,7 +107,7 @@ def test_weights_loaded_in_place_reach_every_captured_size(mode):
         splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_mode=mode, cudagraph_capture_sizes=[4, 8]))
     compiled(*_inputs(3, seed=0))
     compiled.capture()
-    assert sorted(compiled.runtime.replays) == [4, 8], "both sizes captured: the calls below replay"
+    assert sorted(compiled.runtime.captured_sizes) == [4, 8], "both sizes captured: the calls below replay"
     generator = torch.Generator().manual_seed(1)
     for round_ in range(2):
         for param in model.parameters():

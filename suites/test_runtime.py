@@ -16,7 +16,7 @@ import pieceworks
 from pieceworks import CompilationConfig, counters
 from pieceworks.cudagraph import ReplayAddressError
 from pieceworks.harness import models
-from pieceworks.plan import GraphPiece, record_plan
+from pieceworks.plan import record_plan
 from pieceworks.values import tensors_in
 
 
@@ -39,17 +39,12 @@ def _plan_of(model, make_inputs, batch, splitting_ops=models.SPLITTING_OPS):
     """A compiled model (eager compiler), and a plan recorded at `batch` on static buffers, every piece captured."""
     compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=splitting_ops, compiler="eager"))
     compiled(*make_inputs(3))
-    runtime = compiled.runtime
-    graphs = {item.submod_name: item.graph for item in runtime.items}
-    pieces = {
-        name: GraphPiece(lambda a, p=p: p.runnable_for(p.locate_batch(a)), [],
-                         [n.name for n in graphs[name].graph.nodes if n.op == "placeholder"], f"piece {name}")
-        for name, p in runtime.pieces.items()
-    }
+    graph = compiled.runtime.graph
+    pieces = {p.submod_name: p for p in graph.pieces if not p.is_splitting_graph}
     static = [a.clone() if isinstance(a, torch.Tensor) and not isinstance(a, nn.Parameter) else a
-              for a in runtime.binder.inputs(make_inputs(batch), batch)]
-    plan, _ = record_plan(runtime.split_gm, batch, static, pieces, simulated_capture)
-    return plan, static, runtime
+              for a in compiled.binder.inputs(make_inputs(batch), batch)]
+    plan, _ = record_plan(graph.split_module, batch, static, pieces, simulated_capture)
+    return plan, static, compiled
 
 
 class FreshSplitOutputs(nn.Module):
@@ -71,16 +66,18 @@ def test_plan_replays_equal_eager_for_new_values_in_the_static_buffers(name):
         model = models.SillyModel() if name == "silly" else FreshSplitOutputs()
         make_inputs = lambda b, seed=0: (torch.randn(b, generator=torch.Generator().manual_seed(seed)),)  # noqa: E731
     ops = ["silly::pair"] if name == "fresh_split_outputs" else models.SPLITTING_OPS
-    plan, static, runtime = _plan_of(model, make_inputs, 8, ops)
+    plan, static, compiled = _plan_of(model, make_inputs, 8, ops)
     if name == "fresh_split_outputs":
-        assert plan.keep, "the captured piece reads silly::pair's fresh outputs: the plan must own them"
+        assert plan.kept, "the captured piece reads silly::pair's fresh outputs: the plan must own them"
+    graph_steps = [step for step in plan.steps if step.kind == "graph"]
+    assert len(graph_steps) == len(plan.graphs) == sum(not p.is_splitting_graph for p in compiled.runtime.graph.pieces)
     for seed in [1, 2, 3]:
         args = make_inputs(8, seed)
-        fresh = runtime.binder.inputs(args, 8)
+        fresh = compiled.binder.inputs(args, 8)
         for buffer, value in zip(static, fresh):
             if isinstance(buffer, torch.Tensor) and buffer.shape[:1] == (8,):
                 buffer.copy_(value)
-        out = runtime.binder.outputs(plan.run(static, ()))
+        out = compiled.binder.outputs(plan.run(static, ()))
         torch.testing.assert_close(out, model(*args))
 
 
@@ -88,7 +85,7 @@ def test_plan_checks_caller_inputs_that_moved_but_not_parameters():
     torch.manual_seed(0)
     config = models.ToyLlamaConfig(num_layers=1)
     model = models.ToyLlama(config)
-    plan, static, runtime = _plan_of(model, lambda b: models.toy_llama_inputs(b, config), 4)
+    plan, static, _ = _plan_of(model, lambda b: models.toy_llama_inputs(b, config), 4)
     cheap = {i for i, *_ in plan.cheap_checks}
     every = {i for i, *_ in plan.all_checks}
     kinds = [isinstance(a, torch.nn.Parameter) for a in static]
@@ -98,7 +95,8 @@ def test_plan_checks_caller_inputs_that_moved_but_not_parameters():
     moved = list(static)
     i = next(iter(cheap))
     moved[i] = static[i].clone()
-    with pytest.raises(ReplayAddressError, match=rf"piece submod_\d+: input \d+ \(\w+\) is at .* batch size 4"):
+    with pytest.raises(ReplayAddressError,
+                       match=rf"piece submod_\d+ \(graph \d+\): input \d+ \(\w+\) is at .* batch size 4"):
         plan.run(moved, plan.cheap_checks)
 
 
@@ -109,7 +107,7 @@ def test_parameter_data_swaps_are_seen_by_direct_calls():
     compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager"))
     ids, pos = models.toy_llama_inputs(5, config)
     compiled(ids, pos)
-    assert compiled.runtime.binder is not None
+    assert compiled.binder is not None
     weight = model.layers[0].mlp.down_proj.weight
     weight.data = torch.randn_like(weight) * 10
     torch.testing.assert_close(compiled(ids, pos), model(ids, pos))
@@ -128,7 +126,7 @@ def test_symbolic_batch_inputs_get_each_calls_batch_size():
     model = UsesTheBatchSize()
     compiled = pieceworks.compile(model, CompilationConfig(compiler="eager"))
     compiled(torch.randn(4, 3))
-    assert compiled.runtime.binder is not None
+    assert compiled.binder is not None
     with counters.expect(num_dynamo_traces=0):
         for batch in [1, 2, 7, 4]:
             x = torch.randn(batch, 3)
@@ -145,7 +143,7 @@ def test_direct_calls_return_the_models_output_structure():
     model = ReturnsAStructure()
     compiled = pieceworks.compile(model, CompilationConfig(compiler="eager"))
     compiled(torch.randn(3, 2), torch.randn(3, 2))
-    assert compiled.runtime.binder is not None
+    assert compiled.binder is not None
     x, y = torch.randn(5, 2), torch.randn(5, 2)
     got, want = compiled(x, y), model(x, y)
     assert type(got) is dict and list(got) == list(want)

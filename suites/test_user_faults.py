@@ -15,7 +15,7 @@ import torch.nn as nn
 
 import pieceworks
 from pieceworks import CompilationConfig, ConfigError, CUDAGraphMode, counters
-from pieceworks.capturability import data_dependent_sizes
+from pieceworks.piece import data_dependent_sizes
 from pieceworks.harness import models
 
 
@@ -69,7 +69,10 @@ def _batches(device: str = "cpu", nonempty: bool = False) -> list[torch.Tensor]:
 
 
 def _data_dependent_pieces(compiled) -> set[str]:
-    return {i.submod_name for i in compiled.runtime.items if not i.is_splitting_graph and data_dependent_sizes(i.graph)}
+    pieces = compiled.runtime.graph.pieces
+    found = {p.submod_name for p in pieces if not p.is_splitting_graph and data_dependent_sizes(p.graph)}
+    assert found == {p.submod_name for p in pieces if not p.is_splitting_graph and p.unbacked_symbols}
+    return found
 
 
 def _check_data_dependent_model(compiler: str, compile_sizes: list[int]) -> pieceworks.CompiledModel:
@@ -78,9 +81,9 @@ def _check_data_dependent_model(compiler: str, compile_sizes: list[int]) -> piec
     compiled = pieceworks.compile(model, config)
     for x in _batches():
         torch.testing.assert_close(compiled(x), model(x))
-    graph = compiled.runtime
-    assert [i.is_splitting_graph for i in graph.items] == [False, True, False, True, False]
-    assert _data_dependent_pieces(compiled) == {graph.items[2].submod_name, graph.items[4].submod_name}
+    pieces = compiled.runtime.graph.pieces
+    assert [p.is_splitting_graph for p in pieces] == [False, True, False, True, False]
+    assert _data_dependent_pieces(compiled) == {pieces[2].submod_name, pieces[4].submod_name}
     return compiled
 
 
@@ -90,9 +93,10 @@ def test_data_dependent_sizes_split_compile_and_run_eager():
     of the one call it was specialised with (with Inductor: a size assertion on the next call at that size)."""
     compiled = _check_data_dependent_model("eager", compile_sizes=[4])
     dependent = _data_dependent_pieces(compiled)
-    for name, piece in compiled.runtime.pieces.items():
-        served_by_range = piece.runnables[4] is piece.runnables[(1, 8192)]
-        assert served_by_range == (name in dependent), name
+    for piece in compiled.runtime.graph.pieces:
+        if not piece.is_splitting_graph:
+            served_by_range = piece.runnables[4] is piece.runnables[(1, 8192)]
+            assert served_by_range == (piece.submod_name in dependent), piece.submod_name
 
 
 @pytest.mark.inductor
@@ -105,7 +109,7 @@ def test_the_size_a_splitting_op_binds_stays_in_its_piece():
     compiled = pieceworks.compile(DataDependent(), CompilationConfig(splitting_ops=DATA_DEPENDENT_OPS,
                                                                      compiler="eager"))
     compiled(torch.randn(6, 4))
-    items = compiled.runtime.items
+    items = compiled.runtime.graph.pieces
     splitting = [n.target for n in items[1].graph.graph.nodes if n.op == "call_function"]
     assert torch.ops.aten.sym_size.int in splitting
     reader = [n for n in items[2].graph.graph.nodes if n.op == "placeholder"]
@@ -162,7 +166,7 @@ def test_pieces_with_data_dependent_sizes_run_without_graphs_logged_once(mode, c
         compiled.capture()
     for x in _batches(cuda, nonempty=True) + _batches(cuda, nonempty=True):
         torch.testing.assert_close(compiled(x).clone(), model(x))
-    items = compiled.runtime.items
+    items = compiled.runtime.graph.pieces
     text = caplog.text
     assert text.count(f"piece {items[2].submod_name} runs without a CUDA graph: its sizes depend on data") == 1
     assert text.count(f"piece {items[4].submod_name} runs without a CUDA graph") == 1
@@ -180,10 +184,10 @@ def test_piecewise_without_a_splitting_op_captures_the_one_piece_per_size(splitt
     config = CompilationConfig(splitting_ops=splitting_ops, compiler="eager", cudagraph_capture_sizes=SIZES)
     compiled = pieceworks.compile(model, config)
     compiled(torch.randn(3, 16, device=cuda))
-    assert compiled.runtime.mode is CUDAGraphMode.PIECEWISE and len(compiled.runtime.items) == 1
+    assert compiled.runtime.mode is CUDAGraphMode.PIECEWISE and len(compiled.runtime.graph.pieces) == 1
     with counters.expect(num_cudagraph_captured=len(SIZES)):
         compiled.capture()
-    assert set(compiled.runtime.replays) == set(SIZES)
+    assert set(compiled.runtime.captured_sizes) == set(SIZES)
     for batch in [1, 3, 8, 13, 16, 40]:
         x = torch.randn(batch, 16, device=cuda)
         torch.testing.assert_close(compiled(x).clone(), model(x), rtol=1e-5, atol=1e-5)

@@ -57,7 +57,7 @@ def test_inplace_writes_happen_once_per_call(mode, sizes, lazy, warmups, batches
     calls = int(model.calls)
     if not lazy:
         compiled.capture()
-        calls += len(compiled.runtime.capture_order)  # one run per captured size; its warm-ups' writes put back
+        calls += len(compiled.runtime.captured_sizes)  # one run per captured size; its warm-ups' writes put back
         assert int(model.calls) == calls, f"capture of {sizes} with {warmups} warm-ups"
     for batch in batches:
         x = torch.randn(batch, 4, device="cuda")

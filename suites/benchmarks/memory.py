@@ -103,7 +103,7 @@ def measure() -> dict:
         start = memory_state()
         for size in reversed(all_sizes):  # largest first, as a shared pool would capture them
             compiled.capture([size])
-            pools.append((runtime.pool.handle, dict(runtime.replays)))
+            pools.append((runtime.pool.handle, [runtime.replay_for(s) for s in runtime.captured_sizes]))
             runtime.reset()
             if len(pools) in SIZE_COUNTS:
                 now = memory_state()

@@ -1,10 +1,15 @@
-"""Stable digests of graphs and of the software that compiles them.
+"""The compile cache's key, every factor of it, in one place.
 
-A fingerprint names what determines compiled code and nothing that varies per run: node names, file paths,
-process ids and times never enter it. Two pieces with the same fingerprint compute the same function of their
-positional inputs, so one compiled artifact serves both. Equal inputs give equal digests in any process.
+A key names what determines compiled code and nothing that varies per run: node names, file paths, process ids
+and times never enter it. Equal inputs give equal digests in any process.
 
-- `graph_fingerprint`: a graph's ops, wiring, constants, attribute contents and input metadata;
+- `cache_factors` / `cache_key`: the folder of one compiled graph: the graph (its stitching wiring and every
+  piece's fingerprint), the config's code-relevant fields (`CompilationConfig.compute_hash`), the effective
+  global Inductor/functorch configuration, and the software and GPU;
+- `graph_fingerprint`: a graph's ops, wiring, constants, attribute contents and input metadata. Two pieces with
+  the same fingerprint compute the same function of their positional inputs, so one artifact serves both;
+- `entry_name` / `entry_claim`: a piece's entry inside the folder, and what the entry must say about the piece
+  to be loaded for it;
 - `software_factors` / `environment_factors`: the torch build, CUDA/HIP, Triton, Python, CPU architecture, GPU;
 - `inductor_config_factors`: the effective global Inductor and functorch configuration.
 """
@@ -20,10 +25,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from ._compat import op_identity
+from ._compat import functorch_config, inductor_config, op_identity
 
-__all__ = ["graph_fingerprint", "describe_value", "environment_factors", "software_factors", "inductor_config_factors",
-           "UnkeyableConfigError", "digest"]
+__all__ = ["cache_factors", "cache_key", "constant_text", "entry_name", "entry_claim", "graph_fingerprint", "describe_value",
+           "environment_factors", "software_factors", "inductor_config_factors", "UnkeyableConfigError", "digest"]
 
 
 def digest(*parts: str) -> str:
@@ -45,7 +50,7 @@ def describe_value(value: Any) -> str:
     return type(value).__name__
 
 
-def _target_name(node: torch.fx.Node) -> str:
+def _node_target(node: torch.fx.Node) -> str:
     target = node.target
     if isinstance(target, str):
         return target if node.op == "call_method" else ""
@@ -65,7 +70,7 @@ def _tensor_digest(t: torch.Tensor) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _constant(value: Any) -> str:
+def constant_text(value: Any) -> str:
     """A constant argument, as code sees it: `x * 2` and `x * 3` are different code, so they never share."""
     return repr(value)
 
@@ -88,7 +93,7 @@ def graph_fingerprint(gm: torch.fx.GraphModule, example_args: list[Any] | None =
             return "{" + ",".join(f"{k}:{arg(v)}" for k, v in sorted(a.items(), key=lambda kv: str(kv[0]))) + "}"
         if isinstance(a, torch.Tensor):
             return f"tensor:{_tensor_digest(a)}"
-        return _constant(a)
+        return constant_text(a)
 
     lines = []
     placeholder_index = 0
@@ -105,7 +110,7 @@ def graph_fingerprint(gm: torch.fx.GraphModule, example_args: list[Any] | None =
                 value = getattr(value, part)
             extra = _tensor_digest(value) if isinstance(value, torch.Tensor) else type(value).__name__
         lines.append(
-            f"{node.op}|{_target_name(node)}|{arg(node.args)}|{arg(node.kwargs)}|{describe_value(meta)}|{extra}"
+            f"{node.op}|{_node_target(node)}|{arg(node.args)}|{arg(node.kwargs)}|{describe_value(meta)}|{extra}"
         )
     return digest(*lines)
 
@@ -184,8 +189,6 @@ def inductor_config_factors() -> str:
     Equal configurations give equal digests in any process; a custom pass without `uuid()` raises
     `UnkeyableConfigError` (the caller compiles without the cache).
     """
-    from ._compat import functorch_config, inductor_config
-
     doc: dict[str, Any] = {}
     for name, module in (("inductor", inductor_config()), ("functorch", functorch_config())):
         for key, value in module.save_config_portable().items():
@@ -201,3 +204,37 @@ def inductor_config_factors() -> str:
             )
         doc[f"inductor.{key}"] = f"uuid:{value.uuid()}"
     return digest(json.dumps(doc, sort_keys=True, separators=(",", ":")))
+
+
+def cache_factors(split_gm: torch.fx.GraphModule, fakes: list[Any], piece_fingerprints: list[str],
+                  config: Any) -> dict[str, str]:
+    """Everything that changes compiled code, as digests: the graph (the stitching module's wiring with its input
+    metadata, and each piece's fingerprint in run order), the config's code-relevant fields, the effective global
+    Inductor/functorch configuration, and the software and GPU. Raises `UnkeyableConfigError` when the Inductor
+    configuration holds something that cannot be digested."""
+    return {
+        "environment": environment_factors(),
+        "config": config.compute_hash(),
+        "inductor": inductor_config_factors(),
+        "graph": digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints),
+    }
+
+
+def cache_key(factors: dict[str, str]) -> str:
+    """The cache folder name for `factors` (name -> digest): equal factors, equal key, in any process."""
+    return digest(json.dumps(factors, sort_keys=True, separators=(",", ":")))[:24]
+
+
+def _target_name(target: int | tuple[int, int]) -> str:
+    return f"size:{target}" if isinstance(target, int) else f"range:{target[0]}-{target[1]}"
+
+
+def entry_name(fingerprint: str, target: int | tuple[int, int]) -> str:
+    """The cache entry of a piece with `fingerprint` compiled for `target`."""
+    return f"{_target_name(target)}|{fingerprint}"
+
+
+def entry_claim(fingerprint: str, target: int | tuple[int, int], example_args: list[Any]) -> dict[str, str]:
+    """What an entry must say about its piece to be loaded for it: fingerprint, target, input metadata."""
+    return {"graph": fingerprint, "target": _target_name(target),
+            "inputs": digest(*(describe_value(a) for a in example_args))}
