@@ -13,9 +13,10 @@ stitching around the work. Where host work overlaps GPU work, the GPU-time overh
 argument checks, no static copies, no cut back), it also reports the forward / replay ratio: what
 `CompiledModel.__call__` costs over its replay.
 
-It reads the core's public view only (`CompiledModel.binder`, `graph_inputs`, `Runtime.replay_for`, the plans'
-steps, the compiled graph's stitching module and pieces); suites/test_host_overhead.py checks that the recorded
-work recomputes the forward's output, so a change that breaks it fails a test instead of skewing a number.
+It reads the core's public view only (`CompiledModel.binder`, `static_inputs`, `graph_inputs`, `Runtime.phase`
+and `replay_for`, the plans' `Step`s, run one by one into `num_slots` slots, the compiled graph's stitching module,
+pieces and mutated inputs); suites/test_host_overhead.py checks that the recorded work recomputes the forward's
+output, so a change that breaks it fails a test instead of skewing a number.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from typing import Any
 import torch
 import torch.fx
 
+from pieceworks.dispatch import padded_size
 from pieceworks.plan import FullGraph
+from pieceworks.runtime import Phase
 
 __all__ = ["PieceWork", "record", "measure", "replay_run", "static_replay"]
 
@@ -87,29 +90,40 @@ class _RecordPieceCalls(torch.fx.Interpreter):
 
 
 def record(compiled: Any, args: Sequence[Any]) -> tuple[Any, list[PieceWork]]:
-    """Call `compiled(*args)` (a traced `pieceworks.CompiledModel`) once; return its output and the pieces' work."""
+    """Call `compiled(*args)` (a traced `pieceworks.CompiledModel`) once; return its output and the pieces' work.
+
+    Where that call replays (a FULL graph or a PIECEWISE plan of its padded size), the work is the replay's steps.
+    Where it runs without graphs, the stitching module runs once more on the graph inputs the call ran on (the
+    static buffers of its padded size, or the call's own arguments) to record each piece's arguments; the graph
+    inputs it writes in place are put back after that run, so the model's state is what one call leaves."""
     runtime = compiled.runtime
     if runtime is None or compiled.binder is None:
         raise ValueError("record() needs a traced model whose calls bind directly: call it once first (the first "
                          "call traces and compiles)")
     batch = _batch(args)
-    padded = next((s for s in sorted(runtime.captured_sizes) if s >= batch), None)
+    # The padded size the call runs at, as `CompiledModel.__call__` picks it: static buffers exist once the runtime
+    # has left its waiting phase.
+    padded = padded_size(compiled.config.cudagraph_capture_sizes, batch) \
+        if compiled.static_inputs is not None and runtime.phase is not Phase.WAITING else None
     replay_of = runtime.replay_for(padded) if padded is not None else None
-    if replay_of is not None:
-        out = compiled(*args)
-        if isinstance(replay_of, FullGraph):
-            graph, outputs = replay_of.graphs[0], replay_of.graph_outputs[0]
-
-            def replay() -> Any:
-                graph.replay()
-                return outputs
-
-            return out, [PieceWork("full graph", splitting=False, graph_replay=True, run=replay)]
-        return out, _plan_work(compiled, replay_of, padded)
     out = compiled(*args)
+    if isinstance(replay_of, FullGraph):
+        graph, outputs = replay_of.graphs[0], replay_of.graph_outputs[0]
+
+        def replay() -> Any:
+            graph.replay()
+            return outputs
+
+        return out, [PieceWork("full graph", splitting=False, graph_replay=True, run=replay)]
+    if replay_of is not None:
+        return out, _plan_work(compiled, replay_of, padded)
+    flat = compiled.graph_inputs(padded) if padded is not None else compiled.binder.inputs(list(args), batch)
+    saved = [(flat[i], flat[i].clone()) for i in runtime.graph.mutated_inputs if isinstance(flat[i], torch.Tensor)]
     recorder = _RecordPieceCalls(runtime.graph)
     with torch.no_grad():
-        recorder.run(*compiled.binder.inputs(list(args), batch))
+        recorder.run(*flat)
+        for tensor, before in saved:
+            tensor.copy_(before)
     work = []
     for piece, a in recorder.calls:
         if piece.is_splitting_graph:

@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 # What the toy models call. A test or strategy that also calls `silly::pair` names both ops itself: listing an op the
-# graph never calls gets the absent-splitting-op WARNING (issue 7.3) on every compile.
+# graph never calls gets the absent-splitting-op WARNING on every compile.
 SPLITTING_OPS = ["silly::attention"]
 
 

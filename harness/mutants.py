@@ -52,6 +52,7 @@ def _key_ignores_config(mp: pytest.MonkeyPatch) -> None:
 
 def _pad_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.api as api
+    import pieceworks.dispatch as dispatch
 
     def padded(sizes, batch):
         i = bisect.bisect_right(sizes, batch)
@@ -61,7 +62,8 @@ def _pad_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
         i = bisect.bisect_left(sizes, batch)
         return sizes[i] if i < len(sizes) and sizes[i] == batch else (sizes[i - 1] if i > 0 else padded(sizes, batch))
 
-    mp.setattr(api, "padded_size", wrong)
+    for module in (dispatch, api):  # where it is defined and where CompiledModel calls it
+        mp.setattr(module, "padded_size", wrong)
 
 
 def _static_copy_misses_last_row(mp: pytest.MonkeyPatch) -> None:
@@ -720,18 +722,19 @@ def _load_ignores_claims(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(cache.CompileCache, "load", load)
 
 
+def _patch_cache_factors(mp: pytest.MonkeyPatch, change: Callable) -> None:
+    """`change(factors)` applied to the cache factors, where the backend computes them and where tests do."""
+    import pieceworks.backend as backend
+    import pieceworks.key as key
+
+    original = key.cache_factors
+    for module in (key, backend):
+        mp.setattr(module, "cache_factors", lambda *args: change(original(*args)))
+
+
 def _key_without(factor: str) -> Callable[[pytest.MonkeyPatch], None]:
     def mutate(mp: pytest.MonkeyPatch) -> None:
-        import pieceworks.backend as backend
-
-        original = backend.cache_factors
-
-        def factors(*args):
-            found = original(*args)
-            found.pop(factor)
-            return found
-
-        mp.setattr(backend, "cache_factors", factors)
+        _patch_cache_factors(mp, lambda found: {k: v for k, v in found.items() if k != factor})
 
     return mutate
 
@@ -759,10 +762,7 @@ def _fingerprint_ignores_strides(mp: pytest.MonkeyPatch) -> None:
 
 
 def _key_includes_working_directory(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.backend as backend
-
-    original = backend.cache_factors
-    mp.setattr(backend, "cache_factors", lambda *a: {**original(*a), "cwd": os.getcwd()})
+    _patch_cache_factors(mp, lambda found: {**found, "cwd": os.getcwd()})
 
 
 def _fingerprint_ignores_constants(mp: pytest.MonkeyPatch) -> None:

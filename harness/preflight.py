@@ -2,7 +2,7 @@
 
 `python -m pieceworks.harness.preflight [--out FILE] [--allow-busy]` records the GPU (name, UUID, memory,
 clocks, power limit, persistence, compute and MIG mode), driver and CUDA versions, torch, Triton, Python, the
-compile-cache key factors (pieceworks.fingerprint) and the environment variables that change compiled code, and
+compile-cache key factors (pieceworks.key) and the environment variables that change compiled code, and
 checks through NVML, before this process touches CUDA, that no other process holds memory or SM time on the GPU,
 then, under a short load of its own, that the SM clock reaches its maximum (or --expect-sm-mhz, for runners with
 locked clocks) and no thermal, power-brake or hardware slowdown is active. The load is launch-bound, like the
@@ -208,11 +208,11 @@ def _software() -> dict[str, Any]:
         record["triton"] = triton.__version__
     except ImportError:
         record["triton"] = None
-    import pieceworks.fingerprint as fingerprint  # the factors that key the compile cache, however H2 splits them
+    import pieceworks.key as key  # the factors that key the compile cache
 
     factors = {}
     for name in ("software_factors", "environment_factors", "inductor_config_factors"):
-        fn = getattr(fingerprint, name, None)
+        fn = getattr(key, name, None)
         if fn is not None:
             factors[name] = _call(fn, default="(failed)")
     record["cache_key_factors"] = factors

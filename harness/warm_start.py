@@ -11,7 +11,7 @@ A host is a temporary folder (`TMPDIR`, under which Inductor keeps its default c
 is unset, as on a machine nobody configured: pieceworks then keeps Inductor's cache inside its own, which is what a
 new host inherits. Per start: seconds of the first call (trace + compile or load + one run), of the whole process,
 Inductor compiles, artifacts loaded, the error against eager, and of the first call the seconds inside the
-pieceworks backend and, of those, compiling or loading the pieces (`Runtime.build_seconds`). `--out` also records
+pieceworks backend and, of those, compiling or loading the pieces (`CompiledGraph.build_seconds`). `--out` also records
 the device, torch and the commit (the report reads `results/bench/<machine>/warm_start_<commit>.json`).
 """
 

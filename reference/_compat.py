@@ -27,17 +27,19 @@ nothing here patches torch.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx
 
-__all__ = [
-    "TorchCompatError", "standalone_compile", "load_artifact", "example_value", "op_identity", "op_schema",
-    "split_module", "data_dependent_tracing", "fake_mode_of", "symbol_name", "unbacked_symbols", "registered_ops",
-    "inductor_config", "functorch_config", "inductor_default_cache_dir", "BackendCompilerFailed", "evaluate_at",
-]
+__all__ = ["TorchCompatError", "standalone_compile", "load_artifact", "example_value", "op_identity", "op_schema",
+           "split_module", "data_dependent_tracing", "fake_mode_of", "symbol_name", "unbacked_symbols",
+           "registered_ops", "inductor_config", "functorch_config", "inductor_default_cache_dir",
+           "BackendCompilerFailed", "evaluate_at"]
 
 
 class TorchCompatError(RuntimeError):
@@ -45,36 +47,38 @@ class TorchCompatError(RuntimeError):
 
 
 def _missing(feature: str) -> TorchCompatError:
-    return TorchCompatError(
-        f"pieceworks needs {feature}, which torch {torch.__version__} does not have. pieceworks supports torch "
-        f"2.11-2.15. Fix: install a torch in that range"
-    )
+    return TorchCompatError(f"pieceworks needs {feature}, which torch {torch.__version__} does not have. pieceworks "
+                            f"supports torch 2.11-2.15. Fix: install a torch in that range")
 
 
-def _feature(owner: Any, name: str, where: str) -> Any:
-    found = getattr(owner, name, None)
-    if found is None:
-        raise _missing(f"{where}.{name}")
-    return found
+def _module(name: str, *features: str) -> Any:
+    """The module `name`, having each (dotted) attribute in `features`; else `TorchCompatError` naming what is
+    missing."""
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        raise _missing(name) from None
+    for feature in features:
+        if functools.reduce(lambda owner, attr: getattr(owner, attr, None), feature.split("."), module) is None:
+            raise _missing(f"{name}.{feature}")
+    return module
 
 
 def standalone_compile(gm: torch.fx.GraphModule, example_args: list[Any], dynamic_shapes: str,
                        options: dict[str, Any]) -> Any:
     """`torch._inductor.standalone_compile`: a `CompiledArtifact` (callable, `.save(path=, format=)`)."""
-    fn = _feature(torch._inductor, "standalone_compile", "torch._inductor")
-    return fn(gm, example_args, dynamic_shapes=dynamic_shapes, options=options)
+    inductor = _module("torch._inductor", "standalone_compile")
+    return inductor.standalone_compile(gm, example_args, dynamic_shapes=dynamic_shapes, options=options)
 
 
 def load_artifact(path: str) -> Any:
     """`torch._inductor.CompiledArtifact.load(path=, format="binary")`."""
-    artifact = _feature(torch._inductor, "CompiledArtifact", "torch._inductor")
-    return _feature(artifact, "load", "torch._inductor.CompiledArtifact")(path=path, format="binary")
+    return _module("torch._inductor", "CompiledArtifact.load").CompiledArtifact.load(path=path, format="binary")
 
 
 def example_value(node: torch.fx.Node) -> Any:
     """The FakeTensor/SymInt a node was traced with: Dynamo's `example_value`, else `val`, else None."""
-    meta = node.meta
-    return meta["example_value"] if "example_value" in meta else meta.get("val")
+    return node.meta["example_value"] if "example_value" in node.meta else node.meta.get("val")
 
 
 def op_identity(target: Any) -> tuple[str, str | None] | None:
@@ -97,18 +101,13 @@ def op_schema(target: Any) -> Any:
 def split_module(gm: torch.fx.GraphModule, root: torch.fx.GraphModule, callback: Callable[[Any], int],
                  keep_original_order: bool) -> torch.fx.GraphModule:
     """`torch.fx.passes.split_module.split_module(gm, root, callback, keep_original_order=...)`."""
-    try:
-        from torch.fx.passes.split_module import split_module as fn
-    except ImportError:
-        raise _missing("torch.fx.passes.split_module.split_module") from None
-    return fn(gm, root, callback, keep_original_order=keep_original_order)
+    split = _module("torch.fx.passes.split_module", "split_module").split_module
+    return split(gm, root, callback, keep_original_order=keep_original_order)
 
 
 def data_dependent_tracing() -> Any:
     """A context in which Dynamo keeps data-dependent ops (`.item()`, `nonzero`) in its graph instead of breaking."""
-    config = getattr(getattr(torch, "_dynamo", None), "config", None)
-    if config is None or not hasattr(config, "capture_dynamic_output_shape_ops"):
-        raise _missing("torch._dynamo.config.capture_dynamic_output_shape_ops")
+    config = _module("torch._dynamo.config", "capture_dynamic_output_shape_ops")
     return config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True)
 
 
@@ -124,11 +123,8 @@ def symbol_name(value: Any) -> str | None:
 
 def unbacked_symbols(value: Any) -> set[str]:
     """The names of the data-dependent (unbacked) symbols in a FakeTensor's sizes or a SymInt (`{"u0"}`)."""
-    try:
-        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    except ImportError:
-        raise _missing("torch.fx.experimental.symbolic_shapes.free_unbacked_symbols") from None
-    return {str(s) for s in free_unbacked_symbols(value)}
+    shapes = _module("torch.fx.experimental.symbolic_shapes", "free_unbacked_symbols")
+    return {str(s) for s in shapes.free_unbacked_symbols(value)}
 
 
 def registered_ops() -> list[str]:
@@ -140,34 +136,20 @@ def registered_ops() -> list[str]:
 
 def inductor_config() -> Any:
     """The module `torch._inductor.config` (Inductor's global configuration)."""
-    try:
-        import torch._inductor.config as config
-    except ImportError:
-        raise _missing("torch._inductor.config") from None
-    if not all(hasattr(config, name) for name in ("get_config_copy", "save_config_portable", "patch")):
-        raise _missing("torch._inductor.config.get_config_copy/save_config_portable/patch")
-    return config
+    return _module("torch._inductor.config", "get_config_copy", "save_config_portable", "patch")
 
 
 def functorch_config() -> Any:
     """The module `torch._functorch.config` (AOTAutograd's global configuration, part of what Inductor keys on)."""
-    try:
-        import torch._functorch.config as config
-    except ImportError:
-        raise _missing("torch._functorch.config") from None
-    if not hasattr(config, "save_config_portable"):
-        raise _missing("torch._functorch.config.save_config_portable")
-    return config
+    return _module("torch._functorch.config", "save_config_portable")
 
 
 def inductor_default_cache_dir() -> str | None:
     """The folder Inductor caches in when `TORCHINDUCTOR_CACHE_DIR` is unset, or None where this torch does not
     say."""
-    try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    except ImportError:
-        return None
-    return default_cache_dir()
+    with contextlib.suppress(TorchCompatError):
+        return _module("torch._inductor.runtime.cache_dir_utils", "default_cache_dir").default_cache_dir()
+    return None
 
 
 try:
@@ -182,5 +164,4 @@ def evaluate_at(value: Any, size: int) -> int:
     compile): `SymInt.node.expr` is a sympy expression."""
     if not isinstance(value, torch.SymInt):
         return int(value)
-    expr = value.node.expr
-    return int(expr.xreplace({symbol: size for symbol in expr.free_symbols}))
+    return int(value.node.expr.xreplace(dict.fromkeys(value.node.expr.free_symbols, size)))

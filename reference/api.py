@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch

@@ -82,12 +82,12 @@ def serialize_index(entries: dict[str, dict[str, Any]]) -> bytes:
     return json.dumps(doc, sort_keys=True, indent=1).encode()
 
 
+
 def _well_formed(entry: Any) -> bool:
     """Known fields of the right types, and a plain file name inside `artifacts/` (no path, no hidden file)."""
     return isinstance(entry, dict) and _REQUIRED <= set(entry) <= _REQUIRED | set(CLAIM_FIELDS) \
-        and all(isinstance(entry[k], str) for k in ("file", "sha256", *CLAIM_FIELDS) if k in entry) \
-        and type(entry["bytes"]) is int and os.path.basename(entry["file"]) == entry["file"] \
-        and entry["file"] != "" and not entry["file"].startswith(".")
+        and all(isinstance(v, str) for k, v in entry.items() if k != "bytes") and type(entry["bytes"]) is int \
+        and os.path.basename(entry["file"]) == entry["file"] and entry["file"][:1] not in ("", ".")
 
 
 def parse_index(data: bytes) -> dict[str, dict[str, Any]]:
@@ -134,7 +134,8 @@ def _sha256_file(path: str) -> tuple[str, int]:
 
 
 def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc.strerror or exc}" if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+    """`"PermissionError: Permission denied"`: the exception's type and, for an OSError, its plain reason."""
+    return f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
 
 
 def _warn_once(kind: str, path: str, message: str, *args: Any) -> None:
@@ -150,6 +151,25 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
+def _entry_problem(name: str, entry: dict[str, Any], path: str, claim: dict[str, str] | None) -> str | None:
+    """Why the artifact at `path` must not be loaded as entry `name` for a piece with `claim`, or None: the entry
+    claims another piece, names another entry's file, or the file's bytes differ from the index's SHA-256."""
+    wrong = [(k, entry.get(k), want) for k, want in sorted((claim or {}).items()) if entry.get(k) != want]
+    if wrong:
+        said = ", ".join(f"{k}={got!r} (this piece: {want!r})" for k, got, want in wrong)
+        return f"was stored for another piece: {said}"
+    if not entry["file"].startswith(artifact_stem(name) + "-"):
+        return f"is not the file of entry {name!r} (swapped index entries)"
+    try:
+        sha, size = _sha256_file(path)
+    except OSError as exc:
+        return f"cannot be read ({_reason(exc)})"
+    if (sha, size) != (entry["sha256"], entry["bytes"]):
+        return (f"has {size} bytes with SHA-256 {sha[:12]}…, the index says {entry['bytes']} bytes with "
+                f"{entry['sha256'][:12]}… (truncated or garbled)")
+    return None
+
+
 class CompileCache:
     """Artifacts of one (graph, config, environment) key under `root`.
 
@@ -160,16 +180,11 @@ class CompileCache:
     def __init__(self, root: str, key: str, factors: dict[str, str] | None = None) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.directory = os.path.join(self.root, key)
-        self.artifact_dir = os.path.join(self.directory, "artifacts")
-        self.lock_dir = os.path.join(self.directory, "locks")
-        self.index_path = os.path.join(self.directory, "index.json")
-        self.lock_path = os.path.join(self.directory, "index.lock")
+        self.artifact_dir, self.lock_dir, self.index_path, self.lock_path = (
+            os.path.join(self.directory, name) for name in ("artifacts", "locks", "index.json", "index.lock"))
         self.writable = True
         os.makedirs(self.root, exist_ok=True)
-        if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
-            self.replace_corrupt(self.directory, "a file where the cache folder belongs")
-        if not os.path.isdir(self.directory):
-            os.mkdir(self.directory)
+        self._make_folder(self.directory, "a file where the cache folder belongs")
         try:
             self._repair_and_prepare(factors)
         except OSError as exc:
@@ -182,23 +197,16 @@ class CompileCache:
             return cls(root, key, factors)
         except OSError as exc:
             path = os.path.join(os.path.abspath(os.fspath(root)), key)
-            _warn_once(
-                "unusable", path,
-                "pieceworks compile cache %s is unusable (%s); compiling without the cache. Fix: point "
-                "CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR at a writable folder, or set "
-                "PIECEWORKS_DISABLE_CACHE=1 to run uncached without this warning", path, _reason(exc),
-            )
+            _warn_once("unusable", path, "pieceworks compile cache %s is unusable (%s); compiling without the cache. "
+                       "Fix: point CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR at a writable folder, or set "
+                       "PIECEWORKS_DISABLE_CACHE=1 to run uncached without this warning", path, _reason(exc))
             return None
 
     # ---- set-up ---------------------------------------------------------------------------------------------
     def _repair_and_prepare(self, factors: dict[str, str] | None) -> None:
-        fd, probe = tempfile.mkstemp(dir=self.directory, prefix=".tmp-probe-")  # read-only: raises here
-        os.close(fd)
-        os.unlink(probe)
+        tempfile.TemporaryFile(dir=self.directory, prefix=".tmp-probe-").close()  # read-only: raises here
         for folder in (self.artifact_dir, self.lock_dir):
-            if os.path.lexists(folder) and not os.path.isdir(folder):
-                self.replace_corrupt(folder, "a file where a folder belongs")
-            os.makedirs(folder, exist_ok=True)
+            self._make_folder(folder, "a file where a folder belongs")
         factors_path = os.path.join(self.directory, "factors.json")
         for path in (self.index_path, self.lock_path, factors_path):
             if os.path.isdir(path) and not os.path.islink(path):
@@ -206,6 +214,12 @@ class CompileCache:
         self._remove_stale_temporaries()
         if factors and not os.path.exists(factors_path):
             atomic_write(factors_path, json.dumps(factors, sort_keys=True, indent=1).encode())
+
+    def _make_folder(self, path: str, what: str) -> None:
+        """Create the folder `path` if needed, replacing what stands in its place (`what`)."""
+        if os.path.lexists(path) and not os.path.isdir(path):
+            self.replace_corrupt(path, what)
+        os.makedirs(path, exist_ok=True)
 
     def replace_corrupt(self, path: str, what: str) -> None:
         log.warning("pieceworks cache: %s is %s (a corrupt cache); removing it, its entries will be recompiled",
@@ -217,19 +231,16 @@ class CompileCache:
         for folder in (self.directory, self.artifact_dir):
             for name in os.listdir(folder):
                 path = os.path.join(folder, name)
-                if name.startswith(".tmp-"):
-                    with contextlib.suppress(OSError):
-                        if now - os.lstat(path).st_mtime > _STALE_TEMP_S:
-                            _remove(path)
+                with contextlib.suppress(OSError):
+                    if name.startswith(".tmp-") and now - os.lstat(path).st_mtime > _STALE_TEMP_S:
+                        _remove(path)
 
     def mark_read_only(self, exc: BaseException) -> None:
         self.writable = False
-        _warn_once(
-            "read-only", self.directory,
-            "pieceworks compile cache %s cannot be written (%s): loading the valid artifacts it holds and compiling "
-            "the rest in memory, without saving them. Fix: make it writable, point CompilationConfig.cache_dir or "
-            "PIECEWORKS_CACHE_DIR elsewhere, or set PIECEWORKS_DISABLE_CACHE=1", self.directory, _reason(exc),
-        )
+        _warn_once("read-only", self.directory, "pieceworks compile cache %s cannot be written (%s): loading the "
+                   "valid artifacts it holds and compiling the rest in memory, without saving them. Fix: make it "
+                   "writable, point CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR elsewhere, or set "
+                   "PIECEWORKS_DISABLE_CACHE=1", self.directory, _reason(exc))
 
     @property
     def inductor_dir(self) -> str | None:
@@ -237,9 +248,7 @@ class CompileCache:
         pieceworks cache carries the kernels a warm start would otherwise rebuild (C++ libraries on CPU). None
         when the cache is read-only (Inductor must write) or `TORCHINDUCTOR_CACHE_DIR` names a folder of the
         user's choosing (it wins, as in SGLang)."""
-        if not self.writable or _user_chose_inductor_dir():
-            return None
-        return os.path.join(self.root, "inductor")
+        return os.path.join(self.root, "inductor") if self.writable and not _user_chose_inductor_dir() else None
 
     # ---- locks ----------------------------------------------------------------------------------------------
     def _lock_fd(self, path: str) -> int | None:
@@ -252,53 +261,31 @@ class CompileCache:
 
     @contextlib.contextmanager
     def index_lock(self, exclusive: bool) -> Iterator[None]:
+        """Hold the index's lock: exclusive to install an artifact and merge the index, shared to read it."""
         fd = self._lock_fd(self.lock_path)
-        if fd is None:
-            if exclusive:
-                raise OSError(errno.EACCES, "cannot open the index lock", self.lock_path)
+        if fd is None and exclusive:
+            raise OSError(errno.EACCES, "cannot open the index lock", self.lock_path)
+        with contextlib.nullcontext() if fd is None else _flocked(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH):
             yield
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
 
-    @contextlib.contextmanager
-    def entry_lock(self, name: str) -> Iterator[None]:
+    def entry_lock(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Hold entry `name`'s exclusive lock across processes (while compiling and storing it), so that processes
         missing the same entry take turns: the first compiles and stores it, the others then find it. A no-op when
         the cache is read-only."""
         fd = self._lock_fd(os.path.join(self.lock_dir, artifact_stem(name) + ".lock")) if self.writable else None
-        if fd is None:
-            yield
-            return
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.info("pieceworks cache: another process is compiling %s; waiting for it", name)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        return contextlib.nullcontext() if fd is None else _flocked(fd, fcntl.LOCK_EX, waiting_for=name)
 
     # ---- reading --------------------------------------------------------------------------------------------
     def read_index(self) -> dict[str, dict[str, Any]]:
-        """The index's entries; `{}` (logged) when the file is missing or unreadable."""
+        """The index's entries; `{}` (logged) when the file is missing, cannot be read or is not an intact index."""
         try:
             with open(self.index_path, "rb") as f:
-                data = f.read()
+                return parse_index(f.read())
         except FileNotFoundError:
             return {}
-        except OSError as exc:
-            log.warning("pieceworks cache index %s cannot be read (%s); ignoring it and recompiling", self.index_path,
+        except (OSError, CacheIndexError) as exc:
+            log.warning("pieceworks cache index %s is unreadable (%s); ignoring it and recompiling", self.index_path,
                         _reason(exc))
-            return {}
-        try:
-            return parse_index(data)
-        except CacheIndexError as exc:
-            log.warning("pieceworks cache index %s is unreadable (%s); ignoring it and recompiling", self.index_path, exc)
             return {}
 
     def load(self, name: str, loader: Callable[[str], Any], claim: dict[str, str] | None = None,
@@ -314,31 +301,17 @@ class CompileCache:
             if entry is None or entry == skip:
                 return None, entry
             path = os.path.join(self.artifact_dir, entry["file"])
-            wrong = {k: (entry.get(k), v) for k, v in (claim or {}).items() if entry.get(k) != v}
-            if wrong:
-                said = ", ".join(f"{k}={got!r} (this piece: {want!r})" for k, (got, want) in sorted(wrong.items()))
-                return self._reject(path, f"was stored for another piece: {said}"), entry
-            if not entry["file"].startswith(artifact_stem(name) + "-"):
-                return self._reject(path, f"is not the file of entry {name!r} (swapped index entries)"), entry
+            problem = _entry_problem(name, entry, path, claim)
             try:
-                sha, size = _sha256_file(path)
-            except OSError as exc:
-                return self._reject(path, f"cannot be read ({_reason(exc)})"), entry
-            if (sha, size) != (entry["sha256"], entry["bytes"]):
-                return self._reject(
-                    path, f"has {size} bytes with SHA-256 {sha[:12]}…, the index says {entry['bytes']} bytes "
-                    f"with {entry['sha256'][:12]}… (truncated or garbled)"), entry
-            try:
-                loaded = loader(path)
+                loaded = None if problem else loader(path)
             except Exception as exc:  # noqa: BLE001 - any failure to load means: recompile
-                return self._reject(path, f"failed to load ({type(exc).__name__}: {exc})"), entry
+                problem = f"failed to load ({type(exc).__name__}: {exc})"
+        if problem:
+            counters.num_cache_artifacts_rejected += 1
+            log.warning("pieceworks cache artifact %s %s; not loading it, recompiling", path, problem)
+            return None, entry
         counters.num_compiled_artifacts_loaded += 1
         return loaded, entry
-
-    def _reject(self, path: str, why: str) -> None:
-        counters.num_cache_artifacts_rejected += 1
-        log.warning("pieceworks cache artifact %s %s; not loading it, recompiling", path, why)
-        return None
 
     # ---- writing --------------------------------------------------------------------------------------------
     def store(self, name: str, save: Callable[[str], None], claim: dict[str, str] | None = None) -> bool:
@@ -354,18 +327,8 @@ class CompileCache:
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
             sha, size = _sha256_file(tmp)
-        except Exception as exc:  # noqa: BLE001 - an unsaveable artifact still runs; it just is not cached
-            with contextlib.suppress(OSError):
-                _remove(tmp)
-            if isinstance(exc, OSError):
-                self.mark_read_only(exc)
-            else:
-                log.warning("pieceworks could not save the artifact for %s (%s: %s); it will be recompiled next "
-                            "time", name, type(exc).__name__, exc)
-            return False
-        stem = artifact_stem(name)
-        file = f"{stem}-{sha[:16]}.bin"
-        try:
+            stem = artifact_stem(name)
+            file = f"{stem}-{sha[:16]}.bin"
             with self.index_lock(exclusive=True):
                 os.replace(tmp, os.path.join(self.artifact_dir, file))
                 entries = self.read_index()
@@ -375,23 +338,41 @@ class CompileCache:
                     if old.startswith(stem) and old != file:
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(os.path.join(self.artifact_dir, old))
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - an unsaveable artifact still runs; it just is not cached
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            self.mark_read_only(exc)
+                _remove(tmp)
+            if isinstance(exc, OSError):  # the cache cannot be written
+                self.mark_read_only(exc)
+            else:
+                log.warning("pieceworks could not save the artifact for %s (%s); it will be recompiled next time",
+                            name, _reason(exc))
             return False
         counters.num_compiled_artifacts_saved += 1
         counters.num_cache_entries_updated += 1
         return True
 
 
+@contextlib.contextmanager
+def _flocked(fd: int, operation: int, waiting_for: str | None = None) -> Iterator[None]:
+    """Hold `flock(fd, operation)` for the block, then close `fd` (which releases it). `waiting_for`: the entry to
+    log when another process holds the lock."""
+    try:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting_for is not None:
+                log.info("pieceworks cache: another process is compiling %s; waiting for it", waiting_for)
+            fcntl.flock(fd, operation)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _user_chose_inductor_dir() -> bool:
     """Whether TORCHINDUCTOR_CACHE_DIR names a folder other than Inductor's default (Inductor writes its default
     into the environment itself once it has used it, so "set" alone does not mean "chosen")."""
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not chosen:
-        return False
-    default = inductor_default_cache_dir()
-    if default is None:  # layout of another torch: only the folder's name is known
-        return not os.path.basename(os.path.normpath(chosen)).startswith("torchinductor_")
+    default = inductor_default_cache_dir() if chosen else None
+    if default is None:  # unset, or the layout of another torch: only the folder's name is known
+        return bool(chosen) and not os.path.basename(os.path.normpath(chosen)).startswith("torchinductor_")
     return os.path.abspath(chosen) != os.path.abspath(default)

@@ -55,13 +55,18 @@ def default_capture_sizes(max_size: int = 512) -> list[int]:
 
     With `max_size=512` these are the 51 sizes engines usually capture.
     """
-    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, max_size + 1, 16))
-    sizes = [s for s in sizes if s <= max_size]
-    return sizes if max_size in sizes else sizes + [max_size]
+    strided = [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)]
+    return [s for s in strided if s < max_size] + [max_size]
 
 
-def _fail(field: str, value: Any, problem: str, fix: str) -> None:
-    raise ConfigError(f"CompilationConfig.{field}={value!r}: {problem}. Fix: {fix}.")
+def _require(ok: Any, field: str, value: Any, problem: str, fix: str) -> None:
+    """Raise `ConfigError` naming the field, its value, the problem and the fix unless `ok`."""
+    if not ok:
+        raise ConfigError(f"CompilationConfig.{field}={value!r}: {problem}. Fix: {fix}.")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_inductor_keys(config: dict[str, Any]) -> None:
@@ -72,25 +77,23 @@ def check_inductor_keys(config: dict[str, Any]) -> None:
 
     known = set(inductor_config().get_config_copy())
     for key in config:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=3)
-            _fail("inductor_compile_config", config, f"{key!r} is not an Inductor config option",
-                  f"use one of {close}" if close else "see torch._inductor.config for the options")
+        close = [] if key in known else difflib.get_close_matches(key, known, n=3)
+        _require(key in known, "inductor_compile_config", config, f"{key!r} is not an Inductor config option",
+                 f"use one of {close}" if close else "see torch._inductor.config for the options")
 
 
 def check_something_to_capture(mode: CUDAGraphMode, capture_sizes: list[int]) -> None:
     """A graph mode needs at least one capture size: graphs are captured for those sizes only."""
-    if not capture_sizes and mode is not CUDAGraphMode.NONE:
-        _fail("cudagraph_capture_sizes", capture_sizes, f"no size to capture, but cudagraph_mode={mode.name} "
-              f"captures graphs only for these sizes", "list the batch sizes to capture, leave "
-              "cudagraph_capture_sizes=None for vLLM's defaults, or set cudagraph_mode=NONE")
+    _require(capture_sizes or mode is CUDAGraphMode.NONE, "cudagraph_capture_sizes", capture_sizes, "no size to "
+             f"capture, but cudagraph_mode={mode.name} captures graphs only for these sizes", "list the batch sizes "
+             "to capture, leave cudagraph_capture_sizes=None for vLLM's defaults, or set cudagraph_mode=NONE")
 
 
 def _int_list(field: str, value: Any) -> list[int]:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        _fail(field, value, "expected a list of int", f"pass e.g. {field}=[1, 2, 4, 8]")
-    if any(v <= 0 for v in value):
-        _fail(field, value, "every entry must be a positive batch size", "remove zero and negative entries")
+    _require(isinstance(value, (list, tuple)) and all(map(_is_int, value)), field, value, "expected a list of int",
+             f"pass e.g. {field}=[1, 2, 4, 8]")
+    _require(all(v > 0 for v in value), field, value, "every entry must be a positive batch size",
+             "remove zero and negative entries")
     return list(value)
 
 
@@ -134,89 +137,80 @@ class CompilationConfig:
 
     def __post_init__(self) -> None:
         ops = self.splitting_ops
-        if isinstance(ops, str) or not isinstance(ops, (list, tuple)):
-            _fail("splitting_ops", ops, "expected a list of op names", 'pass ["silly::attention"]')
+        _require(isinstance(ops, (list, tuple)), "splitting_ops", ops, "expected a list of op names",
+                 'pass ["silly::attention"]')
         for name in ops:
-            if not isinstance(name, str) or not _OP_NAME.match(name):
-                _fail("splitting_ops", ops, f"{name!r} is not an op name", 'write "namespace::op" or '
-                      '"namespace::op.overload", e.g. "silly::attention" or "silly::attention.default"')
+            _require(isinstance(name, str) and _OP_NAME.match(name), "splitting_ops", ops, f"{name!r} is not an op "
+                     f"name", 'write "namespace::op" or "namespace::op.overload", e.g. "silly::attention" or '
+                     '"silly::attention.default"')
         self.splitting_ops = list(ops)
         top = self.max_num_batched_tokens
-        if isinstance(top, bool) or not isinstance(top, int):
-            _fail("max_num_batched_tokens", top, "expected an int", "pass e.g. 8192")
-        if top <= 0:
-            _fail("max_num_batched_tokens", top, "must be positive", "pass e.g. 8192")
+        _require(_is_int(top), "max_num_batched_tokens", top, "expected an int", "pass e.g. 8192")
+        _require(top > 0, "max_num_batched_tokens", top, "must be positive", "pass e.g. 8192")
         ends = self.compile_ranges = _int_list("compile_ranges", self.compile_ranges)
-        if ends != sorted(set(ends)):
-            _fail("compile_ranges", ends, "endpoints must be strictly increasing",
-                  f"sort them and drop repeats: {sorted(set(ends))}")
-        if ends and ends[-1] > top:
-            _fail("compile_ranges", ends, f"endpoint {ends[-1]} is above max_num_batched_tokens={top}",
-                  "raise max_num_batched_tokens or lower the endpoint")
+        _require(ends == sorted(set(ends)), "compile_ranges", ends, "endpoints must be strictly increasing",
+                 f"sort them and drop repeats: {sorted(set(ends))}")
+        _require(not ends or ends[-1] <= top, "compile_ranges", ends, f"endpoint {ends and ends[-1]} is above "
+                 f"max_num_batched_tokens={top}", "raise max_num_batched_tokens or lower the endpoint")
         mode = self.cudagraph_mode
         if not isinstance(mode, CUDAGraphMode):
-            if not (isinstance(mode, str) and mode.upper() in CUDAGraphMode.__members__):
-                _fail("cudagraph_mode", mode, "unknown mode",
-                      f"use pieceworks.CUDAGraphMode or one of {list(CUDAGraphMode.__members__)}")
+            _require(isinstance(mode, str) and mode.upper() in CUDAGraphMode.__members__, "cudagraph_mode", mode,
+                     "unknown mode", f"use pieceworks.CUDAGraphMode or one of {list(CUDAGraphMode.__members__)}")
             self.cudagraph_mode = CUDAGraphMode[mode.upper()]
         if self.cudagraph_capture_sizes is None:
             self.cudagraph_capture_sizes = default_capture_sizes(min(512, top))
         sizes = _int_list("cudagraph_capture_sizes", self.cudagraph_capture_sizes)
         self.cudagraph_capture_sizes = sorted(set(sizes))
         above = [s for s in self.cudagraph_capture_sizes if s > top]
-        if above:
-            _fail("cudagraph_capture_sizes", sizes, f"{above} are above the largest compile range "
-                  f"{self.ranges()[-1]}", "raise max_num_batched_tokens or drop those sizes")
+        _require(not above, "cudagraph_capture_sizes", sizes, f"{above} are above the largest compile range "
+                 f"{self.ranges()[-1]}", "raise max_num_batched_tokens or drop those sizes")
         check_something_to_capture(self.cudagraph_mode, sizes)
         self.compile_sizes = self._expand_compile_sizes()
         outside = [s for s in self.compile_sizes if s > top]
-        if outside:
-            _fail("compile_sizes", self.compile_sizes, f"{outside} lie outside every compile range {self.ranges()}",
-                  "raise max_num_batched_tokens or drop those sizes")
+        _require(not outside, "compile_sizes", self.compile_sizes, f"{outside} lie outside every compile range "
+                 f"{self.ranges()}", "raise max_num_batched_tokens or drop those sizes")
         warmups = self.cudagraph_num_warmups
-        if isinstance(warmups, bool) or not isinstance(warmups, int):
-            _fail("cudagraph_num_warmups", warmups, "expected an int", "pass e.g. 1")
-        if warmups < 0:
-            _fail("cudagraph_num_warmups", warmups, "must be >= 0", "pass 0 or more")
-        if self.compiler not in ("inductor", "eager"):
-            _fail("compiler", self.compiler, "unknown compiler", 'use "inductor" or "eager"')
-        options = self.inductor_compile_config
-        if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
-            _fail("inductor_compile_config", options, "expected a dict of Inductor config keys",
-                  'pass e.g. {"max_autotune": False}')
-        check_inductor_keys(options)
-        try:
-            json.dumps(options, sort_keys=True)
-        except TypeError:
-            _fail("inductor_compile_config", options, "values must be JSON-serialisable so that the cache key can "
-                  "cover them", "pass plain bools, numbers, strings, lists and dicts")
-        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
-            _fail("cache_dir", self.cache_dir, "expected a path", "pass a str or pathlib.Path, or None")
+        _require(_is_int(warmups), "cudagraph_num_warmups", warmups, "expected an int", "pass e.g. 1")
+        _require(warmups >= 0, "cudagraph_num_warmups", warmups, "must be >= 0", "pass 0 or more")
+        _require(self.compiler in ("inductor", "eager"), "compiler", self.compiler, "unknown compiler",
+                 'use "inductor" or "eager"')
+        self._check_inductor_compile_config()
+        _require(self.cache_dir is None or isinstance(self.cache_dir, (str, os.PathLike)), "cache_dir",
+                 self.cache_dir, "expected a path", "pass a str or pathlib.Path, or None")
         for flag in ("cache_enabled", "lazy_capture", "debug_replay_checks"):
-            if not isinstance(getattr(self, flag), bool):
-                _fail(flag, getattr(self, flag), "expected a bool", f"pass {flag}=True or False")
-        if self.on_missing_graph not in ("eager", "raise"):
-            _fail("on_missing_graph", self.on_missing_graph, "unknown policy", 'use "eager" or "raise"')
+            _require(isinstance(getattr(self, flag), bool), flag, getattr(self, flag), "expected a bool",
+                     f"pass {flag}=True or False")
+        _require(self.on_missing_graph in ("eager", "raise"), "on_missing_graph", self.on_missing_graph,
+                 "unknown policy", 'use "eager" or "raise"')
 
     def _expand_compile_sizes(self) -> list[int]:
         """`compile_sizes` as sorted ints; the entry "cudagraph_capture_sizes" stands for every capture size (vLLM)."""
         sizes = self.compile_sizes
-        shorthand = CAPTURE_SIZES_SHORTHAND
-        if isinstance(sizes, (list, tuple)) and shorthand in sizes:
-            sizes = [s for s in sizes if s != shorthand] + list(self.cudagraph_capture_sizes)
-        bad = [s for s in (sizes if isinstance(sizes, (list, tuple)) else []) if isinstance(s, str)]
-        if bad:
-            _fail("compile_sizes", self.compile_sizes, f"unknown entry {bad[0]!r}",
-                  f'list ints, or "{CAPTURE_SIZES_SHORTHAND}" for every capture size')
+        if isinstance(sizes, (list, tuple)):
+            if CAPTURE_SIZES_SHORTHAND in sizes:
+                sizes = [s for s in sizes if s != CAPTURE_SIZES_SHORTHAND] + self.cudagraph_capture_sizes
+            for s in sizes:
+                _require(not isinstance(s, str), "compile_sizes", self.compile_sizes, f"unknown entry {s!r}",
+                         f'list ints, or "{CAPTURE_SIZES_SHORTHAND}" for every capture size')
         return sorted(set(_int_list("compile_sizes", sizes)))
+
+    def _check_inductor_compile_config(self) -> None:
+        """A dict of known Inductor config keys whose values are JSON (so that the cache key covers them)."""
+        options = self.inductor_compile_config
+        _require(isinstance(options, dict) and all(isinstance(k, str) for k in options), "inductor_compile_config",
+                 options, "expected a dict of Inductor config keys", 'pass e.g. {"max_autotune": False}')
+        check_inductor_keys(options)
+        try:
+            json.dumps(options, sort_keys=True)
+        except TypeError:
+            _require(False, "inductor_compile_config", options, "values must be JSON-serialisable so that the cache "
+                     "key can cover them", "pass plain bools, numbers, strings, lists and dicts")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_frozen"):
-            raise ConfigError(
-                f"CompilationConfig.{name}: this config was handed to pieceworks.compile or a Backend and is frozen, "
-                f"so that no compiled model changes under its user. Fix: build a new one, e.g. "
-                f"dataclasses.replace(config, {name}=...), and compile again."
-            )
+            raise ConfigError(f"CompilationConfig.{name}: this config was handed to pieceworks.compile or a Backend "
+                              f"and is frozen, so that no compiled model changes under its user. Fix: build a new one, "
+                              f"e.g. dataclasses.replace(config, {name}=...), and compile again.")
         object.__setattr__(self, name, value)
 
     def freeze(self) -> CompilationConfig:
@@ -227,20 +221,16 @@ class CompilationConfig:
     # ---- derived values -------------------------------------------------------------------------------------
     def ranges(self) -> list[tuple[int, int]]:
         """The compile ranges as closed intervals `(lo, hi)`, in order, covering `[1, max_num_batched_tokens]`."""
-        ends = list(self.compile_ranges)
-        if not ends or ends[-1] < self.max_num_batched_tokens:
-            ends.append(self.max_num_batched_tokens)
-        starts = [1] + [e + 1 for e in ends[:-1]]
-        return list(zip(starts, ends))
+        top = self.max_num_batched_tokens
+        ends = [e for e in self.compile_ranges if e < top] + [top]
+        return list(zip([1] + [e + 1 for e in ends[:-1]], ends))
 
     def resolved_cache_dir(self) -> str:
         """`cache_dir`, else `$PIECEWORKS_CACHE_DIR`, else `$XDG_CACHE_HOME/pieceworks` (`~/.cache/pieceworks`)."""
         if self.cache_dir is not None:
             return os.fspath(self.cache_dir)
-        if os.environ.get("PIECEWORKS_CACHE_DIR"):
-            return os.environ["PIECEWORKS_CACHE_DIR"]
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return os.path.join(base, "pieceworks")
+        return os.environ.get("PIECEWORKS_CACHE_DIR") or os.path.join(base, "pieceworks")
 
     def cache_active(self) -> bool:
         """False when `cache_enabled` is off, `PIECEWORKS_DISABLE_CACHE=1`, or the compiler is eager."""
@@ -251,5 +241,4 @@ class CompilationConfig:
         """SHA-256 of the fields that change compiled code; equal configs give equal hashes in any process."""
         factors = {"splitting_ops": self.splitting_ops, "ranges": self.ranges(), "compile_sizes": self.compile_sizes,
                    "compiler": self.compiler, "inductor_compile_config": self.inductor_compile_config}
-        blob = json.dumps(factors, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return hashlib.sha256(json.dumps(factors, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -43,21 +43,16 @@ class CompilationCounter:
     @contextlib.contextmanager
     def expect(self, **deltas: int) -> Iterator[None]:
         """Assert that the block changes each named field by exactly the given delta."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(deltas) - known)
-        if unknown:
-            raise TypeError(f"counters.expect got unknown fields {unknown}; known fields: {sorted(known)}")
         before = self.snapshot()
+        unknown = sorted(set(deltas) - set(before))
+        if unknown:
+            raise TypeError(f"counters.expect got unknown fields {unknown}; known fields: {sorted(before)}")
         yield
         after = self.snapshot()
-        wrong = {
-            name: (after[name] - before[name], want)
-            for name, want in deltas.items()
-            if after[name] - before[name] != want
-        }
+        wrong = [f"  {name}: changed by {after[name] - before[name]}, expected {want}"
+                 for name, want in sorted(deltas.items()) if after[name] - before[name] != want]
         if wrong:
-            lines = [f"  {name}: changed by {got}, expected {want}" for name, (got, want) in sorted(wrong.items())]
-            raise AssertionError("pieceworks counters did not change as expected:\n" + "\n".join(lines))
+            raise AssertionError("pieceworks counters did not change as expected:\n" + "\n".join(wrong))
 
 
 counters = CompilationCounter()

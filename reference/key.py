@@ -16,7 +16,9 @@ and times never enter it. Equal inputs give equal digests in any process.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import functools
 import hashlib
 import json
 import platform
@@ -27,16 +29,14 @@ import torch.fx
 
 from ._compat import functorch_config, inductor_config, op_identity
 
-__all__ = ["cache_factors", "cache_key", "constant_text", "entry_name", "entry_claim", "graph_fingerprint", "describe_value",
-           "environment_factors", "software_factors", "inductor_config_factors", "UnkeyableConfigError", "digest"]
+__all__ = ["cache_factors", "cache_key", "constant_text", "entry_name", "entry_claim", "graph_fingerprint",
+           "describe_value", "environment_factors", "software_factors", "inductor_config_factors",
+           "UnkeyableConfigError", "digest"]
 
 
 def digest(*parts: str) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+    """SHA-256 of `parts`, each ended by a NUL byte (so that ("ab", "c") and ("a", "bc") differ)."""
+    return hashlib.sha256(b"".join(part.encode() + b"\0" for part in parts)).hexdigest()
 
 
 def describe_value(value: Any) -> str:
@@ -54,11 +54,10 @@ def _node_target(node: torch.fx.Node) -> str:
     target = node.target
     if isinstance(target, str):
         return target if node.op == "call_method" else ""
-    module = getattr(target, "__module__", None) or ""
-    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
     if op_identity(target) is not None:
         return str(target)
-    return f"{module}.{name}"
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
+    return f"{getattr(target, '__module__', None) or ''}.{name}"
 
 
 def _tensor_digest(t: torch.Tensor) -> str:
@@ -95,46 +94,30 @@ def graph_fingerprint(gm: torch.fx.GraphModule, example_args: list[Any] | None =
             return f"tensor:{_tensor_digest(a)}"
         return constant_text(a)
 
-    lines = []
-    placeholder_index = 0
-    for node in gm.graph.nodes:
-        meta = node.meta.get("example_value")
-        if node.op == "placeholder":
-            if example_args is not None and placeholder_index < len(example_args):
-                meta = example_args[placeholder_index]
-            placeholder_index += 1
-        extra = ""
-        if node.op == "get_attr":
-            value = gm
-            for part in str(node.target).split("."):
-                value = getattr(value, part)
-            extra = _tensor_digest(value) if isinstance(value, torch.Tensor) else type(value).__name__
-        lines.append(
-            f"{node.op}|{_node_target(node)}|{arg(node.args)}|{arg(node.kwargs)}|{describe_value(meta)}|{extra}"
-        )
-    return digest(*lines)
+    def attribute(node: torch.fx.Node) -> str:
+        if node.op != "get_attr":
+            return ""
+        value = functools.reduce(getattr, str(node.target).split("."), gm)
+        return _tensor_digest(value) if isinstance(value, torch.Tensor) else type(value).__name__
+
+    given = iter(example_args or ())
+    metas = [next(given, n.meta.get("example_value")) if n.op == "placeholder" else n.meta.get("example_value")
+             for n in gm.graph.nodes]
+    return digest(*(f"{n.op}|{_node_target(n)}|{arg(n.args)}|{arg(n.kwargs)}|{describe_value(meta)}|{attribute(n)}"
+                    for n, meta in zip(gm.graph.nodes, metas)))
 
 
 def software_factors() -> dict[str, str]:
     """The software and hardware that compiled code depends on, read afresh on every call: the torch build
     (version and git hash), CUDA/HIP, Triton, Python, the CPU architecture and the current GPU (name and
     compute capability). Equal in every process of one installation on one machine type."""
-    factors = {
-        "torch": torch.__version__,
-        "git": str(getattr(torch.version, "git_version", "")),
-        "cuda": str(torch.version.cuda),
-        "hip": str(getattr(torch.version, "hip", None)),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "triton": "none",
-        "gpu": "none",
-    }
-    try:
+    factors = {"torch": torch.__version__, "git": str(getattr(torch.version, "git_version", "")),
+               "cuda": str(torch.version.cuda), "hip": str(getattr(torch.version, "hip", None)),
+               "python": platform.python_version(), "machine": platform.machine(), "triton": "none", "gpu": "none"}
+    with contextlib.suppress(Exception):  # Triton is optional on CPU builds
         import triton
 
         factors["triton"] = str(triton.__version__)
-    except Exception:  # noqa: BLE001 - Triton is optional on CPU builds
-        pass
     if torch.cuda.is_available():
         index = torch.cuda.current_device()
         factors["gpu"] = f"{torch.cuda.get_device_name(index)}|sm={torch.cuda.get_device_capability(index)}"
@@ -175,9 +158,8 @@ def _portable(value: Any, where: str) -> Any:
         return str(value)
     if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
         return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
-    raise UnkeyableConfigError(
-        f"{where} holds {type(value).__name__} {value!r}, whose effect on compiled code cannot be digested"
-    )
+    raise UnkeyableConfigError(f"{where} holds {type(value).__name__} {value!r}, whose effect on compiled code "
+                               f"cannot be digested")
 
 
 def inductor_config_factors() -> str:
@@ -189,19 +171,18 @@ def inductor_config_factors() -> str:
     Equal configurations give equal digests in any process; a custom pass without `uuid()` raises
     `UnkeyableConfigError` (the caller compiles without the cache).
     """
-    doc: dict[str, Any] = {}
-    for name, module in (("inductor", inductor_config()), ("functorch", functorch_config())):
-        for key, value in module.save_config_portable().items():
-            doc[f"{name}.{key}"] = _portable(value, f"torch._{name}.config.{key}")
+    inductor = inductor_config()
+    doc = {f"{name}.{key}": _portable(value, f"torch._{name}.config.{key}")
+           for name, module in (("inductor", inductor), ("functorch", functorch_config()))
+           for key, value in module.save_config_portable().items()}
     for key in _CUSTOM_PASSES:
-        value = getattr(inductor_config(), key, None)
+        value = getattr(inductor, key, None)
         if value is None:
             continue
         if not callable(getattr(value, "uuid", None)):
-            raise UnkeyableConfigError(
-                f"torch._inductor.config.{key} is {value!r}, which has no uuid(); make it a "
-                f"torch._inductor.custom_graph_pass.CustomGraphPass so that its version can enter the cache key"
-            )
+            raise UnkeyableConfigError(f"torch._inductor.config.{key} is {value!r}, which has no uuid(); make it a "
+                                       f"torch._inductor.custom_graph_pass.CustomGraphPass so that its version can "
+                                       f"enter the cache key")
         doc[f"inductor.{key}"] = f"uuid:{value.uuid()}"
     return digest(json.dumps(doc, sort_keys=True, separators=(",", ":")))
 
@@ -212,12 +193,9 @@ def cache_factors(split_gm: torch.fx.GraphModule, fakes: list[Any], piece_finger
     metadata, and each piece's fingerprint in run order), the config's code-relevant fields, the effective global
     Inductor/functorch configuration, and the software and GPU. Raises `UnkeyableConfigError` when the Inductor
     configuration holds something that cannot be digested."""
-    return {
-        "environment": environment_factors(),
-        "config": config.compute_hash(),
-        "inductor": inductor_config_factors(),
-        "graph": digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints),
-    }
+    return {"environment": environment_factors(), "config": config.compute_hash(),
+            "inductor": inductor_config_factors(),
+            "graph": digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints)}
 
 
 def cache_key(factors: dict[str, str]) -> str:
@@ -236,5 +214,4 @@ def entry_name(fingerprint: str, target: int | tuple[int, int]) -> str:
 
 def entry_claim(fingerprint: str, target: int | tuple[int, int], example_args: list[Any]) -> dict[str, str]:
     """What an entry must say about its piece to be loaded for it: fingerprint, target, input metadata."""
-    return {"graph": fingerprint, "target": _target_name(target),
-            "inputs": digest(*(describe_value(a) for a in example_args))}
+    return {"graph": fingerprint, "target": _target_name(target), "inputs": digest(*map(describe_value, example_args))}

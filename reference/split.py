@@ -139,8 +139,7 @@ def assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[di
     """Which piece each node goes to (see the module doc), and which pieces are splitting ones."""
     piece_of: dict[torch.fx.Node, int] = {}
     splitting_pieces: set[int] = set()
-    current = 0
-    previous_was_split = False
+    current, previous = 0, False  # a new piece wherever the graph enters or leaves a run of splitting ops
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
@@ -148,17 +147,11 @@ def assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[di
         if (unpacks or binds_unbacked_size(node)) and node.args[0] in piece_of:
             piece_of[node] = piece_of[node.args[0]]
             continue
-        if is_splitting_op(node, splitting_ops):
-            if not previous_was_split:
-                current += 1
-            piece_of[node] = current
+        splitting = is_splitting_op(node, splitting_ops)
+        current += splitting != previous
+        piece_of[node], previous = current, splitting
+        if splitting:
             splitting_pieces.add(current)
-            previous_was_split = True
-            continue
-        if previous_was_split:
-            current += 1
-        previous_was_split = False
-        piece_of[node] = current
     return piece_of, splitting_pieces
 
 

@@ -1,4 +1,4 @@
-"""Dedupe soundness (issue 12.6): pieces that differ only in a constant never share compiled code or a cache entry.
+"""Dedupe soundness: pieces that differ only in a constant never share compiled code or a cache entry.
 
 Structurally identical pieces (a transformer's middle layers) are compiled once and share the artifact; that is
 sound only if everything that makes code differ enters the piece fingerprint. Here every piece has the same

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import pytest
 import torch
@@ -58,7 +59,9 @@ def test_mutation_of_a_splitting_output_is_found_and_refused():
     split_gm, pieces = split_graph(gm, ["silly::pair"])
     last = pieces[-1]
     moving = moving_inputs(split_gm, last.submod_name, {pieces[1].submod_name})
-    assert moving and set(last.moving_inputs) == moving
+    assert "split" in _sources(split_gm, last.submod_name, {pieces[1].submod_name})
+    assert moving == _positions(split_gm, last.submod_name, {pieces[1].submod_name}, "split")
+    assert set(last.moving_inputs) == moving
     assert mutated_inputs(last.graph) & moving
     # the record says why PIECEWISE refuses it; on CPU the first objection is the CPU tensor itself
     assert last.piecewise_refusal is not None and last.piecewise_refusal == last.uncapturable
@@ -68,15 +71,43 @@ def test_mutation_of_a_splitting_output_is_found_and_refused():
     assert "CPU tensor" in uncapturable_reason(first.graph, first.example_args)
 
 
+def _sources(split_gm, submod_name, splitting_names) -> list[str]:
+    """Where each argument of the call to `submod_name` in the stitching graph comes from, read off the FX graph:
+    "param" (a parameter or buffer), "input" (a graph input the caller owns), "piece" (a compiled piece's output),
+    "split" (a splitting piece's output or glue: may move), "constant"."""
+    call = next(n for n in split_gm.graph.nodes if n.op == "call_module" and n.target == submod_name)
+    kinds = []
+    for node in call.args:
+        while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is operator.getitem:
+            node = node.args[0]
+        if not isinstance(node, torch.fx.Node):
+            kinds.append("constant")
+        elif node.op == "placeholder":
+            value = node.meta.get("example_value", node.meta.get("val"))
+            kinds.append("param" if isinstance(value, torch.nn.Parameter) else "input")
+        elif node.op == "call_module":
+            kinds.append("split" if node.target in splitting_names else "piece")
+        else:
+            kinds.append("split")
+    return kinds
+
+
+def _positions(split_gm, submod_name, splitting_names, kind) -> set[int]:
+    return {i for i, k in enumerate(_sources(split_gm, submod_name, splitting_names)) if k == kind}
+
+
 def test_input_provenance_of_toy_llama_pieces():
     model = models.ToyLlama(models.ToyLlamaConfig(num_layers=2))
     gm, _ = dynamo_graph(model, models.toy_llama_inputs(4))
     split_gm, pieces = split_graph(gm, ["silly::attention"])
     splitting = {p.submod_name for p in pieces if p.is_splitting_graph}
-    assert moving_inputs(split_gm, pieces[0].submod_name, splitting) == set()  # graph inputs and parameters
-    # attention writes into a buffer the piece before made: the piece after reads fixed addresses only
-    assert moving_inputs(split_gm, pieces[2].submod_name, splitting) == set()
-    assert pieces[2].moving_inputs == () and not pieces[0].is_splitting_graph
+    assert not pieces[0].is_splitting_graph and pieces[1].is_splitting_graph and not pieces[2].is_splitting_graph
+    first = _sources(split_gm, pieces[0].submod_name, splitting)
+    assert "input" in first and "param" in first and "piece" not in first
+    assert moving_inputs(split_gm, pieces[0].submod_name, splitting) == set() == set(pieces[0].moving_inputs)
+    middle = _sources(split_gm, pieces[2].submod_name, splitting)
+    assert "piece" in middle and "split" not in middle  # attention writes into a buffer the piece before made
+    assert moving_inputs(split_gm, pieces[2].submod_name, splitting) == set() == set(pieces[2].moving_inputs)
 
 
 def test_mutated_model_inputs_are_found():

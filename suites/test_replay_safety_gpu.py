@@ -135,7 +135,8 @@ def test_caller_inputs_that_move_raise_or_are_right_never_stale(program, sizes, 
     fn(first)
     (runtime,) = backend.runtimes
     runtime.capture(lambda n: fn(static[:n]), sizes)
-    assert sorted(runtime.captured_sizes) == sorted(sizes), "every size captured: the steps below replay, not run eagerly"
+    assert sorted(runtime.captured_sizes) == sorted(sizes), \
+        "every size captured: the steps below replay, not run eagerly"
     for i, (batch, move) in enumerate(steps):
         fresh = _inputs(batch, seed=i + 1)[0]
         if move or batch > max(sizes):

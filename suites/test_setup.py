@@ -1,4 +1,4 @@
-"""`ci/setup.sh` (issue 7.14): by default it makes the project's own virtual environment and installs there, never
+"""`ci/setup.sh`: by default it makes the project's own virtual environment and installs there, never
 into the interpreter it starts from; a base interpreter that already has torch >= 2.11 (a GPU runner's CUDA build)
 lends it to the venv instead of the venv downloading one."""
 

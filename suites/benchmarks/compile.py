@@ -8,7 +8,7 @@ this benchmark did that by mistake, so its warm_new_host rows measured a rebuild
 a CPU.)
 Tracked: seconds of the first call (trace + compile or load), seconds of the whole process (imports included),
 Inductor compiles and artifacts loaded. Details (`compile.json`, for the report): the first call's seconds inside
-the pieceworks backend and, of those, compiling or loading the pieces (`Runtime.build_seconds`); the rest of the
+the pieceworks backend and, of those, compiling or loading the pieces (`CompiledGraph.build_seconds`); the rest of the
 first call is Dynamo's trace, its guards and one run of the model. Targets (report): warm 0 compiles and <= 10%
 of cold, also on a new host."""
 

@@ -133,43 +133,43 @@ class CaptureMemory:
     def setup(self, cache, mode, sizes):
         _shared.check(cache)
 
-    def _value(self, cache, mode, sizes, key):
+    def _reading(self, cache, mode, sizes, key):
         value = cache[(mode, sizes)].get(key)
         if value is None:
             raise _shared.Skip(f"{key} could not be read here (NVML unavailable?): see the details file")
         return value
 
     def track_pool_mib(self, cache, mode, sizes):
-        return self._value(cache, mode, sizes, "pool_mib")
+        return self._reading(cache, mode, sizes, "pool_mib")
 
     track_pool_mib.unit = "MiB"
 
     def track_reserved_delta_mib(self, cache, mode, sizes):
-        return self._value(cache, mode, sizes, "reserved_delta_mib")
+        return self._reading(cache, mode, sizes, "reserved_delta_mib")
 
     track_reserved_delta_mib.unit = "MiB"
 
     def track_nvml_used_delta_mib(self, cache, mode, sizes):
-        return self._value(cache, mode, sizes, "nvml_delta_mib")
+        return self._reading(cache, mode, sizes, "nvml_delta_mib")
 
     track_nvml_used_delta_mib.unit = "MiB"
 
     def track_unshared_pool_mib(self, cache, mode, sizes):
-        return self._value(cache, mode, sizes, "unshared_pool_mib")
+        return self._reading(cache, mode, sizes, "unshared_pool_mib")
 
     track_unshared_pool_mib.unit = "MiB"
 
     def track_unshared_reserved_delta_mib(self, cache, mode, sizes):
-        return self._value(cache, mode, sizes, "unshared_reserved_delta_mib")
+        return self._reading(cache, mode, sizes, "unshared_reserved_delta_mib")
 
     track_unshared_reserved_delta_mib.unit = "MiB"
 
     def track_unshared_nvml_used_delta_mib(self, cache, mode, sizes):
-        return self._value(cache, mode, sizes, "unshared_nvml_delta_mib")
+        return self._reading(cache, mode, sizes, "unshared_nvml_delta_mib")
 
     track_unshared_nvml_used_delta_mib.unit = "MiB"
 
     def track_capture_seconds(self, cache, mode, sizes):
-        return self._value(cache, mode, sizes, "capture_seconds")
+        return self._reading(cache, mode, sizes, "capture_seconds")
 
     track_capture_seconds.unit = "seconds"
