@@ -471,6 +471,33 @@ def _gate_failures_pass(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(verdicts, "INCOMPLETE", verdicts.INCOMPLETE - {verdicts.FAILED_IN_HEAD})
 
 
+def _gate_incomplete_hides_regression(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate as gate
+    import pieceworks.gate.verdicts as verdicts
+
+    def exit_status(rows):
+        found = {r.verdict for r in rows}
+        return 2 if found & verdicts.INCOMPLETE else 1 if found & verdicts.REGRESSION else 0
+
+    mp.setattr(verdicts, "exit_status", exit_status)
+    mp.setattr(gate, "exit_status", exit_status)
+
+
+def _gate_noise_fails_unchanged(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.verdicts as verdicts
+
+    original = verdicts.judge
+
+    def judge(base, head, thresholds, unit, *sets):
+        verdict, ratio, threshold, metric, note = original(base, head, thresholds, unit, *sets)
+        rule = thresholds.rule_for(base.benchmark, unit)
+        if verdict == verdicts.OK and threshold is not None and threshold > rule.max_noise:
+            verdict = verdicts.TOO_NOISY
+        return verdict, ratio, threshold, metric, note
+
+    mp.setattr(verdicts, "judge", judge)
+
+
 def _gate_improvements_fail(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
 
@@ -901,6 +928,10 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "gate_missing_is_ok": ("benchmarks missing from head are left out of the table", _gate_missing_is_ok),
     "gate_failures_pass": ("a benchmark that failed in head does not make the comparison incomplete",
                            _gate_failures_pass),
+    "gate_incomplete_hides_regression": ("a regression exits 2 when another item is incomplete",
+                                         _gate_incomplete_hides_regression),
+    "gate_noise_fails_unchanged": ("an unchanged item with a wide spread is 'too noisy': identical runs fail",
+                                   _gate_noise_fails_unchanged),
     "empty_pieces_through_inductor": ("pieces that return nothing and write nothing go through Inductor, which saves "
                                       "no artifact for them: every warm start compiles them again",
                                           _empty_pieces_through_inductor),

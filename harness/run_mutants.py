@@ -88,6 +88,8 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
     "gate_missing_is_ok": _GATE + "test_missing_benchmark_or_parameter_is_incomplete",
     "gate_failures_pass": _GATE + "test_failed_benchmark_is_incomplete",
     "gate_improvements_fail": _GATE + "test_improvement_is_shown_not_failed",
+    "gate_incomplete_hides_regression": _GATE + "test_a_regression_of_ours_with_steady_controls_fails",
+    "gate_noise_fails_unchanged": _GATE + "test_a_change_too_noisy_to_judge_is_incomplete",
     "empty_pieces_through_inductor":
         "suites/test_properties.py::test_split_model_through_inductor_equals_original_and_reloads",
     "loads_start_compile_workers": "suites/test_cache.py::test_artifacts_load_in_this_process",

@@ -1,9 +1,9 @@
 """The benchmark gate: compare two asv result sets against per-metric thresholds (`python -m pieceworks.gate`).
 
 Lives in ci/gate/ and installs as `pieceworks.gate` (pyproject's package-dir), beside the reference core, which
-never imports it. Standard library only. Exit status: 0 within thresholds, 1 a regression, 2 an incomplete
-comparison (a benchmark base measured is missing, failed or skipped in head, too noisy to judge, or has no
-threshold rule), 3 unusable input (a path or thresholds file that cannot be read).
+never imports it. Standard library only. Exit status: 1 a regression (whatever else is incomplete), else 2 an
+incomplete comparison (a benchmark base measured is missing, failed or skipped in head, too noisy to judge, or has
+no threshold rule), else 0; 3 unusable input (a path or thresholds file that cannot be read).
 """
 
 from .verdicts import Row, compare, exit_status

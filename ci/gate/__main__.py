@@ -25,8 +25,8 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="python -m pieceworks.gate", description=__doc__.split("\n\n")[1],
-                     epilog="exit status: 0 within thresholds, 1 regression, 2 incomplete comparison "
-                            "(missing, failed, skipped, too noisy, no rule), 3 unusable input")
+                     epilog="exit status: 1 regression (whatever else is incomplete), else 2 incomplete "
+                            "comparison (missing, failed, skipped, too noisy, no rule), else 0; 3 unusable input")
     parser.add_argument("--base", required=True, help="asv result set of the base (the blessed baseline)")
     parser.add_argument("--head", required=True, help="asv result set of the change under test")
     parser.add_argument("--thresholds", default=DEFAULT_PATH, help="rules file (default: %(default)s)")

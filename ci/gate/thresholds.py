@@ -9,8 +9,9 @@ lists any) fit a benchmark judges it. Fields of a rule:
 - `abs_tolerance`: a change of at most this many units is never a regression (counts: 0; tiny timings).
 - `noise_k`: the threshold widens to `noise_k` times the relative spread measured in base or head, whichever is
   larger, when that exceeds `max_ratio - 1` (0: no noise guard).
-- `max_noise`: a spread-widened threshold above this means the measurement cannot judge a change: the item
-  fails as too noisy (exit 2) instead of passing anything.
+- `max_noise`: a spread-widened threshold above this means the measurement cannot judge a change beyond
+  `max_ratio`: such an item fails as too noisy (exit 2) instead of passing anything. A change inside `max_ratio`
+  passes whatever the spread.
 - `iqr_from`: the benchmark (same class, same parameters) that reports this one's interquartile range in the same
   unit, e.g. "track_iqr_us" beside "track_median_us"; its relative half-width joins the measured spread.
 - `gate`: false to show a metric without judging it.

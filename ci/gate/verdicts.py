@@ -1,8 +1,10 @@
 """Judging head against base, item by item: the verdicts and the exit status they add up to.
 
-Every benchmark and parameter combination that base measured must be measured by head, or the comparison is
-incomplete (exit 2). Items base did not measure (new benchmarks, or ones base skipped or failed) are shown as
-`new` and never fail the gate: the base set defines what is guarded. Control items (thresholds' `controls`) are
+A regression exits 1 even when other items are incomplete. Otherwise every benchmark and parameter combination
+that base measured must be measured by head, or the comparison is incomplete (exit 2). A change inside a rule's
+narrowest threshold passes whatever the spread (identical inputs always pass); a larger one that the spread cannot
+tell from noise is "too noisy". Items base did not measure (new benchmarks, or ones base skipped or failed) are
+shown as `new` and never fail the gate: the base set defines what is guarded. Control items (thresholds' `controls`) are
 shown as `control`; controls of a benchmark that moved beyond its threshold turn its judged items into
 `environment drift` (exit 2): the two runs cannot be compared.
 """
@@ -18,7 +20,7 @@ from .thresholds import Rule, Thresholds
 
 __all__ = ["Row", "compare", "exit_status", "INCOMPLETE", "REGRESSION"]
 
-# Verdicts. INCOMPLETE ones make the exit status 2, REGRESSION 1; the others are shown only.
+# Verdicts. REGRESSION makes the exit status 1, else INCOMPLETE ones 2; the others are shown only.
 MISSING, FAILED_IN_HEAD, SKIPPED_IN_HEAD, TOO_NOISY, NO_RULE = "missing", "failed", "skipped in head", "too noisy", "no rule"
 REGRESSED, IMPROVED, OK, NEW, SKIPPED_BOTH, INFO = "regression", "improved", "ok", "new", "skipped", "info"
 CONTROL, DRIFT = "control", "environment drift"
@@ -78,11 +80,13 @@ def judge(base: Item, head: Item, thresholds: Thresholds, unit: str | None, base
     note = f"widened by noise ({spread:.1%} spread)" if threshold > rule.max_ratio - 1.0 + 1e-12 else ""
     if not rule.gate:
         return INFO, ratio, None, rule.metric, note
-    if threshold > rule.max_noise:
-        return TOO_NOISY, ratio, threshold, rule.metric, (f"spread {spread:.1%} allows {threshold:.0%}, more than "
-                                                           f"max_noise {rule.max_noise:.0%}: rerun on a quiet GPU")
-    if abs(head.value - base.value) <= rule.abs_tolerance:
+    narrowest = rule.max_ratio - 1.0  # noise only ever widens it: a change inside it passes whatever the spread
+    if abs(head.value - base.value) <= rule.abs_tolerance or 1.0 / (1.0 + narrowest) <= ratio <= 1.0 + narrowest:
         return OK, ratio, threshold, rule.metric, note
+    if threshold > rule.max_noise:
+        return TOO_NOISY, ratio, threshold, rule.metric, (f"moved {ratio - 1.0:+.0%} with a spread of {spread:.1%}, "
+                                                           f"which allows {threshold:.0%}, more than max_noise "
+                                                           f"{rule.max_noise:.0%}: rerun on a quiet GPU")
     if ratio > 1.0 + threshold:
         return REGRESSED, ratio, threshold, rule.metric, note
     if ratio < 1.0 / (1.0 + threshold):
@@ -161,10 +165,11 @@ def compare(base: ResultSet, head: ResultSet, thresholds: Thresholds) -> list[Ro
 
 
 def exit_status(rows: list[Row]) -> int:
-    """2 if anything base measured could not be compared, else 1 if anything regressed, else 0."""
+    """1 if anything regressed (whatever else is incomplete: a regression is never hidden), else 2 if anything
+    base measured could not be compared, else 0."""
     verdicts = {r.verdict for r in rows}
-    if verdicts & INCOMPLETE:
-        return 2
     if verdicts & REGRESSION:
         return 1
+    if verdicts & INCOMPLETE:
+        return 2
     return 0
