@@ -10,12 +10,14 @@
   faulthandler prints every thread's stack and ends the process 30 s later: a verdict, never a hang. The ini option
   `timeout` (all tests) and the `timeout` marker work in both cases.
 - **Mutants.** `--pieceworks-mutant NAME` applies mutant NAME (pieceworks.harness.mutants) for the session and
-  exports it as `PIECEWORKS_MUTANT`, so that cases run in a subprocess (`scenario.run_case`) apply it too.
+  exports it as `PIECEWORKS_MUTANT`, so that cases run in a subprocess (`scenario.run_case`, a child pytest) apply
+  it too.
 - **Conformance** (`pytest --pyargs pieceworks.conformance`). Its options live here, in the always-loaded plugin,
   because options of a conftest below the root are not reliably registered under `--pyargs`: `--impl NAME` (or
   `package.module:Adapter`, `path/to/file.py:Adapter`; repeatable; default every registered implementation),
   `--conformance-model NAME` (repeatable; default silly, toy-llama, hf-llama; `all`: every model),
-  `--conformance-device cuda|cpu` (cpu runs the properties that need no CUDA, for adapters that run on a CPU),
+  `--conformance-device auto|cuda|cpu` (auto, the default: cuda where the machine has CUDA, else cpu, which runs
+  the properties that need no CUDA graph),
   `--conformance-json PATH`. Each conformance test
   carries the user property "conformance" ({impl, model, property}); the plugin turns every such test's reports into
   one result (pass, fail, error, n/a, unavailable, skipped, with the reason and a failure's example), prints a
@@ -61,8 +63,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--conformance-model", action="append", default=[], metavar="NAME",
                     help="model to test (repeatable; default: silly, toy-llama, hf-llama; 'all': every model of "
                          "the suite)")
-    group.addoption("--conformance-device", choices=["cuda", "cpu"], default="cuda",
-                    help="cuda (default): the properties as GPU tests; cpu: those that need no CUDA, on the CPU")
+    group.addoption("--conformance-device", choices=["auto", "cuda", "cpu"], default="auto",
+                    help="cuda: every property, as GPU tests; cpu: the properties that need no CUDA graph, on the "
+                         "CPU; auto (default): cuda when this machine has a CUDA device, else cpu")
     group.addoption("--conformance-json", default=None, metavar="PATH",
                     help="write every conformance result as JSON here (python -m pieceworks.harness.conformance_table)")
     if not _HAS_PYTEST_TIMEOUT:  # pytest-timeout's own ini option, so that configs naming it stay valid without it
@@ -77,7 +80,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(lambda: _ACTIVE.remove(config))
     if not config.pluginmanager.hasplugin("timeout"):
         config.addinivalue_line("markers", "timeout(seconds): fail the test after this many seconds")
-    name = config.getoption("--pieceworks-mutant", default=None)
+    name = config.getoption("--pieceworks-mutant", default=None) or os.environ.get("PIECEWORKS_MUTANT")
     if name:
         from .mutants import apply
 
@@ -251,10 +254,24 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     path = config.getoption("--conformance-json", default=None)
     if path:
         tr.line(f"results written to {path}; table: python -m pieceworks.harness.conformance_table {path}")
+    if nothing_ran(results):
+        tr.line(f"FAIL: {nothing_ran(results)}", red=True)
+
+
+def nothing_ran(results: list[dict]) -> str | None:
+    """Why a conformance run tested nothing (every result n/a, unavailable or skipped), else None."""
+    if not results or any(r["outcome"] in ("pass", "fail", "error") for r in results):
+        return None
+    reasons = sorted({r["reason"] or r["outcome"] for r in results})
+    return (f"pieceworks conformance: none of {len(results)} tests ran (each was n/a, unavailable or skipped), so "
+            f"nothing was tested; reasons: {'; '.join(reasons[:3])}" + (" ..." if len(reasons) > 3 else ""))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    reason = nothing_ran(conformance_results(config))
+    if reason and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     path = config.getoption("--conformance-json", default=None)
     if not path:
         return

@@ -83,3 +83,40 @@ def test_a_users_adapters_run_through_the_installed_suite_and_make_a_table(tmp_p
     table = conformance_table.render(document)
     assert "| user-padding | pass | pass | pass | n/a [" in table and "| user-uncut | **FAIL** |" in table
     assert "### user-uncut / toy-llama / outputs-cut-to-batch (fail)" in table
+
+
+def _conformance(tmp_path, *args, cuda_visible: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"}
+    if cuda_visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible
+    return subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "pieceworks.conformance", "-q",
+                           "-p", "no:cacheprovider", *map(str, args)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_device_defaults_to_what_the_machine_has(tmp_path):
+    """No --conformance-device on a machine without CUDA (hidden here): the CPU properties run, and the JSON and
+    the table name the device they ran on."""
+    out = tmp_path / "run.json"
+    proc = _conformance(tmp_path, "--impl", "eager", "--conformance-model", "silly", "--conformance-json", out,
+                        cuda_visible="")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    document = json.loads(out.read_text())
+    assert document["meta"]["device"] == "cpu"
+    assert [r["outcome"] for r in document["results"]].count("pass") >= 1
+    assert conformance_table.render(document).startswith("# Conformance: cpu")
+
+
+def test_a_run_in_which_nothing_ran_fails_saying_why(tmp_path):
+    """Every selected test unavailable (reduce-overhead needs CUDA; the device is cpu): exit 1, not a green run."""
+    proc = _conformance(tmp_path, "--impl", "reduce-overhead", "--conformance-model", "silly",
+                        "--conformance-device", "cpu")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "nothing was tested" in proc.stdout and "needs CUDA" in proc.stdout
+
+
+def test_cuda_asked_for_without_cuda_is_a_usage_error_naming_the_fix(tmp_path):
+    proc = _conformance(tmp_path, "--impl", "eager", "--conformance-model", "silly", "--conformance-device", "cuda",
+                        cuda_visible="")
+    assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]  # pytest's usage-error status
+    assert "sees no CUDA device" in proc.stderr and "--conformance-device cpu" in proc.stderr

@@ -4,8 +4,10 @@
 - Tests run subject by subject (model, then implementation, then property), so each subject is built once
   (`Builds`); the compile-cache tests of a model run after all its other tests, when every implementation has
   written its cache entries.
-- With `--conformance-device cuda` (the default) every subject test is a gpu test with a timeout of 300 s (its
-  build included); without CUDA they are skipped with the plugin's reason.
+- The device is `--conformance-device`: auto (the default) is cuda where the machine has CUDA, else cpu. On cuda
+  every subject test is a gpu test with a timeout of 300 s (its build included); cuda asked for on a machine
+  without CUDA is a usage error. On cpu the properties that need a CUDA graph are "not applicable"; a run in which
+  no test ran at all fails (the plugin's `nothing_ran`).
 - No Dynamo reset between tests (it would invalidate torch.compile-based builds); calls run under no_grad; one
   pieceworks cache directory for the session (what the warm-start property's fresh process reads).
 """
@@ -33,7 +35,15 @@ _ORDER = list(PROPERTIES)
 
 
 def _device(config: pytest.Config) -> str:
-    return config.getoption("--conformance-device")
+    """cuda or cpu: --conformance-device, with auto resolved to what this machine has."""
+    device = config.getoption("--conformance-device")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"pieceworks conformance: --conformance-device cuda, but torch {torch.__version__} "
+                                "sees no CUDA device here: leave the option out (auto) or pass "
+                                "--conformance-device cpu to run the properties that need no CUDA graph")
+    return device
 
 
 def _subjects(config: pytest.Config) -> list[Subject]:
