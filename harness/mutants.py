@@ -498,6 +498,12 @@ def _gate_noise_fails_unchanged(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(verdicts, "judge", judge)
 
 
+def _conformance_nothing_ran_passes(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.pytest_plugin as plugin
+
+    mp.setattr(plugin, "nothing_ran", lambda results: None)
+
+
 def _gate_improvements_fail(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
 
@@ -928,6 +934,8 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "gate_missing_is_ok": ("benchmarks missing from head are left out of the table", _gate_missing_is_ok),
     "gate_failures_pass": ("a benchmark that failed in head does not make the comparison incomplete",
                            _gate_failures_pass),
+    "conformance_nothing_ran_passes": ("a conformance run in which every test was skipped exits 0",
+                                       _conformance_nothing_ran_passes),
     "gate_incomplete_hides_regression": ("a regression exits 2 when another item is incomplete",
                                          _gate_incomplete_hides_regression),
     "gate_noise_fails_unchanged": ("an unchanged item with a wide spread is 'too noisy': identical runs fail",

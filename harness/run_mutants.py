@@ -88,6 +88,8 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
     "gate_missing_is_ok": _GATE + "test_missing_benchmark_or_parameter_is_incomplete",
     "gate_failures_pass": _GATE + "test_failed_benchmark_is_incomplete",
     "gate_improvements_fail": _GATE + "test_improvement_is_shown_not_failed",
+    "conformance_nothing_ran_passes":
+        "suites/test_conformance_suite.py::test_a_run_in_which_nothing_ran_fails_saying_why",
     "gate_incomplete_hides_regression": _GATE + "test_a_regression_of_ours_with_steady_controls_fails",
     "gate_noise_fails_unchanged": _GATE + "test_a_change_too_noisy_to_judge_is_incomplete",
     "empty_pieces_through_inductor":
