@@ -1,32 +1,57 @@
 #!/usr/bin/env bash
-# The main job: set up (with the `bench` extra), run the asv benchmarks this machine can run, write the report.
+# The main job: set up (with the `bench` extra), run the benchmarks this machine can run, write the report.
 #
-#   bash ci/main.sh [extra asv run arguments, e.g. --quick]
+#   bash ci/main.sh [asv run arguments, e.g. --quick, or --bench REGEX to select benchmarks]
 #
 # On a CPU machine: the CPU subset (compile cold / warm / warm on a new host of ToyLlama 12 layers, host overhead
-# of the runtime, dispatch), a few minutes; the GPU benchmarks need CUDA and are not selected. With CUDA: the whole
-# suite (on the lent GPU box use ci/gpu_benchmarks.sh: one command, results packed to bring back). asv prints a
-# line per benchmark as it goes. Results: results/asv/<machine>/, details and the report in
-# results/bench/<machine>/ (REPORT.md, plots/). PIECEWORKS_MACHINE names the machine (default: the host name).
+# of the runtime, dispatch, code size), a few minutes; the GPU benchmarks need CUDA and are not selected. With
+# CUDA: the whole asv suite, then the pytest-benchmark host-overhead suite and the runtime breakdown (PIECEWISE's
+# parts and its peers side by side); with --bench, only the asv benchmarks selected. asv prints a line per
+# benchmark as it goes and skips what already has a result for this commit, so running the same command again
+# after an interruption measures only what is missing. Results: results/asv/<machine>/, details and the report in
+# results/bench/<machine>/ (REPORT.md, plots/); git ignores them unless that machine's results are committed
+# (.gitignore; `git add -f` to commit a new machine's). The machine is named after its GPU (e.g.
+# nvidia-h100-80gb-hbm3), else after the host; PIECEWORKS_MACHINE overrides. The run's caches go to a temporary
+# folder, removed at the end (or to $PIECEWORKS_BENCH_DIR, kept).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=$(PIECEWORKS_EXTRAS="test bench" bash ci/setup.sh)
-MACHINE=${PIECEWORKS_MACHINE:-$(hostname | tr -c 'A-Za-z0-9_.\n-' '-')}
+COMMIT=$(git rev-parse HEAD)
+cuda=0
+"$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" && cuda=1
+MACHINE=${PIECEWORKS_MACHINE:-$("$PY" -c "
+import re, socket, torch
+name = torch.cuda.get_device_name() if torch.cuda.is_available() else socket.gethostname()
+print(re.sub(r'[^A-Za-z0-9_.]+', '-', name.lower()).strip('-'))")}
 "$PY" -m asv machine --yes --machine "$MACHINE" >/dev/null
-if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  selection='.'
+selected=0
+for arg in "$@"; do [ "$arg" != --bench ] && [ "${arg#--bench=}" = "$arg" ] || selected=1; done
+if [ "$selected" = 1 ]; then
+  selection=()
+elif [ "$cuda" = 1 ]; then
+  selection=(--bench .)
   echo "main: CUDA available: the whole benchmark suite"
 else
-  selection='^(compile|host_overhead|dispatch|code_size)\.'
+  selection=(--bench '^(compile|host_overhead|dispatch|code_size)\.')
   echo "main: no CUDA: the CPU benchmarks (compile, host overhead, dispatch, code size); GPU benchmarks need a GPU runner"
 fi
 export PIECEWORKS_BENCH_DETAILS=$PWD/results/bench/$MACHINE  # absolute: asv runs benchmarks in temporary folders
 mkdir -p "$PIECEWORKS_BENCH_DETAILS"
 "$PY" -c "import sys; sys.path.insert(0, 'suites'); from benchmarks import _shared; _shared.write_details('environment', {})"
-export PIECEWORKS_BENCH_DIR=${PIECEWORKS_BENCH_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/pieceworks-bench-XXXXXX")}
+if [ -z "${PIECEWORKS_BENCH_DIR:-}" ]; then
+  PIECEWORKS_BENCH_DIR=$(mktemp -d "${TMPDIR:-/tmp}/pieceworks-bench-XXXXXX")
+  trap 'rm -rf "$PIECEWORKS_BENCH_DIR"' EXIT
+fi
+export PIECEWORKS_BENCH_DIR
 status=0
-"$PY" -m asv run --python=same --set-commit-hash "$(git rev-parse HEAD)" --machine "$MACHINE" \
-  --launch-method spawn --bench "$selection" "$@" || status=$?
+"$PY" -m asv run --python=same --set-commit-hash "$COMMIT" --machine "$MACHINE" --launch-method spawn \
+  --skip-existing-successful "${selection[@]}" "$@" || status=$?
+if [ "$cuda" = 1 ] && [ "$selected" = 0 ]; then
+  "$PY" -m pytest suites/test_host_overhead.py -q -p no:cacheprovider \
+    --benchmark-json "$PIECEWORKS_BENCH_DETAILS/host_overhead.json" || status=$?
+  "$PY" -m pieceworks.harness.runtime_breakdown \
+    --out "$PIECEWORKS_BENCH_DETAILS/runtime_breakdown_$(git rev-parse --short=7 HEAD).json" || status=$?
+fi
 "$PY" -m pieceworks.harness.report --machine "$MACHINE"
-echo "main: results in results/asv/$MACHINE, report in results/bench/$MACHINE/REPORT.md (asv exit status $status)"
+echo "main: results in results/asv/$MACHINE, report in results/bench/$MACHINE/REPORT.md (exit status $status)"
 exit "$status"

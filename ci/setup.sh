@@ -119,7 +119,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 with open(sys.argv[1], "rb") as f:
-    extras = tomllib.load(f)["project"]["optional-dependencies"]
+    project = tomllib.load(f)["project"]
+extras = {**project["optional-dependencies"], "": project["dependencies"]}
 def expand(name, seen):
     for req in extras[name]:
         inner = re.fullmatch(r"pieceworks\[(.+)\]", req)
@@ -130,7 +131,7 @@ def expand(name, seen):
                     yield from expand(sub.strip(), seen)
         elif not re.match(r"torch\b", req):
             yield req
-for name in sys.argv[2:]:
+for name in ["", *sys.argv[2:]]:  # "": the project's own dependencies
     if name not in extras:
         sys.exit(f"setup: PIECEWORKS_EXTRAS names {name!r}; pyproject.toml has {sorted(extras)}")
     print("\n".join(dict.fromkeys(expand(name, {name}))))

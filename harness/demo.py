@@ -28,7 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--profile", default=None, help="folder for cProfile files of each first call")
     args = parser.parse_args(argv)
-    work = tempfile.mkdtemp(prefix="pieceworks-demo-")
+    with tempfile.TemporaryDirectory(prefix="pieceworks-demo-", ignore_cleanup_errors=True) as work:
+        return _run(args, work)
+
+
+def _run(args: argparse.Namespace, work: str) -> int:
+    """The three starts, with every folder the demo makes under `work` (the cache too, unless --cache-dir)."""
     cache_dir = args.cache_dir or os.path.join(work, "cache")
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
@@ -59,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             f"artifacts saved {c['num_compiled_artifacts_saved']}, loaded {c['num_compiled_artifacts_loaded']} | "
             f"max rel. error vs eager {r['max_rel_error']:.1e} | torch {r['torch']}"
         )
-    print(f"  cache directory: {reports['warm']['cache_dir']}")
+    kept = "" if args.cache_dir else " (temporary, removed at exit)"
+    print(f"  cache directory: {reports['warm']['cache_dir']}{kept}")
     compiled = {p: r["counters"]["num_inductor_compiles"] for p, r in reports.items() if p != "cold"}
     if any(compiled.values()):
         print(f"FAIL: a warm start compiled pieces: {compiled}", file=sys.stderr)

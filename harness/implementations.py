@@ -438,7 +438,7 @@ class VLLM(Implementation):
             import vllm  # noqa: F401
         except ImportError as exc:
             return (f"vllm is not importable here ({exc}). vLLM pins a torch build of its own and is installed from "
-                    "the network, so it is not installable on the lent GPU image (torch 2.11, no network). Fix: pip "
+                    "the network, so it cannot be installed on a machine without network access. Fix: pip "
                     "install vllm in an environment whose torch is the one vLLM pins, and run there")
         return super().unavailable_reason()
 

@@ -504,6 +504,100 @@ def _conformance_nothing_ran_passes(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(plugin, "nothing_ran", lambda results: None)
 
 
+def _replaced_state_served(mp: pytest.MonkeyPatch) -> None:
+    import types
+
+    import pieceworks.api as api
+
+    mp.setattr(api, "StateWatch", lambda model, owner: types.SimpleNamespace(replaced=None))
+
+
+def _reallocation_unseen(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.binding as binding
+
+    mp.setattr(binding, "after_apply", lambda module, callback: None)
+
+
+def _layout_passed_through(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.api as api
+
+    mp.setattr(api, "contiguous", list)
+
+
+def _no_progress_bar(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.backend as backend
+    import pieceworks.runtime as runtime
+
+    for module in (backend, runtime):
+        mp.setattr(module, "progress", lambda items, description, total=None: items)
+
+
+def _clock_skips_the_device(mp: pytest.MonkeyPatch) -> None:
+    import time
+
+    import pieceworks.harness.timing as timing
+
+    mp.setattr(timing, "synchronized_clock", time.perf_counter)
+
+
+def _events_per_launch(mp: pytest.MonkeyPatch) -> None:
+    import time
+
+    import pieceworks.harness.timing as timing
+
+    def host_clock_samples(fn, reps, calls=1):  # a host clock around asynchronous launches
+        samples = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - start) * 1e6 / calls)
+        return samples
+
+    mp.setattr(timing, "_event_samples_us", host_clock_samples)
+
+
+def _pool_reading_counts_every_pool(mp: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import pieceworks.harness.memory as memory
+
+    mp.setattr(memory, "pool_bytes", lambda pool: sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+                                                      if tuple(s.get("segment_pool_id", ())) != (0, 0)))
+
+
+def _capture_sizes_skip_one(mp: pytest.MonkeyPatch) -> None:
+    from hypothesis import strategies as st
+
+    import pieceworks.harness.strategies as strategies
+
+    mp.setattr(strategies, "capture_sizes", lambda max_size=64, max_count=12: st.lists(
+        st.integers(2, max_size), min_size=1, max_size=max_count, unique=True).map(sorted))
+
+
+def _batches_never_beyond(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.strategies as strategies
+
+    original = strategies.batch_sequences
+    mp.setattr(strategies, "batch_sequences", lambda max_size=64, beyond=16, max_len=12: original(max_size, 0, max_len))
+
+
+def _adapter_counts_the_session(mp: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    import pieceworks
+    import pieceworks.harness.implementations as impls
+
+    original = impls.Pieceworks.build
+
+    def build(self, *args, **kwargs):
+        before = pieceworks.counters.num_inductor_compiles + pieceworks.counters.num_eager_compiles
+        built = original(self, *args, **kwargs)
+        return dataclasses.replace(built, compiles=built.compiles + before)
+
+    mp.setattr(impls.Pieceworks, "build", build)
+
+
 def _gate_improvements_fail(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
 
@@ -727,6 +821,29 @@ def _read_only_cache_raises(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(cache.CompileCache, "mark_read_only", read_only)
 
 
+def _index_warns_every_read(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.cache as cache
+
+    def read_index(self):
+        try:
+            with open(self.index_path, "rb") as f:
+                return cache.parse_index(f.read())
+        except FileNotFoundError:
+            return {}
+        except (OSError, cache.CacheIndexError) as exc:
+            cache.log.warning("pieceworks cache index %s is unreadable (%s)", self.index_path, exc)
+            return {}
+
+    mp.setattr(cache.CompileCache, "read_index", read_index)
+
+
+def _prune_by_age_only(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.cache as cache
+
+    original = cache.prune
+    mp.setattr(cache, "prune", lambda root, older_than_days=None, environment=None: original(root, older_than_days))
+
+
 def _wrong_types_not_replaced(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.cache as cache
 
@@ -936,6 +1053,24 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
                            _gate_failures_pass),
     "conformance_nothing_ran_passes": ("a conformance run in which every test was skipped exits 0",
                                        _conformance_nothing_ran_passes),
+    "index_warns_every_read": ("an unreadable cache index warns at every read (once per piece)",
+                               _index_warns_every_read),
+    "prune_by_age_only": ("prune keeps key folders of other torch builds", _prune_by_age_only),
+    "replaced_state_served": ("a replaced parameter goes unnoticed: the graphs keep the old tensor",
+                              _replaced_state_served),
+    "reallocation_unseen": ("model.to() that reallocates the weights goes unnoticed", _reallocation_unseen),
+    "layout_passed_through": ("non-contiguous arguments reach pieces compiled for contiguous ones",
+                              _layout_passed_through),
+    "no_progress_bar": ("compile and capture show no progress bar on a terminal", _no_progress_bar),
+    "clock_skips_the_device": ("the synchronized clock reads the time without waiting for the GPU",
+                               _clock_skips_the_device),
+    "events_per_launch": ("GPU calls timed with a host clock around their launches", _events_per_launch),
+    "pool_reading_counts_every_pool": ("a pool's bytes count every graph pool's segments",
+                                       _pool_reading_counts_every_pool),
+    "capture_sizes_skip_one": ("capture-size draws never include size 1", _capture_sizes_skip_one),
+    "batches_never_beyond": ("batch sequences never go above the largest capture size", _batches_never_beyond),
+    "adapter_counts_the_session": ("an adapter's compile count includes earlier builds' compiles",
+                                   _adapter_counts_the_session),
     "gate_incomplete_hides_regression": ("a regression exits 2 when another item is incomplete",
                                          _gate_incomplete_hides_regression),
     "gate_noise_fails_unchanged": ("an unchanged item with a wide spread is 'too noisy': identical runs fail",

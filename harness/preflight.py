@@ -7,7 +7,7 @@ checks through NVML, before this process touches CUDA, that no other process hol
 then, under a short load of its own, that the SM clock reaches its maximum (or --expect-sm-mhz, for runners with
 locked clocks) and no thermal, power-brake or hardware slowdown is active. The load is launch-bound, like the
 benchmarks (small kernels back to back): a dense GEMM load would reach the board's power limit and lower the clock
-on a healthy GPU (seen on the lent H100: 1980 MHz falling to 1440 MHz after ~0.5 s of 4096^3 bf16 GEMMs, with no
+on a healthy GPU (seen on an H100: 1980 MHz falling to 1440 MHz after ~0.5 s of 4096^3 bf16 GEMMs, with no
 slowdown reason reported), which says nothing about the latency benchmarks, whose kernels never draw that power.
 
 Exit status: 0 ready; 1 no usable GPU (no CUDA device, NVML missing); 75 (EX_TEMPFAIL, try later) busy or

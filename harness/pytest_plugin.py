@@ -222,7 +222,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def conformance_results(config: pytest.Config) -> list[dict]:
-    """The conformance results of this session so far, one per test, in the order they ran (a test that never
+    """The conformance results of this pytest run so far, one per test, in the order they ran (a test that never
     reported an outcome, e.g. one cut short, counts as an error)."""
     results = [dict(r) for r in config.stash.get(_RESULTS, {}).values()]
     for r in results:

@@ -1,8 +1,8 @@
-"""The benchmark report: tables, target verdicts and PNG plots, regenerated from committed result files.
+"""The benchmark report: tables, target verdicts and PNG plots, regenerated from result files.
 
 `python -m pieceworks.harness.report --machine NAME` reads
-- asv's results for that machine (`results/asv/NAME/<commit>-<env>.json`, the newest unless `--commit`), with
-  `results/asv/benchmarks.json` for units;
+- asv's results for that machine (`results/asv/NAME/<commit>-<env>.json`: each benchmark from the newest run that
+  has it, or from `--commit`'s run only);
 - the details the suites wrote beside them (`results/bench/NAME/*.json`: environment, skip reasons, errors
   against eager, kernel profiles);
 - pytest-benchmark's JSON of the host-overhead suite (`results/bench/NAME/host_overhead.json`), if present;
@@ -11,7 +11,8 @@
 - side-by-side timings in rotating rounds (`results/bench/NAME/runtime_breakdown_<commit>.json`,
   `python -m pieceworks.harness.runtime_breakdown --out`): tables and target rows of their own;
 and writes `results/bench/NAME/REPORT.md` and `results/bench/NAME/plots/*.png` (matplotlib; without it, the
-tables only). Every ratio is computed from numbers of the same run. Nothing is measured here.
+tables only). Every ratio is computed from numbers of the same run. Nothing is measured here: a section without
+numbers says "not measured here" and why, and the header says "committed" only for result files git tracks unmodified.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import glob
 import json
 import math
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -29,42 +31,56 @@ __all__ = ["load_asv", "main"]
 
 TARGETS = {
     "piecewise_vs_pcg": 0.9, "full_vs_reduce_overhead": 1.02, "pool_51_vs_largest": 1.05, "capture_51_s": 1.0,
-    "warm_vs_cold": 0.10, "overhead_per_piece_us": 2.0, "call_vs_replay": 1.03, "core_lines": 1600,
+    "warm_vs_cold": 0.10, "overhead_per_piece_us": 2.0, "call_vs_replay": 1.03,
 }
+OWN_CHECKS = {"core_lines": 1600}  # the project's goals for its own code, not product targets
 LIBRARY_DOMINATES = 0.5  # a library kernel family above this share of GPU time dominates the batch size
 
 
-def newest_asv_file(results_dir: str, machine: str, commit: str | None = None) -> str:
-    """The asv result file of `machine` (of `commit`, if given) whose benchmarks started last: the run a report
-    and the gate's own checks read."""
+def asv_files(results_dir: str, machine: str, commit: str | None = None) -> list[str]:
+    """The asv result files of `machine` (of `commit` only, if given)."""
     files = [f for f in glob.glob(os.path.join(results_dir, machine, "*.json")) if not f.endswith("machine.json")]
     if commit:
         files = [f for f in files if os.path.basename(f).startswith(commit[:8])]
     if not files:
         raise FileNotFoundError(f"no asv results for machine {machine!r} in {results_dir}"
                                 + (f" at commit {commit}" if commit else "") + ": run the benchmarks first")
+    return sorted(files)
 
-    def started(path: str) -> float:
-        doc = json.load(open(path))
-        return max((r[3] for r in doc["results"].values() if len(r) > 3 and r[3]), default=0)
 
-    return max(files, key=started)
+def _started(row: list) -> float:
+    return row[3] if len(row) > 3 and row[3] else 0
+
+
+def newest_asv_file(results_dir: str, machine: str, commit: str | None = None) -> str:
+    """The asv result file of `machine` (of `commit`, if given) whose benchmarks started last: the run the gate's
+    own checks read."""
+    return max(asv_files(results_dir, machine, commit),
+               key=lambda path: max(map(_started, json.load(open(path))["results"].values()), default=0))
 
 
 def load_asv(results_dir: str, machine: str, commit: str | None = None) -> tuple[dict[str, dict], dict[str, Any]]:
-    """{benchmark name: {params tuple: value}} of one asv result file (`newest_asv_file`), and its header fields."""
-    doc = json.load(open(newest_asv_file(results_dir, machine, commit)))
-    columns = doc["result_columns"]
-    table: dict[str, dict] = {}
-    for name, row in doc["results"].items():
-        row = dict(zip(columns, row))
-        values = row["result"] if isinstance(row["result"], list) else [row["result"]]
-        params = [[ast.literal_eval(p) for p in ps] for ps in row.get("params") or []]
-        keys = _product(params) if params else [()]
-        table[name] = {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else v)
-                       for k, v in zip(keys, values)}
-    header = {k: doc.get(k) for k in ("commit_hash", "date", "params", "python", "env_name")}
-    return table, header
+    """{benchmark name: {params tuple: value}}, each benchmark from the run of `machine` that started it last (of
+    `commit` only, if given), and the header: {benchmark name: commit} under "commits", the files read under "files"."""
+    files = asv_files(results_dir, machine, commit)
+    rows: dict[str, tuple[list, dict]] = {}
+    for path in files:
+        doc = json.load(open(path))
+        for name, row in doc["results"].items():
+            if name not in rows or _started(row) > _started(rows[name][0]):
+                rows[name] = (row, doc)
+    table = {name: _values(dict(zip(doc["result_columns"], row))) for name, (row, doc) in rows.items()}
+    newest = max(rows.values(), key=lambda found: _started(found[0]))[1] if rows else {}
+    return table, {"params": newest.get("params"), "files": files,
+                   "commits": {name: doc["commit_hash"] for name, (_, doc) in rows.items()}}
+
+
+def _values(row: dict) -> dict[tuple, Any]:
+    """{params tuple: value} of one asv result row; None for a skipped or failed value."""
+    values = row["result"] if isinstance(row["result"], list) else [row["result"]]
+    params = [[ast.literal_eval(p) for p in ps] for ps in row.get("params") or []]
+    keys = _product(params) if params else [()]
+    return {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else v) for k, v in zip(keys, values)}
 
 
 def _product(params: list[list[Any]]) -> list[tuple]:
@@ -126,7 +142,11 @@ class Report:
         self.asv, self.header, self.details = asv, header, details
         self.lines: list[str] = []
         self.targets: list[tuple[str, str, str, str]] = []
+        self.own_checks: list[tuple[str, str, str, str]] = []
+        self.unmeasured: list[str] = []  # "section (reason)" of each section with no numbers
         self.plots: list[tuple[str, Any]] = []
+        self.environment = (details.get("environment") or next(
+            (d for d in details.values() if "environment" in d), {})).get("environment", {})
 
     def value(self, name: str, *key: Any) -> Any:
         return self.asv.get(name, {}).get(tuple(key))
@@ -135,58 +155,64 @@ class Report:
     LATENCY_RATIOS = {"PIECEWISE / meta-pcg": ("pieceworks-piecewise", "meta-pcg"),
                       "FULL / reduce-overhead": ("pieceworks-full", "reduce-overhead")}
 
+    LATENCY_CLASSES = [("ToyLlamaBfloat16", "toy_llama", "bfloat16"), ("ToyLlamaFloat32", "toy_llama", "float32"),
+                       ("SillyBfloat16", "silly", "bfloat16"), ("SillyFloat32", "silly", "float32")]
+
     def latency(self) -> None:
-        classes = [("ToyLlamaBfloat16", "toy_llama", "bfloat16"), ("ToyLlamaFloat32", "toy_llama", "float32"),
-                   ("SillyBfloat16", "silly", "bfloat16"), ("SillyFloat32", "silly", "float32")]
-        self.lines += ["## Latency", "",
-                       "Median µs per forward (CUDA events, 200 samples after 20 warm-up calls), IQR in brackets; "
-                       "every number of a table comes from one process. Ratios: PIECEWISE / Meta pcg and FULL / "
-                       "reduce-overhead, from the same table. Where the run timed implementations side by side in "
-                       "rotating rounds (listed under the table), a ratio is the median of its per-round ratios, "
-                       "(min-max) over the rounds; in older runs, each implementation was timed in turn and a ratio "
-                       "is one median over the other.", ""]
         worst: dict[str, list] = {key: [] for key in self.LATENCY_RATIOS}
-        for cls, model, dtype in classes:
-            name = f"latency.{cls}.track_median_us"
-            if name not in self.asv:
-                continue
-            iqr = self.asv.get(f"latency.{cls}.track_iqr_us", {})
-            rounds = self.details.get(f"latency_{model}_{dtype}", {}).get("ratios", {})
-            rounds_n = self.details.get(f"latency_{model}_{dtype}", {}).get("rounds")
-            impls = sorted({k[0] for k in self.asv[name]}, key=list(dict.fromkeys(k[0] for k in self.asv[name])).index)
-            batches = sorted({k[1] for k in self.asv[name]})
-            present = [i for i in impls if any(self.asv[name].get((i, b)) is not None for b in batches)]
-            if not present:
-                self.lines += [f"{model} {dtype}: not measured here ({self._skip_reason(f'latency_{model}_{dtype}')})",
-                               ""]
-                continue
-            self.lines += [f"### {model}, {dtype}", "",
-                           "| batch | " + " | ".join(present) + " | PIECEWISE / pcg | FULL / reduce-overhead |",
-                           "|---:|" + "---:|" * (len(present) + 2)]
-            series: dict[str, list] = {i: [] for i in present}
-            for b in batches:
-                cells = []
-                for i in present:
-                    med, spread = self.asv[name].get((i, b)), iqr.get((i, b))
-                    series[i].append(med)
-                    cells.append("n/a" if med is None else f"{med:.0f} ({_fmt(spread, 0)})")
-                ratios = []
-                for key, (a, c) in self.LATENCY_RATIOS.items():
-                    ratio, spread = self._latency_ratio(rounds.get(str(b), {}).get(key), self.asv[name].get((a, b)),
-                                                        self.asv[name].get((c, b)))
-                    ratios.append(f"{_fmt(ratio, 2)}×" + (f" ({spread['min']:.2f}-{spread['max']:.2f})"
-                                                          if spread else ""))
-                    if model == "toy_llama":
-                        worst[key].append((ratio, dtype, b, spread))
-                self.lines.append(f"| {b} | " + " | ".join(cells + ratios) + " |")
-            together = self.details.get(f"latency_{model}_{dtype}", {}).get("side_by_side")
-            if together:
-                self.lines += ["", f"Timed side by side in {rounds_n} rotating rounds: {', '.join(together)}; the "
-                               "others each alone, before them."]
-            self.lines.append("")
-            self.plots.append((f"latency_{model}_{dtype}.png", (f"{model}, {dtype}: latency vs batch", batches, series)))
+        tables = {(model, dtype): self._latency_table(cls, model, dtype, worst)
+                  for cls, model, dtype in self.LATENCY_CLASSES}
+        if not any(tables.values()):
+            self._not_measured("Latency", self._skip_reason("latency_toy_llama_bfloat16"))
+        else:
+            self.lines += ["## Latency", "",
+                           "Median µs per forward (CUDA events, 200 samples after 20 warm-up calls), IQR in brackets; "
+                           "every number of a table comes from one process. Ratios: PIECEWISE / Meta pcg and FULL / "
+                           "reduce-overhead, from the same table. Where the run timed implementations side by side in "
+                           "rotating rounds (listed under the table), a ratio is the median of its per-round ratios, "
+                           "(min-max) over the rounds; in older runs, each implementation was timed in turn and a "
+                           "ratio is one median over the other.", ""]
+            for (model, dtype), table in tables.items():
+                self.lines += table or [f"{model} {dtype}: not measured here "
+                                        f"({self._skip_reason(f'latency_{model}_{dtype}')})", ""]
         self._latency_targets(worst)
         self._profiles()
+
+    def _latency_table(self, cls: str, model: str, dtype: str, worst: dict[str, list]) -> list[str]:
+        """The table of one latency class (no lines where nothing was measured); adds ToyLlama's ratios to `worst`."""
+        name = f"latency.{cls}.track_median_us"
+        found = self.asv.get(name, {})
+        iqr = self.asv.get(f"latency.{cls}.track_iqr_us", {})
+        details = self.details.get(f"latency_{model}_{dtype}", {})
+        rounds = details.get("ratios", {})
+        impls = list(dict.fromkeys(k[0] for k in found))
+        batches = sorted({k[1] for k in found})
+        present = [i for i in impls if any(found.get((i, b)) is not None for b in batches)]
+        if not present:
+            return []
+        lines = [f"### {model}, {dtype}", "",
+                 "| batch | " + " | ".join(present) + " | PIECEWISE / pcg | FULL / reduce-overhead |",
+                 "|---:|" + "---:|" * (len(present) + 2)]
+        series: dict[str, list] = {i: [] for i in present}
+        for b in batches:
+            cells = []
+            for i in present:
+                med, spread = found.get((i, b)), iqr.get((i, b))
+                series[i].append(med)
+                cells.append("n/a" if med is None else f"{med:.0f} ({_fmt(spread, 0)})")
+            ratios = []
+            for key, (a, c) in self.LATENCY_RATIOS.items():
+                ratio, spread = self._latency_ratio(rounds.get(str(b), {}).get(key), found.get((a, b)),
+                                                    found.get((c, b)))
+                ratios.append(f"{_fmt(ratio, 2)}×" + (f" ({spread['min']:.2f}-{spread['max']:.2f})" if spread else ""))
+                if model == "toy_llama":
+                    worst[key].append((ratio, dtype, b, spread))
+            lines.append(f"| {b} | " + " | ".join(cells + ratios) + " |")
+        if details.get("side_by_side"):
+            lines += ["", f"Timed side by side in {details.get('rounds')} rotating rounds: "
+                      f"{', '.join(details['side_by_side'])}; the others each alone, before them."]
+        self.plots.append((f"latency_{model}_{dtype}.png", (f"{model}, {dtype}: latency vs batch", batches, series)))
+        return lines + [""]
 
     @staticmethod
     def _latency_ratio(in_rounds: dict | None, top: float | None, bottom: float | None) -> tuple[float | None, Any]:
@@ -205,7 +231,7 @@ class Report:
         ):
             ratios = [(r, d, b, spread) for r, d, b, spread in worst[key] if r is not None]
             if not ratios:
-                self.targets.append((label, "n/a", _verdict(None), ""))
+                self._target_not_measured(label, self._skip_reason("latency_toy_llama_bfloat16"))
                 continue
             misses = [(r, d, b) for r, d, b, _ in ratios if r > limit]
             measured = ", ".join(f"{d} b{b}: {r:.2f}×" + (f" ({s['min']:.2f}-{s['max']:.2f})" if s else "")
@@ -298,9 +324,10 @@ class Report:
         base = "memory.CaptureMemory."
         if self.value(base + "track_pool_mib", "PIECEWISE", 1) is None and \
                 self.value(base + "track_pool_mib", "FULL", 1) is None:
-            self.lines += ["## Memory and capture", "", f"Not measured here ({self._skip_reason('memory')}).", ""]
+            reason = self._skip_reason("memory")
+            self._not_measured("Memory and capture", reason)
             for label in ("pool for 51 sizes ≤ 1.05× the largest size alone", "capture of 51 sizes ≤ 1 s"):
-                self.targets.append((label, "n/a", _verdict(None), ""))
+                self._target_not_measured(label, reason)
             return
         nvml = self.details.get("memory", {}).get("nvml", "")
         self.lines += ["## Memory and capture (ToyLlama 12 layers, bfloat16)", "",
@@ -359,9 +386,11 @@ class Report:
         self.lines += ["## Compile: cold, warm, warm on a new host", ""]
         later_measured, later_ok, later_notes = self._warm_start_runs()
         if rows["cold"]["first_call_seconds"] is None:
-            self.lines += ["Not measured here (asv).", ""]
+            reason = self._skip_reason("compile", needs_cuda=False)
+            self.lines += [f"asv: not measured here ({reason}).", ""]
+            self.unmeasured.append(f"Compile ({reason})")
             self.targets.append(("warm start: 0 Inductor compiles, ≤ 10% of cold (also new host)",
-                                 "; ".join(later_measured) or "n/a",
+                                 "; ".join(later_measured) or reason,
                                  _verdict(all(later_ok) if later_ok else None), "; ".join(later_notes)))
             return
         cold = rows["cold"]["first_call_seconds"]
@@ -455,6 +484,7 @@ class Report:
     # ---- host overhead --------------------------------------------------------------------------------------
     def host_overhead(self, pytest_benchmark: dict | None) -> None:
         self.lines += ["## Host overhead of the runtime", ""]
+        gpu_reason = self._skip_reason("host_overhead")
         gpu_rows = []
         for bench in (pytest_benchmark or {}).get("benchmarks", []):
             info = bench.get("extra_info", {})
@@ -482,6 +512,10 @@ class Report:
                     f" | {r['overhead_us']:.1f} | {r['overhead_per_piece_us']:.2f} | {_fmt(r.get('replay_run_us'), 1)}"
                     f" | {_fmt(r.get('call_over_replay'), 3)} | {r['wall_us']:.1f} |")
             self.lines.append("")
+        else:
+            self.lines += ["GPU (pytest-benchmark, `suites/test_host_overhead.py -m gpu`): not measured here "
+                           f"({gpu_reason}).", ""]
+            self.unmeasured.append(f"Host overhead, GPU ({gpu_reason})")
         piecewise = [r for r in gpu_rows if r["mode"] == "PIECEWISE" and r.get("device") != "cpu"]
         if piecewise:
             ok = all(r["overhead_per_piece_us"] <= TARGETS["overhead_per_piece_us"] for r in piecewise)
@@ -489,12 +523,15 @@ class Report:
                 f"b{r['batch']}: {r['overhead_per_piece_us']:.2f} µs" for r in sorted(piecewise, key=lambda r: r["batch"])),
                 _verdict(ok), ""))
         else:
-            self.targets.append(("host overhead ≤ 2 µs per piece (PIECEWISE, GPU)", "n/a", _verdict(None), ""))
+            self._target_not_measured("host overhead ≤ 2 µs per piece (PIECEWISE, GPU)", gpu_reason)
         ratios = sorted((r["mode"], r["batch"], r["call_over_replay"]) for r in gpu_rows
                         if r.get("call_over_replay") is not None and r.get("device") != "cpu")
-        self.targets.append(("CompiledModel call ≤ 1.03× its replay run alone (GPU)", ", ".join(
-            f"{m} b{b}: {x:.3f}×" for m, b, x in ratios) or "n/a",
-            _verdict(all(x <= TARGETS["call_vs_replay"] for _, _, x in ratios) if ratios else None), ""))
+        if ratios:
+            self.targets.append(("CompiledModel call ≤ 1.03× its replay run alone (GPU)", ", ".join(
+                f"{m} b{b}: {x:.3f}×" for m, b, x in ratios),
+                _verdict(all(x <= TARGETS["call_vs_replay"] for _, _, x in ratios)), ""))
+        else:
+            self._target_not_measured("CompiledModel call ≤ 1.03× its replay run alone (GPU)", gpu_reason)
         base = "host_overhead.HostOverheadCPU."
         cpu = {m: {k: self.value(base + f"track_{k}", m) for k in ("forward_us", "overhead_per_forward_us",
                                                                     "overhead_per_piece_us")} for m in ("tiny", "toy_llama")}
@@ -505,6 +542,10 @@ class Report:
                 self.lines.append(f"| {m} | {_fmt(v['forward_us'])} | {_fmt(v['overhead_per_forward_us'])} | "
                                   f"{_fmt(v['overhead_per_piece_us'], 2)} |")
             self.lines.append("")
+        else:
+            reason = self._skip_reason("host_overhead_cpu", needs_cuda=False)
+            self.lines += [f"asv, CPU: not measured here ({reason}).", ""]
+            self.unmeasured.append(f"Host overhead, CPU ({reason})")
 
     # ---- side by side (harness.runtime_breakdown) -------------------------------------------------------------
     SIDE_BY_SIDE = ["compiled call", "plan run", "graph replays", "splitting ops", "FULL", "FULL unsplit", "meta-pcg",
@@ -518,6 +559,7 @@ class Report:
         runs = sorted(((name, doc) for name, doc in self.details.items() if name.startswith("runtime_breakdown")),
                       key=lambda item: item[1].get("date", ""))
         if not runs:
+            self._not_measured("Side by side, in rotating rounds", self._skip_reason("runtime_breakdown"))
             return
         self.lines += ["## Side by side, in rotating rounds", "",
                        "`python -m pieceworks.harness.runtime_breakdown`: ToyLlama, every variant built in one "
@@ -525,7 +567,7 @@ class Report:
                        "host falls on all of them alike); median µs; each ratio is the median of its per-round "
                        "ratios, (min-max) over the rounds. compiled call = PIECEWISE through `CompiledModel`; plan "
                        "run = its replay plan alone; FULL unsplit = FULL with `splitting_ops=[]`. Commit and date in "
-                       "each heading (`ci/gpu_benchmarks.sh` part 3 makes one after the asv run).", ""]
+                       "each heading (`ci/main.sh` makes one after the asv run on a GPU).", ""]
         found: dict[str, list[str]] = {r: [] for r in self.SIDE_BY_SIDE_RATIOS}  # "commit dtype a/b/c/d (b1/...)"
         missed: dict[str, list[str]] = {r: [] for r in self.SIDE_BY_SIDE_RATIOS}  # "commit dtype bN x (min-max)"
         unsplit_meets: list[bool] = []  # per FULL miss whose row also timed FULL unsplit: did that meet the limit?
@@ -615,30 +657,48 @@ class Report:
 
     def dispatch(self) -> None:
         rows = [(n.split(".")[-1], v.get(())) for n, v in self.asv.items() if n.startswith("dispatch.")]
-        if rows:
-            self.lines += ["## Dispatch (CPU, per sweep of 600 batch sizes)", "", "| benchmark | µs |", "|---|---:|"]
-            self.lines += [f"| {n} | {_fmt(v and v * 1e6)} |" for n, v in sorted(rows)] + [""]
+        if not rows:
+            self._not_measured("Dispatch (CPU)", self._skip_reason("dispatch", needs_cuda=False))
+            return
+        self.lines += ["## Dispatch (CPU, per sweep of 600 batch sizes)", "", "| benchmark | µs |", "|---|---:|"]
+        self.lines += [f"| {n} | {_fmt(v and v * 1e6)} |" for n, v in sorted(rows)] + [""]
 
     def code_size(self) -> None:
-        """The target row for the size of the reference core, from the asv run's `code_size` benchmark."""
+        """The project's own check of the reference core's size, from the asv run's `code_size` benchmark."""
         name = "code_size.ReferenceCore.track_lines"
         lines, code = self.value(name, "lines"), self.value(name, "code")
-        label = f"reference core ≤ about {TARGETS['core_lines']:,} lines (code lines: no blanks, comments, docstrings)"
+        label = (f"reference core ≤ about {OWN_CHECKS['core_lines']:,} lines (code lines: no blanks, comments, "
+                 "docstrings)")
         if code is None:
-            self.targets.append((label, "n/a", _verdict(None), ""))
+            self.own_checks.append((label, self._skip_reason("code_size", needs_cuda=False), _verdict(None), ""))
             return
         files = {k: v for k, v in self.details.get("code_size", {}).get("files", {}).items() if k != "total"}
         largest = sorted(files.items(), key=lambda kv: -kv[1]["code"])[:5]
         note = "largest (code lines): " + ", ".join(f"{k} {v['code']}" for k, v in largest) if largest else ""
-        ok = code <= TARGETS["core_lines"]
-        self.targets.append((label, f"{code:,.0f} code lines, {lines:,.0f} in all, {len(files) or '?'} files",
-                             _verdict(ok), "" if ok else note))
+        within = code <= OWN_CHECKS["core_lines"]
+        self.own_checks.append((label, f"{code:,.0f} code lines, {lines:,.0f} in all, {len(files) or '?'} files",
+                                "within" if within else "over", "" if within else note))
 
-    def _skip_reason(self, detail: str) -> str:
-        return self.details.get(detail, {}).get("skip") or "no CUDA on this machine, or not run"
+    def _skip_reason(self, detail: str, needs_cuda: bool = True) -> str:
+        """Why `detail`'s benchmark has no numbers: the reason it recorded, else what this machine lacks."""
+        recorded = self.details.get(detail, {}).get("skip")
+        if recorded:
+            return recorded
+        if needs_cuda and self.environment.get("device") == "cpu":
+            return "needs CUDA: this machine has no CUDA device"
+        return "not run on this machine"
+
+    def _not_measured(self, title: str, reason: str) -> None:
+        """A section with no numbers: its title and why, never a method text over no table."""
+        self.lines += [f"## {title}", "", f"Not measured here ({reason}).", ""]
+        self.unmeasured.append(f"{title} ({reason})")
+
+    def _target_not_measured(self, label: str, reason: str) -> None:
+        self.targets.append((label, reason, _verdict(None), ""))
 
     # ---- assembly -------------------------------------------------------------------------------------------
-    def render(self, machine: str, pytest_benchmark: dict | None) -> str:
+    def render(self, machine: str, pytest_benchmark: dict | None, source: str) -> str:
+        """The whole report; `source` names where its result files come from (see `result_files_source`)."""
         self.latency()
         self.memory()
         self.compile()
@@ -646,21 +706,33 @@ class Report:
         self.side_by_side()
         self.dispatch()
         self.code_size()
-        env = next((d["environment"] for d in self.details.values() if "environment" in d), {})
+        env = self.environment
         head = [f"# Benchmark report: {machine}", "",
-                "Generated by `python -m pieceworks.harness.report` from the committed result files; no number "
-                "is edited by hand.", "",
+                f"Generated by `python -m pieceworks.harness.report` from {source}; no number is edited by hand.", "",
                 f"- device: {env.get('device', '?')} (driver {env.get('driver')}, CUDA {env.get('cuda')})",
                 f"- torch {env.get('torch')}, Triton {env.get('triton')}, Python {env.get('python')}",
-                f"- run: {env.get('date', '?')}, commit {str(self.header.get('commit_hash'))[:12]}, asv machine "
-                f"`{machine}` ({(self.header.get('params') or {}).get('cpu', '?')})", "",
+                f"- run: {env.get('date', '?')}, asv machine `{machine}` "
+                f"({(self.header.get('params') or {}).get('cpu', '?')}); asv results of {self._commits()}", "",
                 "## Targets (ratios from one run; reported, never asserted)", "",
-                "| target | measured | verdict | where the time goes (misses) |", "|---|---|---|---|"]
-        head += [f"| {t} | {m} | {v} | {n} |" for t, m, v, n in self.targets] + [""]
+                *self._table(["target", "measured", "verdict", "where the time goes (misses)"], self.targets)]
+        own = ["## The project's own checks (goals for its code, not product targets)", "",
+               *self._table(["check", "measured", "verdict", "note"], self.own_checks)]
         skips = self._skips()
         tail = ["## Skipped and failed entries", "", *skips, ""] if skips else []
         plots = [f"![{p}](plots/{p})" for p, _ in self.plots]
-        return "\n".join(head + self.lines + tail + (["## Plots", "", *plots, ""] if plots else []))
+        return "\n".join(head + self.lines + own + tail + (["## Plots", "", *plots, ""] if plots else []))
+
+    @staticmethod
+    def _table(columns: list[str], rows: list[tuple[str, ...]]) -> list[str]:
+        return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+                *(f"| {' | '.join(row)} |" for row in rows), ""]
+
+    def _commits(self) -> str:
+        """"commit d6f3a658bd3b (code_size, compile), 0f35b6b (latency)": whose numbers each benchmark file shows."""
+        modules: dict[str, set[str]] = {}
+        for name, commit in sorted(self.header.get("commits", {}).items()):
+            modules.setdefault(commit[:12], set()).add(name.split(".")[0])
+        return "commit " + ", ".join(f"{c} ({', '.join(sorted(m))})" for c, m in modules.items()) if modules else "?"
 
     def _skips(self) -> list[str]:
         seen = {}
@@ -714,11 +786,24 @@ class Report:
         return written
 
 
+def result_files_source(paths: list[str], results: str) -> str:
+    """"the committed result files" where git tracks every one of `paths` unmodified, else "the result files in
+    `<results>`" (also where git is missing or `results` lies outside a repository)."""
+    try:
+        status = subprocess.run(["git", "-C", results, "status", "--porcelain", "--ignored", "--untracked-files=all",
+                                 "--", *map(os.path.abspath, paths)], capture_output=True, text=True, timeout=60)
+        committed = status.returncode == 0 and not status.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        committed = False
+    return "the committed result files" if committed else f"the result files in `{results}`"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default="results", help="the results folder (asv/ and bench/ inside)")
     parser.add_argument("--machine", default=None, help="asv machine name (default: the only one, or the newest)")
-    parser.add_argument("--commit", default=None, help="asv result of this commit (default: the newest)")
+    parser.add_argument("--commit", default=None,
+                        help="asv results of this commit only (default: each benchmark's newest)")
     parser.add_argument("--no-plots", action="store_true", help="REPORT.md only (its plot links stay as they are)")
     args = parser.parse_args(argv)
     asv_dir = os.path.join(args.results, "asv")
@@ -735,12 +820,15 @@ def main(argv: list[str] | None = None) -> int:
     details = _details(bench_dir)
     pytest_benchmark = details.pop("host_overhead", None)
     report = Report(table, header, details)
-    text = report.render(machine, pytest_benchmark)
+    read = header["files"] + sorted(glob.glob(os.path.join(bench_dir, "*.json")))
+    text = report.render(machine, pytest_benchmark, result_files_source(read, args.results))
     os.makedirs(bench_dir, exist_ok=True)
     plots = [] if args.no_plots else report.write_plots(os.path.join(bench_dir, "plots"))
     with open(os.path.join(bench_dir, "REPORT.md"), "w") as f:
         f.write(text)
     print(f"report: wrote {os.path.join(bench_dir, 'REPORT.md')} and {len(plots)} plots")
+    for section in report.unmeasured:
+        print(f"report: not measured here: {section}")
     return 0
 
 

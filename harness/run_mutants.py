@@ -37,7 +37,7 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
     "load_without_checking": "suites/test_cache_machine.py",
     "arg_check_skips_dtype":
         "suites/test_properties.py::test_any_argument_mismatch_is_an_input_error_naming_the_argument",
-    # the compile cache (issues 7.2-7.10, 12.6-12.9)
+    # the compile cache
     "unusable_cache_raises": "suites/test_cache_faults.py::test_unusable_cache_directory_warns_once_and_runs_uncached",
     "read_only_cache_raises":
         "suites/test_cache_faults.py::test_read_only_cache_loads_what_is_valid_and_compiles_the_rest_in_memory",
@@ -61,13 +61,13 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
     "backend_compilations_count_fresh_compiles":
         "suites/test_cache.py::test_warm_start_on_a_new_host_compiles_and_builds_nothing",
     "inductor_options_ignored": "suites/test_cache.py::test_inductor_compile_config_reaches_the_generated_code",
-    # the benchmark registry and the host-overhead breakdown (issue 8)
+    # the benchmark registry and the host-overhead breakdown
     "resolve_returns_the_class": "suites/test_implementations.py::test_resolve_by_dotted_path",
     "user_implementations_not_registered":
         "suites/test_implementations.py::test_user_implementations_from_the_environment",
     "pcg_always_available": "suites/test_implementations.py::test_unavailable_reasons",
     "breakdown_drops_splitting_ops": "suites/test_host_overhead.py::test_host_overhead_cpu",
-    # what a new user runs into (issue 7: items 1, 3, 4, 6, 12, 13, 15)
+    # what a new user runs into
     "piece_args_from_a_fake_rerun": _FAULTS + "test_data_dependent_sizes_compile_and_run_with_inductor",
     "unbacked_size_bound_in_its_reader": _FAULTS + "test_the_size_a_splitting_op_binds_stays_in_its_piece",
     "static_compiles_of_data_dependent_pieces": _FAULTS + "test_data_dependent_sizes_split_compile_and_run_eager",
@@ -81,7 +81,7 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
     "compile_sizes_shorthand_unknown": _CONFIG + "test_compile_sizes_shorthand_expands_to_the_capture_sizes",
     "graph_mode_dropped_quietly":
         "suites/test_modes_cpu.py::test_every_mode_runs_without_graphs_on_cpu_and_says_so[CUDAGraphMode.PIECEWISE]",
-    # CI (issue 11): the benchmark gate and the preflight
+    # CI: the benchmark gate and the preflight
     "gate_ratio_inverted": _GATE + "test_latency_regression_fails_with_a_table",
     "gate_one_threshold_for_all": _GATE + "test_memory_regression_beyond_two_percent_fails",
     "gate_ignores_noise": _GATE + "test_noise_guard_widens_the_threshold_to_the_measured_spread",
@@ -90,6 +90,17 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
     "gate_improvements_fail": _GATE + "test_improvement_is_shown_not_failed",
     "conformance_nothing_ran_passes":
         "suites/test_conformance_suite.py::test_a_run_in_which_nothing_ran_fails_saying_why",
+    "index_warns_every_read": "suites/test_cache.py::test_unreadable_index_is_logged_and_rebuilt",
+    "prune_by_age_only":
+        "suites/test_cache_faults.py::test_prune_removes_key_folders_unused_for_days_or_of_another_build",
+    "replaced_state_served": _FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix",
+    "reallocation_unseen": _FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix",
+    "layout_passed_through": _FAULTS + "test_any_input_layout_is_served_right",
+    "no_progress_bar": _FAULTS + "test_the_first_call_shows_compile_progress_on_a_terminal_only",
+    "capture_sizes_skip_one": "suites/test_strategies.py::test_sizes_reach",
+    "batches_never_beyond": "suites/test_strategies.py::test_sizes_reach",
+    "adapter_counts_the_session":
+        "suites/test_implementations.py::test_the_adapters_compile_count_is_what_the_build_compiled",
     "gate_incomplete_hides_regression": _GATE + "test_a_regression_of_ours_with_steady_controls_fails",
     "gate_noise_fails_unchanged": _GATE + "test_a_change_too_noisy_to_judge_is_incomplete",
     "empty_pieces_through_inductor":
@@ -156,6 +167,11 @@ GPU_TARGETS = {  # several targets: space-separated node ids, run in one pytest
         _FAULTS + "test_pieces_with_data_dependent_sizes_run_without_graphs_logged_once",
     "unsplit_piecewise_runs_without_graphs":
         _FAULTS + "test_piecewise_without_a_splitting_op_captures_the_one_piece_per_size",
+    "clock_skips_the_device": "suites/test_timing.py::test_gpu_timers_wait_for_the_device",
+    "events_per_launch": "suites/test_timing.py::test_gpu_timers_wait_for_the_device",
+    "pool_reading_counts_every_pool": "suites/test_timing.py::test_memory_readings_see_a_known_allocation",
+    "no_progress_bar": _FAULTS + "test_capture_shows_progress_on_a_terminal",
+    "replaced_state_served": _FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix",
 }
 
 

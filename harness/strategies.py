@@ -237,8 +237,8 @@ def register_profiles() -> None:
     settings.register_profile("ci", derandomize=True, max_examples=25, **common)
     settings.register_profile("dev", max_examples=50, **common)
     settings.register_profile("nightly", max_examples=1000, **common)
-    # Finds a failure without shrinking it: for mutant runs on a lent GPU, where each shrink step compiles and
-    # captures a model and shrinking outlasts the lease.
+    # Finds a failure without shrinking it: for mutant runs on a GPU, where each shrink step compiles and
+    # captures a model, so shrinking takes minutes.
     settings.register_profile("find-only", max_examples=25, derandomize=True,
                               phases=[Phase.explicit, Phase.reuse, Phase.generate], **common)
     default = "ci" if os.environ.get("CI") else "dev"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import tempfile
 import time
@@ -38,10 +39,16 @@ def measure(device: str, layers: int = 12, again: bool = False,
             progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
     """`{start: {first_call_seconds, process_seconds, inductor_compiles, artifacts_loaded, max_rel_error,
     backend_seconds, compile_or_load_seconds}}` for each start, in order (see the module doc)."""
-    pieceworks_cache = tempfile.mkdtemp(prefix="pieceworks-warm-start-")
-    first_host = tempfile.mkdtemp(prefix="pieceworks-host-")
-    hosts = {"cold": first_host, "warm": first_host, "warm_new_host": tempfile.mkdtemp(prefix="pieceworks-host-"),
-             "warm_again": first_host}
+    with tempfile.TemporaryDirectory(prefix="pieceworks-warm-start-", ignore_cleanup_errors=True) as work:
+        return _starts(device, layers, again, progress, work)
+
+
+def _starts(device: str, layers: int, again: bool, progress: Callable[[str], None], work: str) -> dict:
+    """`measure`'s starts, with the pieceworks cache and both hosts under `work`."""
+    pieceworks_cache, first_host, new_host = (os.path.join(work, name) for name in ("cache", "host", "new-host"))
+    os.makedirs(first_host)
+    os.makedirs(new_host)
+    hosts = {"cold": first_host, "warm": first_host, "warm_new_host": new_host, "warm_again": first_host}
     results: dict[str, dict[str, Any]] = {}
     for start in (*STARTS, "warm_again") if again else STARTS:
         progress(f"compile {start} on {device} (a fresh process)")

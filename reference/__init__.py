@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .api import CompiledModel, InputError, compile
+from .api import CompiledModel, InputError, StateReplacedError, compile
 from .backend import Backend, CompiledGraph
 from .config import CompilationConfig, ConfigError, CUDAGraphMode, default_capture_sizes
 from .counters import CompilationCounter, counters
@@ -26,7 +26,7 @@ from .split import split_graph
 
 __all__ = ["Backend", "BatchSizeError", "CompilationConfig", "CompilationCounter", "CompiledGraph", "CompiledModel",
            "ConfigError", "CUDAGraphMode", "FullGraph", "InputError", "Phase", "Piece", "ReplayPlan", "Runtime",
-           "compile", "counters", "default_capture_sizes", "split_graph"]
+           "StateReplacedError", "compile", "counters", "default_capture_sizes", "split_graph"]
 
 __version__ = "0.1.0"
 

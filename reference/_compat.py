@@ -19,10 +19,13 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
 - Inductor's default cache folder, `torch._inductor.runtime.cache_dir_utils.default_cache_dir()` (2.11-2.15; None
   where absent: callers fall back to the folder's name);
 - Dynamo's `torch._dynamo.exc.BackendCompilerFailed`, which wraps an error raised inside a backend;
-- a SymInt's sympy expression, `SymInt.node.expr` (2.11-2.15), to evaluate a size at one batch size.
+- a SymInt's sympy expression, `SymInt.node.expr` (2.11-2.15), to evaluate a size at one batch size;
+- `nn.Module._apply(fn)`, through which `.to()`, `.cuda()`, `.half()` reallocate parameters and buffers (no public
+  hook sees it): `after_apply` wraps it on one module instance (2.11-2.15).
 
-A missing feature raises `TorchCompatError` once, at first use, naming the feature, the torch version and the fix;
-nothing here patches torch.
+A missing feature raises `TorchCompatError` once, at first use (`BackendCompilerFailed`: at import), naming the
+feature, the torch version and the fix; nothing here patches torch (`after_apply` wraps a method of one module
+instance, never the class).
 """
 
 from __future__ import annotations
@@ -35,11 +38,6 @@ from typing import Any
 
 import torch
 import torch.fx
-
-__all__ = ["TorchCompatError", "standalone_compile", "load_artifact", "example_value", "op_identity", "op_schema",
-           "split_module", "data_dependent_tracing", "fake_mode_of", "symbol_name", "unbacked_symbols",
-           "registered_ops", "inductor_config", "functorch_config", "inductor_default_cache_dir",
-           "BackendCompilerFailed", "evaluate_at"]
 
 
 class TorchCompatError(RuntimeError):
@@ -130,8 +128,7 @@ def unbacked_symbols(value: Any) -> set[str]:
 def registered_ops() -> list[str]:
     """Every op name the dispatcher knows ("ns::op.overload"), for error messages; empty where torch cannot list
     them (then messages just list fewer candidates)."""
-    list_ops = getattr(torch._C, "_dispatch_get_all_op_names", None)
-    return list(list_ops()) if list_ops is not None else []
+    return list(getattr(torch._C, "_dispatch_get_all_op_names", list)())  # absent: `list()`, no names
 
 
 def inductor_config() -> Any:
@@ -152,11 +149,8 @@ def inductor_default_cache_dir() -> str | None:
     return None
 
 
-try:
-    from torch._dynamo.exc import BackendCompilerFailed
-except ImportError:  # pragma: no cover - every torch 2.11-2.15 has it; a class nothing raises keeps `except` valid
-    class BackendCompilerFailed(Exception):  # type: ignore[no-redef]
-        """Stand-in: this torch has no torch._dynamo.exc.BackendCompilerFailed."""
+# Checked at import (every torch 2.11-2.15 has it): callers name it in `except` clauses.
+BackendCompilerFailed = _module("torch._dynamo.exc", "BackendCompilerFailed").BackendCompilerFailed
 
 
 def evaluate_at(value: Any, size: int) -> int:
@@ -165,3 +159,14 @@ def evaluate_at(value: Any, size: int) -> int:
     if not isinstance(value, torch.SymInt):
         return int(value)
     return int(value.node.expr.xreplace(dict.fromkeys(value.node.expr.free_symbols, size)))
+
+
+def after_apply(module: torch.nn.Module, callback: Callable[[torch.nn.Module], None]) -> None:
+    """Call `callback(module)` after each `module._apply(...)` (`.to()` and the like), on this instance only."""
+
+    def _apply(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        result = type(self)._apply(self, *args, **kwargs)
+        callback(self)
+        return result
+
+    module._apply = _apply.__get__(module)  # a copy of the module (deepcopy) gets a method bound to the copy

@@ -15,19 +15,24 @@ Contracts of the returned `CompiledModel`:
 - Dynamo's guards are dropped (`guard_filter_fn`), so pieceworks checks arguments itself on every call: the same
   count, dtypes, devices, ranks and non-batch sizes as the first call, and non-tensor arguments of the same type
   and value (which the trace baked in: `2.0` where the trace saw `2`, or `1` for `True`, raises). A mismatch
-  raises `InputError` naming the argument;
+  raises `InputError` naming the argument. Any memory layout is served: pieces are compiled for contiguous
+  tensors, so a non-contiguous argument (transposed, sliced) is copied into the static buffers or, without
+  graphs, into a contiguous copy (written back where the model writes it in place);
 - with CUDA graphs (`capture()` called, or `lazy_capture`), a batch of b rows is copied into static buffers,
   padded to the smallest captured size n >= b, run, and its outputs cut back to b rows (exactly the outputs whose
   dim 0 the trace shows is the batch, in tuples, lists, dicts and namedtuples). Outputs then alias graph
   memory and are valid until the next call (vLLM's contract): clone what you keep. Batches above the largest
   captured size run without graphs. Arguments the model writes to in place are copied back after the call;
+- parameters and buffers are read where they live: in-place updates (`load_state_dict(state)`, `copy_`) are
+  served; replacing or reallocating one after the first call raises `StateReplacedError` naming it and the fix
+  at the next call (binding.StateWatch; nothing is checked per call but one flag);
 - inference only: calls run under `torch.no_grad()`.
 
 State and the data's path. `CompiledModel` owns the serving state of `pieceworks.compile`, built once, in one
 place (`_start_serving`), right after the tracing call: the `Runtime` (runtime.py: capture and replay), the
 `Binder` (binding.py: call arguments to graph inputs), the static input buffers (`StaticInputs`, padding.py) and
-which outputs to cut back. A call: `__call__` checks the arguments (`_check`), copies them into the static buffers
-and pads (`StaticInputs.load`), binds them to the graph's flat inputs (memoised per size), and calls
+which outputs to cut back. A call: `__call__` checks the arguments (`check_arguments`), copies them into the static
+buffers and pads (`StaticInputs.load`), binds them to the graph's flat inputs (memoised per size), and calls
 `Runtime.run(flat, n, static=True)`, which replays the `ReplayPlan` or `FullGraph` of size n (plan.py: graph
 replays and eager splitting ops); then in-place writes are copied back and the outputs cut to the batch (`unpad`).
 """
@@ -44,7 +49,7 @@ import torch
 
 from . import _compat
 from .backend import CompiledGraph, compile_graph, own_config
-from .binding import Binder, bind
+from .binding import Binder, StateReplacedError, StateWatch, bind
 from .config import CompilationConfig, ConfigError, CUDAGraphMode
 from .counters import counters
 from .dispatch import padded_size
@@ -52,17 +57,11 @@ from .padding import StaticInputs, batched_outputs, unpad
 from .runtime import Phase, Runtime
 from .values import cycle_rows
 
-__all__ = ["CompiledModel", "InputError", "compile"]
-
 log = logging.getLogger("pieceworks")
 
 
 class InputError(ValueError):
     """A call's arguments do not fit what the model was compiled for."""
-
-
-def _drop_all_guards(guard_entries: list[Any]) -> list[bool]:
-    return [False] * len(guard_entries)
 
 
 def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -89,11 +88,10 @@ def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]
 def batch_of(args: tuple) -> int:
     """The batch size of a call: dim 0 of every tensor argument, which must agree (else `InputError`)."""
     sizes = {i: a.shape[0] if a.dim() else None for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
-    for i, size in sizes.items():
-        if size is None:
-            raise InputError(f"argument {i} is a 0-d tensor (shape ()): pieceworks treats dim 0 of every tensor "
-                             f"argument as the batch dimension. Fix: pass it with a batch dimension, e.g. "
-                             f"x.expand(batch) or x[None]")
+    if None in sizes.values():
+        raise InputError(f"argument {next(i for i, size in sizes.items() if size is None)} is a 0-d tensor (shape ()): "
+                         f"pieceworks treats dim 0 of every tensor argument as the batch dimension. Fix: pass it with "
+                         f"a batch dimension, e.g. x.expand(batch) or x[None]")
     if not sizes:
         raise InputError("pieceworks needs at least one tensor argument with a batch dimension (dim 0)")
     if len(set(sizes.values())) > 1:
@@ -130,13 +128,20 @@ def check_arguments(args: tuple, signatures: list[tuple]) -> int:
     return batch
 
 
+def contiguous(args: Sequence[Any]) -> list[Any]:
+    """The arguments in the layout pieces are compiled for: contiguous (a copy where an argument is not)."""
+    return [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
+
+
 class CompiledModel:
     """What `pieceworks.compile` returns. Call it like the model. Not thread-safe: one caller at a time.
 
-    Public view for tools (read-only): `runtime` (the `Runtime`, None before the first call; `runtime.graph` is
-    the `CompiledGraph` with its pieces and build seconds), `binder` (calls skip Dynamo), `static_inputs`,
-    `batched_outputs` (the output leaves cut back to the batch) and `graph_inputs(n)` (what a replay of size n
-    reads).
+    Public view for tools (read it; only this object writes it): `runtime` (the `Runtime`, None before the first
+    call; `runtime.graph` is the `CompiledGraph` with its pieces and build seconds), `binder` (the `Binder`: how
+    calls reach the compiled graph without Dynamo, call arguments to graph inputs and graph outputs to the model's
+    output; None where that could not be proven and calls go through Dynamo), `static_inputs` (the `StaticInputs`
+    calls are copied into; None without CUDA graphs), `batched_outputs` (which output leaves are cut back to the
+    batch: `padding.batched_outputs`) and `graph_inputs(n)` (what a replay of size n reads).
     """
 
     _count = 0
@@ -151,72 +156,49 @@ class CompiledModel:
         CompiledModel._count += 1
         entry = _own_entry_point(model, f"pieceworks_model_{CompiledModel._count}")
         self._dynamo_fn = torch.compile(entry, backend=self._compile_graph, fullgraph=True, dynamic=False,
-                                        options={"guard_filter_fn": _drop_all_guards})
+                                        options={"guard_filter_fn": lambda entries: [False] * len(entries)})
         self._graph: CompiledGraph | None = None  # set by the backend call, once
         self._traced: dict[str, Any] = {}  # the tracing call's facts, until `_start_serving` reads them
-        self._runtime: Runtime | None = None
+        self.runtime: Runtime | None = None
+        self.binder: Binder | None = None
+        self.static_inputs: StaticInputs | None = None
+        self.batched_outputs: Any = False
         self._signatures: list[tuple] = []
-        self._binder: Binder | None = None  # None: calls go through Dynamo
-        self._static: StaticInputs | None = None
-        self._batched: Any = False
         self._mutated_args: list[int] = []
         self._flat_by_size: dict[int, list[Any]] = {}
+        self._state_watch: StateWatch | None = None
         counters.num_models_seen += 1
-
-    # ---- the public view ------------------------------------------------------------------------------------
-    @property
-    def runtime(self) -> Runtime | None:
-        return self._runtime
-
-    @property
-    def binder(self) -> Binder | None:
-        """How calls reach the compiled graph without Dynamo (call arguments to graph inputs, graph outputs to the
-        model's output); None where that could not be proven and calls go through Dynamo."""
-        return self._binder
-
-    @property
-    def static_inputs(self) -> StaticInputs | None:
-        """The static input buffers calls are copied into (None without CUDA graphs)."""
-        return self._static
-
-    @property
-    def batched_outputs(self) -> Any:
-        """Which output leaves are cut back to the batch (`padding.batched_outputs`)."""
-        return self._batched
 
     def graph_inputs(self, n: int) -> list[Any]:
         """The graph's flat inputs for a replay of captured size `n`: the static buffers' views and the bound
         parameters, the same objects on every call. Raises where calls have no static buffers or go through
         Dynamo."""
-        if self._static is None or self._binder is None:
+        if self.static_inputs is None or self.binder is None:
             raise RuntimeError("this model has no static buffers or calls go through Dynamo: no graph inputs to show")
-        flat = self._flat_by_size.get(n)
-        if flat is None:
-            flat = self._flat_by_size[n] = self._binder.inputs(self._static.views(n), n)
-        return flat
+        if n not in self._flat_by_size:
+            self._flat_by_size[n] = self.binder.inputs(self.static_inputs.views(n), n)
+        return self._flat_by_size[n]
 
     # ---- the first call -------------------------------------------------------------------------------------
     def _compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         """The backend Dynamo calls, once. While tracing on copies (a first call of batch 1), it saves what the
         tracing run is about to write in place besides the copies, for `_first_call` to put back."""
         if self._graph is not None:
-            raise RuntimeError(
-                "pieceworks: Dynamo asked to compile this model again after its first call (was "
-                "torch._dynamo.reset() called?). A CompiledModel never compiles while serving. Fix: create a new "
-                "CompiledModel with pieceworks.compile")
+            raise RuntimeError("pieceworks: Dynamo asked to compile this model again after its first call (was "
+                               "torch._dynamo.reset() called?). A CompiledModel never compiles while serving. Fix: "
+                               "create a new CompiledModel with pieceworks.compile")
         self._graph = compile_graph(gm, self.config)
-        keep = self._traced.get("copies")
-        if keep is not None:
+        if "copies" in self._traced:
             self._traced["saved"] = [(t, t.clone()) for t in (example_inputs[i] for i in self._graph.mutated_inputs)
-                                     if isinstance(t, torch.Tensor) and id(t) not in keep]
+                                     if isinstance(t, torch.Tensor) and id(t) not in self._traced["copies"]]
         self._traced["example_inputs"] = list(example_inputs)
         return self._graph_call
 
     def _graph_call(self, *flat: Any) -> Any:
         """What Dynamo's compiled code calls: the tracing run (its output recorded for the binding), then the
         runtime with the caller's arguments (the fallback, where the binding is not proven)."""
-        if self._runtime is not None:
-            return self._runtime(*flat)
+        if self.runtime is not None:
+            return self.runtime(*flat)
         out = self._traced["graph_output"] = self._graph(*flat)
         return out
 
@@ -228,12 +210,11 @@ class CompiledModel:
         contiguous copies of 2 (or batch) rows, the model state that run wrote is restored, and the call runs."""
         batch = batch_of(args)
         own = batch >= 2 and all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor))
-        trace_args = []
-        for a in args:
+        trace_args = [(a.detach() if own else cycle_rows(a, max(batch, 2))) if isinstance(a, torch.Tensor) else a
+                      for a in args]
+        for a in trace_args:
             if isinstance(a, torch.Tensor):
-                a = a.detach() if own else cycle_rows(a, max(batch, 2))
                 torch._dynamo.mark_dynamic(a, 0)
-            trace_args.append(a)
         self._traced = {} if own else {"copies": {id(a) for a in trace_args}}
         start = time.perf_counter()
         counters.num_dynamo_traces += 1
@@ -250,81 +231,71 @@ class CompiledModel:
         log.info("pieceworks: traced and compiled in %.3f s (batch %d)", time.perf_counter() - start, max(batch, 2))
         if self._graph is None:
             raise RuntimeError("pieceworks: Dynamo compiled no graph for this model")
-        saved = self._traced.get("saved", [])
+        for tensor, before in self._traced.get("saved", []):  # a run on copies: put back what else it wrote
+            tensor.copy_(before)
         self._start_serving(trace_args, output)
         self._signatures = [signature(a) for a in args]
-        if own:
-            return output
-        for tensor, before in saved:
-            tensor.copy_(before)
-        return self._serve(args, check_arguments(args, self._signatures))
+        return output if own else self._serve(args, check_arguments(args, self._signatures))
 
     def _start_serving(self, trace_args: list[Any], output: Any) -> None:
         """Build the serving state from the tracing call, in one place: the binding of call arguments to graph
         inputs (or the Dynamo fallback, logged once with why), the outputs to cut back, the runtime and, where
         graphs will be captured, the static buffers."""
         traced, self._traced = self._traced, {}
-        graph, example_inputs = self._graph, traced["example_inputs"]
+        graph, example_inputs, graph_output = self._graph, traced["example_inputs"], traced.get("graph_output")
         ids = {id(a): k for k, a in enumerate(trace_args) if isinstance(a, torch.Tensor)}
         self._mutated_args = [ids[id(example_inputs[i])] for i in graph.mutated_inputs if id(example_inputs[i]) in ids]
-        symbols = graph.batch_symbols
         placeholders = [n for n in graph.split_module.graph.nodes if n.op == "placeholder"]
-        found = bind(self.model, placeholders, example_inputs, trace_args, symbols, output,
-                     traced.get("graph_output"))
+        found = bind(self.model, placeholders, example_inputs, trace_args, graph.batch_symbols, output, graph_output)
         if isinstance(found, str):
             log.info("pieceworks: calls go through Dynamo (%s)", found)
         else:
-            self._binder = found
-        self._batched = batched_outputs(output, self._batched_leaf(trace_args, traced.get("graph_output"), symbols))
-        self._runtime = Runtime(graph, self.config)
-        if self._runtime.mode is not CUDAGraphMode.NONE and self.config.cudagraph_capture_sizes:
-            self._static = StaticInputs(trace_args, max(self.config.cudagraph_capture_sizes))
-
-    def _batched_leaf(self, trace_args: list[Any], graph_output: Any, symbols: frozenset[str]
-                      ) -> Callable[[Any], bool]:
-        """Whether a leaf of the model's output has the batch as dim 0: a graph output whose trace value's dim 0 is
-        the batch symbol, or a tensor argument returned as it is; nothing else (a weight of n rows is not cut at
-        padded size n)."""
+            self.binder = found
+        # The output leaves cut back to the batch: graph outputs whose trace value's dim 0 is the batch symbol, and
+        # tensor arguments returned as they are; nothing else (a weight of n rows is not cut at padded size n).
+        # Leaves are told apart by identity, here, while the tracing call's tensors and outputs are alive.
         flat = graph_output if isinstance(graph_output, (tuple, list)) else ()
-        index = {id(t): k for k, t in enumerate(flat) if isinstance(t, torch.Tensor)}
-        batched = [isinstance(v, torch.Tensor) and v.dim() > 0 and str(v.shape[0]) in symbols
-                   for v in self._graph.output_values]
-        args = {id(a) for a in trace_args if isinstance(a, torch.Tensor)}
-
-        def is_batched(leaf: Any) -> bool:
-            if not isinstance(leaf, torch.Tensor):
-                return False
-            k = index.get(id(leaf))
-            return id(leaf) in args if k is None else k < len(batched) and batched[k]
-
-        return is_batched
+        cut = {id(t) for t, v in zip(flat, graph.output_values)
+               if isinstance(v, torch.Tensor) and v.dim() > 0 and str(v.shape[0]) in graph.batch_symbols}
+        cut |= set(ids) - {id(t) for t in flat}
+        self.batched_outputs = batched_outputs(output, lambda leaf: id(leaf) in cut)
+        self.runtime = Runtime(graph, self.config)
+        self._state_watch = StateWatch(self.model, self) if isinstance(self.model, torch.nn.Module) else None
+        if self.runtime.mode is not CUDAGraphMode.NONE and self.config.cudagraph_capture_sizes:
+            self.static_inputs = StaticInputs(trace_args, max(self.config.cudagraph_capture_sizes))
 
     # ---- calls ----------------------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
         with torch.no_grad():
-            if self._runtime is None:
+            if self.runtime is None:
                 return self._first_call(args)
+            if self._state_watch is not None and self._state_watch.replaced:
+                raise StateReplacedError(self._state_watch.replaced)
             return self._serve(args, check_arguments(args, self._signatures))
 
     def _serve(self, args: Sequence[Any], batch: int) -> Any:
         """One call with checked `args` of batch `batch`; see the module doc for the path."""
-        static = self._static
-        if static is not None and self._runtime.phase is not Phase.WAITING:
+        if self.static_inputs is not None and self.runtime.phase is not Phase.WAITING:
             n = padded_size(self.config.cudagraph_capture_sizes, batch)
             if n is not None:
-                static.load(args, batch)
-                out = self._call_static(n)
-                static.copy_back(args, batch, self._mutated_args)
-                return unpad(out, batch, n, self._batched)
-        if self._binder is None:
-            return self._dynamo_fn(*args)
-        return self._binder.outputs(self._runtime.run(self._binder.inputs(args, batch), batch, static=False))
+                self.static_inputs.load(args, batch)
+                out = self._run(n)
+                self.static_inputs.copy_back(args, batch, self._mutated_args)
+                return unpad(out, batch, n, self.batched_outputs)
+        dense = contiguous(args)
+        out = self._run(batch, dense)
+        for i in self._mutated_args:
+            if dense[i] is not args[i]:
+                args[i].copy_(dense[i])
+        return out
 
-    def _call_static(self, n: int) -> Any:
-        """The model on the static buffers at captured size n (replayed, captured or run without graphs)."""
-        if self._binder is None:
-            return self._dynamo_fn(*self._static.views(n))
-        return self._binder.outputs(self._runtime.run(self.graph_inputs(n), n, static=True))
+    def _run(self, n: int, args: Sequence[Any] | None = None) -> Any:
+        """The model on `args` of batch n (contiguous; run without graphs) or, without `args`, on the static buffers
+        at captured size n (replayed, captured or run without graphs). Through Dynamo where no binding was proven."""
+        if self.binder is None:
+            return self._dynamo_fn(*(self.static_inputs.views(n) if args is None else args))
+        flat = self.graph_inputs(n) if args is None else self.binder.inputs(args, n)
+        return self.binder.outputs(self.runtime.run(flat, n, static=args is None))
 
     def capture(self, sizes: Iterable[int] | None = None) -> dict[str, Any]:
         """The capture phase: every `cudagraph_capture_sizes` entry (or those in `sizes`), largest first, into one
@@ -333,10 +304,10 @@ class CompiledModel:
         Call after the first call (which traces and compiles). Without CUDA, or with mode NONE, it logs that it
         captures nothing and returns. Returns the phase's numbers: sizes, seconds, MiB, graphs.
         """
-        if self._runtime is None:
+        if self.runtime is None:
             raise RuntimeError("call the model once before capture(): the first call traces and compiles it")
         with torch.no_grad():
-            return self._runtime.capture(self._call_static, [] if self._static is None else sizes)
+            return self.runtime.capture(self._run, [] if self.static_inputs is None else sizes)
 
 
 def compile(model: Callable[..., Any], config: CompilationConfig | None = None) -> CompiledModel:  # noqa: A001

@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import operator
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,11 +27,10 @@ from .compiler import PieceCompiler
 from .config import CompilationConfig
 from .counters import counters
 from .key import UnkeyableConfigError, cache_factors, cache_key
-from .piece import BatchPosition, Piece, batch_position, mutated_inputs
+from .piece import BatchPosition, Piece, batch_position, mutated_inputs, traced_args
+from .progress import progress
 from .runtime import Runtime
 from .split import absent_splitting_ops, batch_symbols, check_splitting_ops, split_graph
-
-__all__ = ["Backend", "CompiledGraph", "compile_graph", "open_cache"]
 
 log = logging.getLogger("pieceworks")
 
@@ -93,24 +91,6 @@ def own_config(config: CompilationConfig | None) -> CompilationConfig:
     return copy.deepcopy(config.freeze()) if config is not None else CompilationConfig().freeze()
 
 
-def _output_values(split_gm: torch.fx.GraphModule) -> tuple:
-    """The trace value of each graph output, read from the output nodes of the pieces that make them (the
-    stitching module's own output nodes carry none)."""
-    def piece_output(name: str) -> Any:
-        return next(n for n in getattr(split_gm, name).graph.nodes if n.op == "output").args[0]
-
-    def value(node: Any) -> Any:
-        if isinstance(node, torch.fx.Node) and node.op == "call_module":  # a one-output piece returns it bare
-            node = piece_output(node.target)
-        elif isinstance(node, torch.fx.Node) and node.target is operator.getitem \
-                and getattr(node.args[0], "op", None) == "call_module":
-            node = piece_output(node.args[0].target)[node.args[1]]
-        return example_value(node) if isinstance(node, torch.fx.Node) else None
-
-    output = next(n for n in split_gm.graph.nodes if n.op == "output").args[0]
-    return tuple(value(node) for node in (output if isinstance(output, (tuple, list)) else (output,)))
-
-
 def open_cache(split_gm: torch.fx.GraphModule, fakes: list[Any], pieces: Sequence[Piece],
                config: CompilationConfig) -> CompileCache | None:
     """The compile cache for this graph, or None: cache off (`config.cache_active()`), its folder unusable, or an
@@ -132,14 +112,14 @@ def compile_graph(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compil
     """Split `gm` (a Dynamo graph), analyse and compile its pieces for every target; see the module doc."""
     build_start = time.perf_counter()
     counters.num_graphs_seen += 1
-    fakes = [example_value(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    fakes = list(traced_args(gm))
     if fake_mode_of(fakes) is None:
         raise RuntimeError("pieceworks needs a graph traced by Dynamo (placeholders carry FakeTensor example values)")
     check_splitting_ops(config.splitting_ops)
     absent = absent_splitting_ops(gm, config.splitting_ops)
     if absent:
-        called = sorted({op_identity(n.target)[0] for n in gm.graph.nodes if n.op == "call_function"
-                         and op_identity(n.target) and not op_identity(n.target)[0].startswith(("aten::", "prims::"))})
+        ops = {op_identity(node.target) for node in gm.graph.nodes} - {None}  # (name, overload) of each op called
+        called = sorted({name for name, _ in ops if not name.startswith(("aten::", "prims::"))})
         log.warning("pieceworks: splitting ops %s are registered but never called in the traced graph, so they split "
                     "nothing (the graph calls %s)", absent, called or "no custom op")
     written = tuple(sorted(mutated_inputs(gm)))
@@ -149,18 +129,20 @@ def compile_graph(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compil
     compiled = [p for p in pieces if not p.is_splitting_graph]
     counters.num_piecewise_graphs_seen += len(pieces)
     counters.num_piecewise_capturable_graphs_seen += len(compiled)
-    outputs = _output_values(split_gm)
+    output = gm.graph.output_node().args[0]  # the stitching module returns the same nodes, split among pieces
+    outputs = tuple(example_value(n) if isinstance(n, torch.fx.Node) else None
+                    for n in (output if isinstance(output, (tuple, list)) else (output,)))
     seconds = {"split": time.perf_counter() - start}
     log.info("pieceworks split: %d pieces, %d compiled, in %.3f s", len(pieces), len(compiled), seconds["split"])
 
     start = time.perf_counter()
     cache = open_cache(split_gm, fakes, pieces, config)
     compiler = PieceCompiler(config, cache)
-    pieces = [p if p.is_splitting_graph else compiler.compile(p) for p in pieces]
-    for piece in pieces:
-        if not piece.is_splitting_graph:  # a plain callable may not shadow a registered submodule
-            delattr(split_gm, piece.submod_name)
-            setattr(split_gm, piece.submod_name, piece)
+    done = {p.submod_name: compiler.compile(p) for p in progress(compiled, "compile pieces")}
+    pieces = [done.get(p.submod_name, p) for p in pieces]
+    for piece in done.values():  # a plain callable may not shadow a registered submodule
+        delattr(split_gm, piece.submod_name)
+        setattr(split_gm, piece.submod_name, piece)
     seconds["compile"] = time.perf_counter() - start
     log.info("pieceworks compile (%s): %d pieces, %d distinct targets compiled, %d loaded from cache, "
              "%d served by an identical piece, in %.3f s", config.compiler, len(compiled), compiler.compiled,

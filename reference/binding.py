@@ -6,7 +6,9 @@ call, how to build them for any later call:
 - a placeholder whose example is (by identity) a tensor argument of the tracing call reads that argument;
 - a placeholder whose example value is a batch-size symbol gets the call's batch size;
 - a placeholder whose example is a parameter or buffer of the model is bound to that object once, so in-place
-  updates and `p.data = t` swaps stay visible (replacing the Parameter object itself is not: compile again);
+  updates stay visible. Replacing one (setattr, `load_state_dict(assign=True)`, a new submodule) or reallocating
+  it (`.to()`, `.cuda()`, `.half()`) is seen by a `StateWatch` (registration hooks and a wrapper of the modules'
+  `_apply`: nothing per call) and refused at the next call: the graphs still read the old memory;
 and the model's output is the graph's outputs arranged as in the tracing call: each output tensor found by identity
 among the graph's outputs, `None` kept, inside tuples, lists and dicts.
 
@@ -18,16 +20,15 @@ after it, the graph is the model.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
-from ._compat import example_value, symbol_name
+from ._compat import after_apply, example_value, symbol_name
 from .values import tree_map
-
-__all__ = ["Binder", "bind"]
 
 _ARG, _BATCH, _BOUND = 0, 1, 2
 
@@ -57,10 +58,7 @@ def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequ
     if len(placeholders) != len(example_inputs):
         return f"{len(placeholders)} graph inputs but {len(example_inputs)} example inputs"
     by_id = {id(a): k for k, a in enumerate(call_args) if isinstance(a, torch.Tensor)}
-    state = {}
-    if isinstance(model, torch.nn.Module):
-        named = (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
-        state = {id(t): t for _, t in named}
+    state = {id(t) for t in (*model.parameters(), *model.buffers())} if isinstance(model, torch.nn.Module) else set()
     sources: list[tuple[int, Any]] = []
     for node, example in zip(placeholders, example_inputs):
         if isinstance(example, torch.Tensor) and id(example) in by_id:
@@ -68,7 +66,7 @@ def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequ
         elif symbol_name(example_value(node)) in batch_symbols:
             sources.append((_BATCH, None))
         elif isinstance(example, torch.Tensor) and id(example) in state:
-            sources.append((_BOUND, state[id(example)]))
+            sources.append((_BOUND, example))
         else:
             return (f"graph input {node.name} is neither a call argument, a parameter or buffer of the model, nor the "
                     f"batch size")
@@ -78,13 +76,69 @@ def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequ
     problems = []
 
     def leaf(value: Any) -> int | None:
-        if isinstance(value, torch.Tensor) and id(value) in index:
-            return index[id(value)]
-        if value is not None:
+        if value is not None and id(value) not in index:  # `index` holds tensors only
             problems.append(type(value).__name__)
-        return None
+        return index.get(id(value))
 
     template = tree_map(leaf, call_output)
     if problems:
         return f"the model's output holds values that are not graph outputs ({', '.join(problems)})"
     return Binder(sources, template)
+
+
+class StateReplacedError(RuntimeError):
+    """A parameter or buffer of a compiled model was replaced or reallocated after compiling."""
+
+
+_HOOKS = (torch.nn.modules.module.register_module_parameter_registration_hook,
+          torch.nn.modules.module.register_module_buffer_registration_hook,
+          torch.nn.modules.module.register_module_module_registration_hook)
+
+
+class StateWatch:
+    """`replaced`: None, or the message naming the first parameter, buffer or submodule of `model` replaced, or
+    parameter or buffer reallocated, since the watch began. Global registration hooks (removed when `owner` is
+    collected) and a wrapper of each submodule's `_apply` update it when that happens; reading it is all a call
+    costs."""
+
+    def __init__(self, model: torch.nn.Module, owner: object) -> None:
+        self.replaced: str | None = None
+        # Per (module id, attribute name): the full name, the object there (kept alive, so that the ids stay theirs)
+        # and, for a tensor, where its memory lives.
+        self._watched: dict[tuple[int, str], tuple[str, Any, tuple | None]] = {}
+        for prefix, module in model.named_modules():
+            for name, value in _attributes(module):
+                self._watched[id(module), name] = (f"{prefix}.{name}" if prefix else name, value, _place(value))
+            after_apply(module, self._applied)
+        for hook in _HOOKS:
+            weakref.finalize(owner, hook(self._registered).remove)
+
+    def _registered(self, module: torch.nn.Module, name: str, value: Any) -> None:
+        """A registration hook: `value` is about to become `module.name` (any module of the process)."""
+        self._check(module, [(name, value)], "replaced")
+
+    def _applied(self, module: torch.nn.Module) -> None:
+        """After `module._apply` (`.to()` and the like; a deep copy of a watched module reports here too)."""
+        self._check(module, _attributes(module), "reallocated (.to(), .cuda(), .half() or the like)")
+
+    def _check(self, module: torch.nn.Module, attributes: Sequence[tuple[str, Any]], how: str) -> None:
+        """Flag the first of `module`'s watched `attributes` that is not the object watched there, or not where it
+        was. An attribute not watched (another module's, a deep copy's) is never read: it may be a fake tensor."""
+        for name, value in attributes:
+            full, watched, place = self._watched.get((id(module), name), (None, None, None))
+            if full is not None and self.replaced is None and (watched is not value or _place(value) != place):
+                self.replaced = (
+                    f"{full} of the compiled model was {how} after its first call; its compiled graphs still read "
+                    "the old tensor. Fix: load new values in place (model.load_state_dict(state) without "
+                    "assign=True, or `with torch.no_grad(): param.copy_(new)`), or compile the model again with "
+                    "pieceworks.compile")
+
+
+def _attributes(module: torch.nn.Module) -> tuple[tuple[str, Any], ...]:
+    """A module's own parameters, buffers (each under every name it has) and submodules."""
+    return (*module.named_parameters(recurse=False, remove_duplicate=False),
+            *module.named_buffers(recurse=False, remove_duplicate=False), *module.named_children())
+
+
+def _place(value: Any) -> tuple | None:
+    return (value.data_ptr(), value.dtype, value.device) if isinstance(value, torch.Tensor) else None

@@ -25,14 +25,16 @@ Contracts:
 - a broken location never kills a model: a directory that cannot be created or written at all gives one WARNING
   (path, reason, `PIECEWORKS_DISABLE_CACHE`) and `CompileCache.open` returns None (run uncached); a read-only
   cache loads what is valid and compiles the rest in memory (one WARNING); a file where the cache expects a
-  folder, or a folder where it expects a file, inside the key directory is logged as corrupt and replaced.
+  folder, or a folder where it expects a file, inside the key directory is logged as corrupt and replaced. Each
+  problem of a location warns once per process, in words;
+- `prune(root, older_than_days=..., environment=...)` removes key folders unused for N days or built by another
+  torch build, GPU or Python (a key folder's mtime is its last use).
 POSIX only (`fcntl`). Safe across processes; one `CompileCache` object is not meant to be shared by threads.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -42,13 +44,11 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from ._compat import inductor_default_cache_dir
 from .counters import counters
-
-__all__ = ["CompileCache", "CacheIndexError", "atomic_write", "parse_index", "serialize_index", "entries_digest",
-           "artifact_stem", "INDEX_VERSION", "CLAIM_FIELDS"]
 
 log = logging.getLogger("pieceworks")
 
@@ -82,14 +82,6 @@ def serialize_index(entries: dict[str, dict[str, Any]]) -> bytes:
     return json.dumps(doc, sort_keys=True, indent=1).encode()
 
 
-
-def _well_formed(entry: Any) -> bool:
-    """Known fields of the right types, and a plain file name inside `artifacts/` (no path, no hidden file)."""
-    return isinstance(entry, dict) and _REQUIRED <= set(entry) <= _REQUIRED | set(CLAIM_FIELDS) \
-        and all(isinstance(v, str) for k, v in entry.items() if k != "bytes") and type(entry["bytes"]) is int \
-        and os.path.basename(entry["file"]) == entry["file"] and entry["file"][:1] not in ("", ".")
-
-
 def parse_index(data: bytes) -> dict[str, dict[str, Any]]:
     """Parse index bytes; raise `CacheIndexError` naming the problem for anything but an intact index."""
     try:
@@ -98,13 +90,14 @@ def parse_index(data: bytes) -> dict[str, dict[str, Any]]:
         raise CacheIndexError(f"not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION or not isinstance(doc.get("entries"), dict):
         raise CacheIndexError(f"not a version-{INDEX_VERSION} pieceworks index")
-    entries = doc["entries"]
-    for name, entry in entries.items():
-        if not _well_formed(entry):
+    for name, entry in doc["entries"].items():  # known fields of the right types, a plain file name in `artifacts/`
+        if not (isinstance(entry, dict) and _REQUIRED <= set(entry) <= _REQUIRED | set(CLAIM_FIELDS)
+                and all(isinstance(v, str) for k, v in entry.items() if k != "bytes") and type(entry["bytes"]) is int
+                and os.path.basename(entry["file"]) == entry["file"] and entry["file"][:1] not in ("", ".")):
             raise CacheIndexError(f"entry {name!r} is malformed: {entry!r}")
-    if doc.get("sha256") != entries_digest(entries):
+    if doc.get("sha256") != entries_digest(doc["entries"]):
         raise CacheIndexError("its entries do not match its SHA-256 (edited or garbled)")
-    return entries
+    return doc["entries"]
 
 
 def atomic_write(path: str, data: bytes) -> None:
@@ -128,14 +121,20 @@ def atomic_write(path: str, data: bytes) -> None:
 
 
 def _sha256_file(path: str) -> tuple[str, int]:
-    with open(path, "rb") as f:
-        data = f.read()
+    data = Path(path).read_bytes()
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
 def _reason(exc: BaseException) -> str:
-    """`"PermissionError: Permission denied"`: the exception's type and, for an OSError, its plain reason."""
-    return f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
+    """Why, in words: `"/c is a file, not a folder"`, `"permission denied"`; the type name for anything else."""
+    path = getattr(exc, "filename", None)
+    while path and not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)  # the part of the path that stands in the way
+    if isinstance(exc, (FileExistsError, NotADirectoryError)) and path and not os.path.isdir(path):
+        return f"{path} is a file, not a folder"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[:1].lower() + exc.strerror[1:]
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _warn_once(kind: str, path: str, message: str, *args: Any) -> None:
@@ -153,17 +152,14 @@ def _remove(path: str) -> None:
 
 def _entry_problem(name: str, entry: dict[str, Any], path: str, claim: dict[str, str] | None) -> str | None:
     """Why the artifact at `path` must not be loaded as entry `name` for a piece with `claim`, or None: the entry
-    claims another piece, names another entry's file, or the file's bytes differ from the index's SHA-256."""
-    wrong = [(k, entry.get(k), want) for k, want in sorted((claim or {}).items()) if entry.get(k) != want]
-    if wrong:
-        said = ", ".join(f"{k}={got!r} (this piece: {want!r})" for k, got, want in wrong)
-        return f"was stored for another piece: {said}"
+    claims another piece, names another entry's file, or the file's bytes differ from the index's SHA-256.
+    `OSError` if the file cannot be read."""
+    if wrong := [f"{k}={entry.get(k)!r} (this piece: {want!r})" for k, want in sorted((claim or {}).items())
+                 if entry.get(k) != want]:
+        return f"was stored for another piece: {', '.join(wrong)}"
     if not entry["file"].startswith(artifact_stem(name) + "-"):
         return f"is not the file of entry {name!r} (swapped index entries)"
-    try:
-        sha, size = _sha256_file(path)
-    except OSError as exc:
-        return f"cannot be read ({_reason(exc)})"
+    sha, size = _sha256_file(path)
     if (sha, size) != (entry["sha256"], entry["bytes"]):
         return (f"has {size} bytes with SHA-256 {sha[:12]}…, the index says {entry['bytes']} bytes with "
                 f"{entry['sha256'][:12]}… (truncated or garbled)")
@@ -180,13 +176,26 @@ class CompileCache:
     def __init__(self, root: str, key: str, factors: dict[str, str] | None = None) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.directory = os.path.join(self.root, key)
-        self.artifact_dir, self.lock_dir, self.index_path, self.lock_path = (
-            os.path.join(self.directory, name) for name in ("artifacts", "locks", "index.json", "index.lock"))
+        self.artifact_dir, self.lock_dir, self.index_path, self.lock_path, self.factors_path = (
+            os.path.join(self.directory, n) for n in ("artifacts", "locks", "index.json", "index.lock", "factors.json"))
         self.writable = True
-        os.makedirs(self.root, exist_ok=True)
-        self._make_folder(self.directory, "a file where the cache folder belongs")
-        try:
-            self._repair_and_prepare(factors)
+        self._make_folder(self.directory, "a file where the cache folder belongs")  # OSError: unusable
+        try:  # a read-only cache raises here, at the probe
+            tempfile.TemporaryFile(dir=self.directory, prefix=".tmp-probe-").close()
+            for folder in (self.artifact_dir, self.lock_dir):
+                self._make_folder(folder, "a file where a folder belongs")
+            for path in (self.index_path, self.lock_path, self.factors_path):
+                if os.path.isdir(path) and not os.path.islink(path):
+                    self.replace_corrupt(path, "a folder where a file belongs")
+            cutoff = time.time() - _STALE_TEMP_S  # older temporary files are dead writers' leftovers
+            for path in [os.path.join(folder, name) for folder in (self.directory, self.artifact_dir)
+                         for name in os.listdir(folder) if name.startswith(".tmp-")]:
+                with contextlib.suppress(OSError):
+                    if os.lstat(path).st_mtime < cutoff:
+                        _remove(path)
+            os.utime(self.directory)  # the last use, which `prune` reads
+            if factors and not os.path.exists(self.factors_path):
+                atomic_write(self.factors_path, json.dumps(factors, sort_keys=True, indent=1).encode())
         except OSError as exc:
             self.mark_read_only(exc)
 
@@ -203,18 +212,6 @@ class CompileCache:
             return None
 
     # ---- set-up ---------------------------------------------------------------------------------------------
-    def _repair_and_prepare(self, factors: dict[str, str] | None) -> None:
-        tempfile.TemporaryFile(dir=self.directory, prefix=".tmp-probe-").close()  # read-only: raises here
-        for folder in (self.artifact_dir, self.lock_dir):
-            self._make_folder(folder, "a file where a folder belongs")
-        factors_path = os.path.join(self.directory, "factors.json")
-        for path in (self.index_path, self.lock_path, factors_path):
-            if os.path.isdir(path) and not os.path.islink(path):
-                self.replace_corrupt(path, "a folder where a file belongs")
-        self._remove_stale_temporaries()
-        if factors and not os.path.exists(factors_path):
-            atomic_write(factors_path, json.dumps(factors, sort_keys=True, indent=1).encode())
-
     def _make_folder(self, path: str, what: str) -> None:
         """Create the folder `path` if needed, replacing what stands in its place (`what`)."""
         if os.path.lexists(path) and not os.path.isdir(path):
@@ -225,15 +222,6 @@ class CompileCache:
         log.warning("pieceworks cache: %s is %s (a corrupt cache); removing it, its entries will be recompiled",
                     path, what)
         _remove(path)
-
-    def _remove_stale_temporaries(self) -> None:
-        now = time.time()
-        for folder in (self.directory, self.artifact_dir):
-            for name in os.listdir(folder):
-                path = os.path.join(folder, name)
-                with contextlib.suppress(OSError):
-                    if name.startswith(".tmp-") and now - os.lstat(path).st_mtime > _STALE_TEMP_S:
-                        _remove(path)
 
     def mark_read_only(self, exc: BaseException) -> None:
         self.writable = False
@@ -251,41 +239,38 @@ class CompileCache:
         return os.path.join(self.root, "inductor") if self.writable and not _user_chose_inductor_dir() else None
 
     # ---- locks ----------------------------------------------------------------------------------------------
-    def _lock_fd(self, path: str) -> int | None:
+    def _lock_file(self, path: str) -> BinaryIO | None:
         # A read-only cache opens the lock read-only: a shared lock still keeps us from reading half of another
         # writer's update.
-        for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
+        for mode in ("ab", "rb"):
             with contextlib.suppress(OSError):
-                return os.open(path, flags, 0o644)
+                return open(path, mode)
         return None
 
-    @contextlib.contextmanager
-    def index_lock(self, exclusive: bool) -> Iterator[None]:
+    def index_lock(self, exclusive: bool) -> contextlib.AbstractContextManager[None]:
         """Hold the index's lock: exclusive to install an artifact and merge the index, shared to read it."""
-        fd = self._lock_fd(self.lock_path)
-        if fd is None and exclusive:
-            raise OSError(errno.EACCES, "cannot open the index lock", self.lock_path)
-        with contextlib.nullcontext() if fd is None else _flocked(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH):
-            yield
+        lock = self._lock_file(self.lock_path)
+        if lock is None and exclusive:
+            raise PermissionError(f"cannot open the index lock {self.lock_path}")
+        return _flocked(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) if lock else contextlib.nullcontext()
 
     def entry_lock(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Hold entry `name`'s exclusive lock across processes (while compiling and storing it), so that processes
         missing the same entry take turns: the first compiles and stores it, the others then find it. A no-op when
         the cache is read-only."""
-        fd = self._lock_fd(os.path.join(self.lock_dir, artifact_stem(name) + ".lock")) if self.writable else None
-        return contextlib.nullcontext() if fd is None else _flocked(fd, fcntl.LOCK_EX, waiting_for=name)
+        lock = self._lock_file(os.path.join(self.lock_dir, artifact_stem(name) + ".lock")) if self.writable else None
+        return _flocked(lock, fcntl.LOCK_EX, waiting_for=name) if lock else contextlib.nullcontext()
 
     # ---- reading --------------------------------------------------------------------------------------------
     def read_index(self) -> dict[str, dict[str, Any]]:
         """The index's entries; `{}` (logged) when the file is missing, cannot be read or is not an intact index."""
         try:
-            with open(self.index_path, "rb") as f:
-                return parse_index(f.read())
+            return parse_index(Path(self.index_path).read_bytes())
         except FileNotFoundError:
             return {}
         except (OSError, CacheIndexError) as exc:
-            log.warning("pieceworks cache index %s is unreadable (%s); ignoring it and recompiling", self.index_path,
-                        _reason(exc))
+            _warn_once("index", self.index_path, "pieceworks cache index %s is unreadable (%s); ignoring it and "
+                       "recompiling", self.index_path, _reason(exc))
             return {}
 
     def load(self, name: str, loader: Callable[[str], Any], claim: dict[str, str] | None = None,
@@ -301,10 +286,10 @@ class CompileCache:
             if entry is None or entry == skip:
                 return None, entry
             path = os.path.join(self.artifact_dir, entry["file"])
-            problem = _entry_problem(name, entry, path, claim)
             try:
+                problem = _entry_problem(name, entry, path, claim)
                 loaded = None if problem else loader(path)
-            except Exception as exc:  # noqa: BLE001 - any failure to load means: recompile
+            except Exception as exc:  # noqa: BLE001 - any failure to read or load means: recompile
                 problem = f"failed to load ({type(exc).__name__}: {exc})"
         if problem:
             counters.num_cache_artifacts_rejected += 1
@@ -334,10 +319,11 @@ class CompileCache:
                 entries = self.read_index()
                 entries[name] = {"file": file, "sha256": sha, "bytes": size, **(claim or {})}
                 atomic_write(self.index_path, serialize_index(entries))
-                for old in os.listdir(self.artifact_dir):  # earlier versions, and files of writers that died
-                    if old.startswith(stem) and old != file:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(os.path.join(self.artifact_dir, old))
+                _warned.discard(("index", self.index_path))  # intact again: a new break warns again
+                # earlier versions of the entry, and its files of writers that died
+                for old in [f for f in os.listdir(self.artifact_dir) if f.startswith(stem) and f != file]:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.artifact_dir, old))
         except Exception as exc:  # noqa: BLE001 - an unsaveable artifact still runs; it just is not cached
             with contextlib.suppress(OSError):
                 _remove(tmp)
@@ -352,20 +338,34 @@ class CompileCache:
         return True
 
 
+def prune(root: str, older_than_days: float | None = None, environment: str | None = None) -> list[str]:
+    """Remove the key folders under `root` last used more than `older_than_days` ago, or built by another
+    environment than `environment` (torch build, GPU, Python: `pieceworks.key.environment_factors()` is this
+    one's); keep `<root>/inductor` and anything that is not a key folder. Returns the removed paths. Run it while
+    no process uses those folders."""
+    removed = []
+    for path in sorted(os.path.join(root, name) for name in os.listdir(root)):
+        with contextlib.suppress(OSError, ValueError):
+            built_by = json.loads(Path(path, "factors.json").read_text(encoding="utf-8")).get("environment")
+            old = older_than_days is not None and time.time() - os.stat(path).st_mtime > older_than_days * 86400
+            if old or (environment is not None and built_by != environment):
+                shutil.rmtree(path)
+                removed.append(path)
+    return removed
+
+
 @contextlib.contextmanager
-def _flocked(fd: int, operation: int, waiting_for: str | None = None) -> Iterator[None]:
-    """Hold `flock(fd, operation)` for the block, then close `fd` (which releases it). `waiting_for`: the entry to
-    log when another process holds the lock."""
-    try:
+def _flocked(file: BinaryIO, operation: int, waiting_for: str | None = None) -> Iterator[None]:
+    """Hold `flock(file, operation)` for the block, then close `file` (which releases it). `waiting_for`: the entry
+    to log when another process holds the lock."""
+    with file:
         try:
-            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            fcntl.flock(file, operation | fcntl.LOCK_NB)
         except BlockingIOError:
             if waiting_for is not None:
                 log.info("pieceworks cache: another process is compiling %s; waiting for it", waiting_for)
-            fcntl.flock(fd, operation)
+            fcntl.flock(file, operation)
         yield
-    finally:
-        os.close(fd)
 
 
 def _user_chose_inductor_dir() -> bool:

@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -37,9 +37,6 @@ from .dispatch import find_range
 from .key import entry_claim, entry_name
 from .piece import Piece, Target
 from .values import tensors_in
-
-__all__ = ["PieceCompiler", "computes_tensors", "static_example_args", "compile_inductor", "save_artifact",
-           "load_artifact", "inductor_cache_dir"]
 
 log = logging.getLogger("pieceworks")
 
@@ -57,63 +54,60 @@ class PieceCompiler:
     def compile(self, piece: Piece) -> Piece:
         """`piece` with code for every compile range and size. A piece with data-dependent sizes gets no static
         compile (it would bake in one call's sizes): its range code serves the compile sizes."""
-        config = self.config
-        runnables: dict[Target, Callable[..., Any]] = {}
-        for lo_hi in config.ranges():
-            runnables[lo_hi] = self.get(piece, lo_hi, piece.example_args)
-        if piece.unbacked_symbols and config.compile_sizes:
+        ranges, sizes = self.config.ranges(), self.config.compile_sizes
+        if piece.unbacked_symbols and sizes:
             log.info("pieceworks: piece %s has data-dependent sizes (%s): compile_sizes %s are served by the code "
-                     "compiled for their ranges", piece.submod_name, ", ".join(piece.unbacked_symbols),
-                     config.compile_sizes)
-        for size in config.compile_sizes:
-            runnables[size] = runnables[find_range(config.ranges(), size)] if piece.unbacked_symbols else \
-                self.get(piece, size, static_example_args(piece.example_args, size))
+                     "compiled for their ranges", piece.submod_name, ", ".join(piece.unbacked_symbols), sizes)
+        runnables: dict[Target, Callable[..., Any]] = {lo_hi: self.get(piece, lo_hi) for lo_hi in ranges}
+        for size in sizes:
+            runnables[size] = runnables[find_range(ranges, size)] if piece.unbacked_symbols else self.get(piece, size)
         return dataclasses.replace(piece, runnables=runnables)
 
-    def get(self, piece: Piece, target: Target, example_args: Sequence[Any]) -> Callable[..., Any]:
+    def get(self, piece: Piece, target: Target) -> Callable[..., Any]:
+        """The code for `piece` at `target`: compiled for a range on the trace's values, for a size on
+        `static_example_args`."""
         counters.num_backend_compilations += 1
         key = (piece.fingerprint, target)
         if key in self.done:
             self.shared += 1
             counters.num_shared_piece_compiles += 1
             return self.done[key]
-        as_traced = not computes_tensors(piece)
-        if self.cache is None or as_traced:
-            fn = self._compile(piece.graph, isinstance(target, int), example_args, as_traced)[0]
+        # A size is compiled for real inputs of that size; a range, for the trace's symbolic values.
+        example_args = static_example_args(piece.example_args, target) if isinstance(target, int) else \
+            list(piece.example_args)
+        if self.cache is None or not computes_tensors(piece):
+            self.done[key] = self._compile(piece, target, example_args)[0]
         else:
-            chosen = "cpp_cache_precompile_headers" in self.config.inductor_compile_config
-            with inductor_cache_dir(self.cache.inductor_dir, precompiled_headers=chosen):
-                fn = self._get_cached(piece, target, example_args)
-        self.done[key] = fn
-        return fn
+            with inductor_cache_dir(self.cache.inductor_dir, self.config.inductor_compile_config):
+                self.done[key] = self._get_cached(piece, target, example_args)
+        return self.done[key]
 
-    def _get_cached(self, piece: Piece, target: Target, example_args: Sequence[Any]) -> Callable[..., Any]:
-        cache = self.cache
+    def _get_cached(self, piece: Piece, target: Target, example_args: list[Any]) -> Callable[..., Any]:
         name = entry_name(piece.fingerprint, target)
-        claim = entry_claim(piece.fingerprint, target, list(example_args))
+        claim = entry_claim(piece.fingerprint, target, example_args)
         load = lambda path: load_artifact(path, piece.graph)  # noqa: E731
-        fn, seen = cache.load(name, load, claim)
+        fn, seen = self.cache.load(name, load, claim)
         if fn is None:
-            with cache.entry_lock(name):
+            with self.cache.entry_lock(name):
                 # Another process may have stored it while we looked or waited; an entry we already rejected is
                 # skipped, not tried (nor reported) twice.
-                fn, _ = cache.load(name, load, claim, skip=seen)
+                fn, _ = self.cache.load(name, load, claim, skip=seen)
                 if fn is None:
-                    fn, artifact = self._compile(piece.graph, isinstance(target, int), example_args)
-                    if artifact is not None:
-                        cache.store(name, lambda path: save_artifact(artifact, path), claim)
+                    fn, artifact = self._compile(piece, target, example_args)
+                    self.cache.store(name, lambda path: artifact.save(path=path, format="binary"), claim)
                     return fn
         self.loaded += 1
         return fn
 
-    def _compile(self, graph: torch.fx.GraphModule, static: bool, example_args: Sequence[Any],
-                 as_traced: bool = False) -> tuple[Callable[..., Any], Any]:
+    def _compile(self, piece: Piece, target: Target, example_args: list[Any]) -> tuple[Callable[..., Any], Any]:
+        """Compile `piece` afresh: as traced (the eager compiler, or a piece with nothing for Inductor), else with
+        Inductor."""
         self.compiled += 1
-        if self.config.compiler == "eager" or as_traced:
+        if self.config.compiler == "eager" or not computes_tensors(piece):
             counters.num_eager_compiles += 1
-            return graph.forward, None
+            return piece.graph.forward, None
         counters.num_inductor_compiles += 1
-        return compile_inductor(graph, list(example_args), static=static,
+        return compile_inductor(piece.graph, example_args, static=isinstance(target, int),
                                 inductor_config=self.config.inductor_compile_config)
 
 
@@ -122,39 +116,31 @@ def computes_tensors(piece: Piece) -> bool:
     split leaves alone in a piece, work whose results nothing reads) gives Inductor nothing to generate: its compile
     saves no artifact, so it would be compiled again on every warm start. Such a piece runs as traced (the eager
     compiler) and is never cached."""
-    output = next(n for n in piece.graph.graph.nodes if n.op == "output")
+    output = piece.graph.graph.output_node()
     return any(tensors_in(_compat.example_value(n)) for n in output.all_input_nodes) or bool(piece.mutated_inputs)
 
 
 def static_example_args(example_args: Sequence[Any], size: int) -> list[Any]:
     """Real example inputs at batch `size`: an empty tensor of each traced tensor's dtype, device, sizes and strides
     with every symbol set to `size` (static compiles read metadata, never values), ints for SymInts."""
-    found = []
-    for value in example_args:
-        if isinstance(value, torch.SymInt):
-            value = _compat.evaluate_at(value, size)
-        elif isinstance(value, torch.Tensor):
-            shape = [_compat.evaluate_at(d, size) for d in value.shape]
-            stride = [_compat.evaluate_at(d, size) for d in value.stride()]
-            value = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
-        found.append(value)
-    return found
+    def at_size(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            shape, stride = ([_compat.evaluate_at(d, size) for d in dims] for dims in (value.shape, value.stride()))
+            return torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
+        return _compat.evaluate_at(value, size) if isinstance(value, torch.SymInt) else value
+
+    return [at_size(value) for value in example_args]
 
 
-def _returns_tuple(gm: torch.fx.GraphModule) -> bool:
-    return isinstance(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0], (tuple, list))
+def _adapt_outputs(fn: Callable[..., Any], gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """Give callers exactly what `gm` returns (Inductor returns a list for a tuple output)."""
+    tuple_output = isinstance(gm.graph.output_node().args[0], (tuple, list))
 
-
-def _adapt_outputs(fn: Callable[..., Any], tuple_output: bool) -> Callable[..., Any]:
-    """Give callers exactly what the piece's GraphModule returns (Inductor returns a list for a tuple output)."""
-    if tuple_output:
-        return lambda *args: tuple(fn(*args))
-
-    def call_single(*args: Any) -> Any:
+    def call(*args: Any) -> Any:
         out = fn(*args)
-        return out[0] if isinstance(out, (list, tuple)) else out
+        return tuple(out) if tuple_output else (out[0] if isinstance(out, (list, tuple)) else out)
 
-    return call_single
+    return call
 
 
 def compile_inductor(gm: torch.fx.GraphModule, example_args: list[Any], *, static: bool,
@@ -164,49 +150,42 @@ def compile_inductor(gm: torch.fx.GraphModule, example_args: list[Any], *, stati
 
     "from_graph" reads the shape environment off the FakeTensors the piece returns; a piece that returns no tensor
     (one that only writes its inputs) has none, and then Dynamo's tracing context holds the same one."""
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
-    returned = output if isinstance(output, (tuple, list)) else [output]
-    symbolic = "from_graph" if any(
-        isinstance(n, torch.fx.Node) and hasattr(_compat.example_value(n), "fake_mode") for n in returned
-    ) else "from_tracing_context"
+    returned = [_compat.example_value(n) for n in gm.graph.output_node().all_input_nodes]
+    symbolic = "from_graph" if _compat.fake_mode_of(returned) is not None else "from_tracing_context"
     artifact = _compat.standalone_compile(gm, list(example_args),
                                           dynamic_shapes="from_example_inputs" if static else symbolic,
                                           options={"config_patches": dict(inductor_config)})
-    return _adapt_outputs(artifact, _returns_tuple(gm)), artifact
-
-
-def save_artifact(artifact: Any, path: str) -> None:
-    """Write `artifact` to `path` (binary format). Raises if the artifact cannot be serialised."""
-    artifact.save(path=path, format="binary")
+    return _adapt_outputs(artifact, gm), artifact
 
 
 def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
-    """Load an artifact saved by `save_artifact`; raises on any problem (another torch build, bad bytes).
+    """Load an artifact `compile_inductor` made, saved in the binary format (`PieceCompiler` saves it); raises on
+    any problem (another torch build, bad bytes).
 
     Loads run in this process (Inductor's `compile_threads` is 1 for their duration): an artifact carries its
     compiled kernels, so a load builds none, and the pool of compile workers Inductor would otherwise start costs
     a warm process seconds of start-up for nothing."""
     with _compat.inductor_config().patch(compile_threads=1):
         artifact = _compat.load_artifact(path)
-    return _adapt_outputs(artifact, _returns_tuple(gm))
+    return _adapt_outputs(artifact, gm)
 
 
 @contextlib.contextmanager
-def inductor_cache_dir(path: str | None, *, precompiled_headers: bool = False) -> Iterator[None]:
+def inductor_cache_dir(path: str | None, options: Mapping[str, Any]) -> Iterator[None]:
     """Point Inductor's on-disk cache (`TORCHINDUCTOR_CACHE_DIR`) at `path` for the block, then restore it; `None`
     leaves everything alone. With a `path`, C++ kernels are built without Inductor's precompiled header (unless
-    `precompiled_headers`): Inductor keeps it outside `TORCHINDUCTOR_CACHE_DIR` and rebuilds it before it looks for
-    a kernel's library, so a warm start on a new host would spend a g++ run on it. Compile and load run under the
-    same setting, so library names (digests of the build command) match. Not thread-safe (the environment is
-    process-wide), like the rest of a compile."""
+    `options`, the config's `inductor_compile_config`, sets `cpp_cache_precompile_headers`): Inductor keeps it
+    outside `TORCHINDUCTOR_CACHE_DIR` and rebuilds it before it looks for a kernel's library, so a warm start on a
+    new host would spend a g++ run on it. Compile and load run under the same setting, so library names (digests of
+    the build command) match. Not thread-safe (the environment is process-wide), like the rest of a compile."""
     if path is None:
         yield
         return
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     config = _compat.inductor_config()
-    headers = {} if precompiled_headers or not hasattr(config, "cpp_cache_precompile_headers") else \
-        {"cpp_cache_precompile_headers": False}
+    kept = "cpp_cache_precompile_headers" in options or not hasattr(config, "cpp_cache_precompile_headers")
+    headers = {} if kept else {"cpp_cache_precompile_headers": False}
     try:
         with config.patch(**headers):
             yield

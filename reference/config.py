@@ -14,10 +14,10 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CUDAGraphMode", "CompilationConfig", "ConfigError", "default_capture_sizes", "check_inductor_keys",
-           "check_something_to_capture", "CAPTURE_SIZES_SHORTHAND"]
+from ._compat import inductor_config
 
 CAPTURE_SIZES_SHORTHAND = "cudagraph_capture_sizes"  # vLLM's shorthand in compile_sizes: every capture size
 _OP_NAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
@@ -71,11 +71,7 @@ def _is_int(value: Any) -> bool:
 
 def check_inductor_keys(config: dict[str, Any]) -> None:
     """Every key must be an Inductor config option (dotted for nested ones, e.g. "triton.cudagraphs")."""
-    if not config:
-        return
-    from ._compat import inductor_config
-
-    known = set(inductor_config().get_config_copy())
+    known = set(inductor_config().get_config_copy()) if config else set()  # no options: Inductor's config stays unread
     for key in config:
         close = [] if key in known else difflib.get_close_matches(key, known, n=3)
         _require(key in known, "inductor_compile_config", config, f"{key!r} is not an Inductor config option",
@@ -89,12 +85,36 @@ def check_something_to_capture(mode: CUDAGraphMode, capture_sizes: list[int]) ->
              "to capture, leave cudagraph_capture_sizes=None for vLLM's defaults, or set cudagraph_mode=NONE")
 
 
-def _int_list(field: str, value: Any) -> list[int]:
+def _int_list(field: str, value: Any, top: int, fix: str | None = None) -> list[int]:
+    """`value`, a list of batch sizes in `[1, top]` (`top`: max_num_batched_tokens), sorted and without repeats;
+    else `ConfigError` (`fix`: what to do instead of a non-int)."""
     _require(isinstance(value, (list, tuple)) and all(map(_is_int, value)), field, value, "expected a list of int",
-             f"pass e.g. {field}=[1, 2, 4, 8]")
+             fix or f"pass e.g. {field}=[1, 2, 4, 8]")
     _require(all(v > 0 for v in value), field, value, "every entry must be a positive batch size",
              "remove zero and negative entries")
-    return list(value)
+    above = [v for v in value if v > top]
+    _require(not above, field, value, f"{above} lie outside every compile range: above max_num_batched_tokens={top}, "
+             "so above the largest compile range", "raise max_num_batched_tokens or drop those entries")
+    return sorted(set(value))
+
+
+# Fields checked on their own, before anything else: field -> (accepts its value, problem, fix)
+_FIELD_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "splitting_ops": (lambda v: isinstance(v, (list, tuple)), "expected a list of op names",
+                      'pass ["silly::attention"]'),
+    "max_num_batched_tokens": (lambda v: _is_int(v) and v > 0, "expected a positive int", "pass e.g. 8192"),
+    "cudagraph_mode": (lambda v: isinstance(v, CUDAGraphMode), "unknown mode",  # a known name is converted first
+                       f"use pieceworks.CUDAGraphMode or one of {list(CUDAGraphMode.__members__)}"),
+    "cudagraph_num_warmups": (lambda v: _is_int(v) and v >= 0, "expected an int >= 0", "pass 0 or more, e.g. 1"),
+    "compiler": (lambda v: v in ("inductor", "eager"), "unknown compiler", 'use "inductor" or "eager"'),
+    "inductor_compile_config": (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+                                "expected a dict of Inductor config keys", 'pass e.g. {"max_autotune": False}'),
+    "cache_dir": (lambda v: v is None or isinstance(v, (str, os.PathLike)), "expected a path",
+                  "pass a str or pathlib.Path, or None"),
+    "on_missing_graph": (lambda v: v in ("eager", "raise"), "unknown policy", 'use "eager" or "raise"'),
+    **{flag: (lambda v: isinstance(v, bool), "expected a bool", f"pass {flag}=True or False")
+       for flag in ("cache_enabled", "lazy_capture", "debug_replay_checks")},
+}
 
 
 @dataclasses.dataclass
@@ -136,75 +156,32 @@ class CompilationConfig:
     debug_replay_checks: bool = False
 
     def __post_init__(self) -> None:
-        ops = self.splitting_ops
-        _require(isinstance(ops, (list, tuple)), "splitting_ops", ops, "expected a list of op names",
-                 'pass ["silly::attention"]')
-        for name in ops:
-            _require(isinstance(name, str) and _OP_NAME.match(name), "splitting_ops", ops, f"{name!r} is not an op "
-                     f"name", 'write "namespace::op" or "namespace::op.overload", e.g. "silly::attention" or '
-                     '"silly::attention.default"')
-        self.splitting_ops = list(ops)
-        top = self.max_num_batched_tokens
-        _require(_is_int(top), "max_num_batched_tokens", top, "expected an int", "pass e.g. 8192")
-        _require(top > 0, "max_num_batched_tokens", top, "must be positive", "pass e.g. 8192")
-        ends = self.compile_ranges = _int_list("compile_ranges", self.compile_ranges)
-        _require(ends == sorted(set(ends)), "compile_ranges", ends, "endpoints must be strictly increasing",
-                 f"sort them and drop repeats: {sorted(set(ends))}")
-        _require(not ends or ends[-1] <= top, "compile_ranges", ends, f"endpoint {ends and ends[-1]} is above "
-                 f"max_num_batched_tokens={top}", "raise max_num_batched_tokens or lower the endpoint")
-        mode = self.cudagraph_mode
-        if not isinstance(mode, CUDAGraphMode):
-            _require(isinstance(mode, str) and mode.upper() in CUDAGraphMode.__members__, "cudagraph_mode", mode,
-                     "unknown mode", f"use pieceworks.CUDAGraphMode or one of {list(CUDAGraphMode.__members__)}")
-            self.cudagraph_mode = CUDAGraphMode[mode.upper()]
-        if self.cudagraph_capture_sizes is None:
-            self.cudagraph_capture_sizes = default_capture_sizes(min(512, top))
-        sizes = _int_list("cudagraph_capture_sizes", self.cudagraph_capture_sizes)
-        self.cudagraph_capture_sizes = sorted(set(sizes))
-        above = [s for s in self.cudagraph_capture_sizes if s > top]
-        _require(not above, "cudagraph_capture_sizes", sizes, f"{above} are above the largest compile range "
-                 f"{self.ranges()[-1]}", "raise max_num_batched_tokens or drop those sizes")
-        check_something_to_capture(self.cudagraph_mode, sizes)
-        self.compile_sizes = self._expand_compile_sizes()
-        outside = [s for s in self.compile_sizes if s > top]
-        _require(not outside, "compile_sizes", self.compile_sizes, f"{outside} lie outside every compile range "
-                 f"{self.ranges()}", "raise max_num_batched_tokens or drop those sizes")
-        warmups = self.cudagraph_num_warmups
-        _require(_is_int(warmups), "cudagraph_num_warmups", warmups, "expected an int", "pass e.g. 1")
-        _require(warmups >= 0, "cudagraph_num_warmups", warmups, "must be >= 0", "pass 0 or more")
-        _require(self.compiler in ("inductor", "eager"), "compiler", self.compiler, "unknown compiler",
-                 'use "inductor" or "eager"')
-        self._check_inductor_compile_config()
-        _require(self.cache_dir is None or isinstance(self.cache_dir, (str, os.PathLike)), "cache_dir",
-                 self.cache_dir, "expected a path", "pass a str or pathlib.Path, or None")
-        for flag in ("cache_enabled", "lazy_capture", "debug_replay_checks"):
-            _require(isinstance(getattr(self, flag), bool), flag, getattr(self, flag), "expected a bool",
-                     f"pass {flag}=True or False")
-        _require(self.on_missing_graph in ("eager", "raise"), "on_missing_graph", self.on_missing_graph,
-                 "unknown policy", 'use "eager" or "raise"')
-
-    def _expand_compile_sizes(self) -> list[int]:
-        """`compile_sizes` as sorted ints; the entry "cudagraph_capture_sizes" stands for every capture size (vLLM)."""
-        sizes = self.compile_sizes
-        if isinstance(sizes, (list, tuple)):
-            if CAPTURE_SIZES_SHORTHAND in sizes:
-                sizes = [s for s in sizes if s != CAPTURE_SIZES_SHORTHAND] + self.cudagraph_capture_sizes
-            for s in sizes:
-                _require(not isinstance(s, str), "compile_sizes", self.compile_sizes, f"unknown entry {s!r}",
-                         f'list ints, or "{CAPTURE_SIZES_SHORTHAND}" for every capture size')
-        return sorted(set(_int_list("compile_sizes", sizes)))
-
-    def _check_inductor_compile_config(self) -> None:
-        """A dict of known Inductor config keys whose values are JSON (so that the cache key covers them)."""
-        options = self.inductor_compile_config
-        _require(isinstance(options, dict) and all(isinstance(k, str) for k in options), "inductor_compile_config",
-                 options, "expected a dict of Inductor config keys", 'pass e.g. {"max_autotune": False}')
-        check_inductor_keys(options)
+        if isinstance(self.cudagraph_mode, str) and self.cudagraph_mode.upper() in CUDAGraphMode.__members__:
+            self.cudagraph_mode = CUDAGraphMode[self.cudagraph_mode.upper()]
+        for field, (accepts, problem, fix) in _FIELD_RULES.items():
+            _require(accepts(getattr(self, field)), field, getattr(self, field), problem, fix)
+        for name in self.splitting_ops:
+            _require(isinstance(name, str) and _OP_NAME.match(name), "splitting_ops", self.splitting_ops, f"{name!r} "
+                     'is not an op name', 'write "namespace::op" or "namespace::op.overload", e.g. "silly::attention"')
+        self.splitting_ops = list(self.splitting_ops)
+        top, ends, sizes = self.max_num_batched_tokens, self.compile_ranges, self.cudagraph_capture_sizes
+        self.compile_ranges = _int_list("compile_ranges", ends, top)
+        _require(self.compile_ranges == list(ends), "compile_ranges", ends, "endpoints must be strictly increasing",
+                 f"sort them and drop repeats: {self.compile_ranges}")
+        self.cudagraph_capture_sizes = _int_list("cudagraph_capture_sizes", default_capture_sizes(min(512, top))
+                                                 if sizes is None else sizes, top)
+        check_something_to_capture(self.cudagraph_mode, self.cudagraph_capture_sizes)
+        sizes = self.compile_sizes  # "cudagraph_capture_sizes" in it stands for every capture size (vLLM's shorthand)
+        if isinstance(sizes, (list, tuple)) and CAPTURE_SIZES_SHORTHAND in sizes:
+            sizes = [s for s in sizes if s != CAPTURE_SIZES_SHORTHAND] + self.cudagraph_capture_sizes
+        self.compile_sizes = _int_list("compile_sizes", sizes, top, f'list ints, or "{CAPTURE_SIZES_SHORTHAND}" for '
+                                       "every capture size")
+        check_inductor_keys(self.inductor_compile_config)  # known keys with JSON values, so the cache key covers them
         try:
-            json.dumps(options, sort_keys=True)
+            json.dumps(self.inductor_compile_config, sort_keys=True)
         except TypeError:
-            _require(False, "inductor_compile_config", options, "values must be JSON-serialisable so that the cache "
-                     "key can cover them", "pass plain bools, numbers, strings, lists and dicts")
+            _require(False, "inductor_compile_config", self.inductor_compile_config, "values must be JSON-serialisable "
+                     "so that the cache key can cover them", "pass plain bools, numbers, strings, lists and dicts")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_frozen"):

@@ -11,8 +11,6 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator
 
-__all__ = ["CompilationCounter", "counters"]
-
 
 @dataclasses.dataclass
 class CompilationCounter:
@@ -44,14 +42,12 @@ class CompilationCounter:
     def expect(self, **deltas: int) -> Iterator[None]:
         """Assert that the block changes each named field by exactly the given delta."""
         before = self.snapshot()
-        unknown = sorted(set(deltas) - set(before))
-        if unknown:
+        if unknown := sorted(set(deltas) - set(before)):
             raise TypeError(f"counters.expect got unknown fields {unknown}; known fields: {sorted(before)}")
         yield
         after = self.snapshot()
-        wrong = [f"  {name}: changed by {after[name] - before[name]}, expected {want}"
-                 for name, want in sorted(deltas.items()) if after[name] - before[name] != want]
-        if wrong:
+        if wrong := [f"  {name}: changed by {after[name] - before[name]}, expected {want}"
+                     for name, want in sorted(deltas.items()) if after[name] - before[name] != want]:
             raise AssertionError("pieceworks counters did not change as expected:\n" + "\n".join(wrong))
 
 

@@ -17,7 +17,7 @@ Contracts (the ones vLLM's users rely on):
 
 from __future__ import annotations
 
-import contextlib
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -25,20 +25,9 @@ import torch
 
 from .counters import counters
 
-__all__ = ["CapturePool", "AddressCheck", "ReplayAddressError", "check_addresses", "non_owning_alias"]
-
 
 class ReplayAddressError(RuntimeError):
     """A CUDA graph was about to replay with an input that is not at the address it was captured with."""
-
-
-class _DeviceMemory:
-    """Exposes a device pointer through `__cuda_array_interface__`, so `torch.as_tensor` can view it."""
-
-    def __init__(self, pointer: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes,), "typestr": "|u1", "data": (pointer, False), "version": 3, "strides": None,
-        }
 
 
 def non_owning_alias(value: Any) -> Any:
@@ -48,8 +37,11 @@ def non_owning_alias(value: Any) -> Any:
     if not isinstance(value, torch.Tensor) or not value.is_cuda or value.numel() == 0:
         return value
     storage = value.untyped_storage()
+    # The storage's bytes, exposed through the CUDA array interface so that `torch.as_tensor` views them.
+    memory = types.SimpleNamespace(__cuda_array_interface__={"shape": (storage.nbytes(),), "typestr": "|u1",
+                                   "data": (storage.data_ptr(), False), "version": 3, "strides": None})
     with torch.cuda.device(value.device):
-        raw = torch.as_tensor(_DeviceMemory(storage.data_ptr(), storage.nbytes()), device=value.device)
+        raw = torch.as_tensor(memory, device=value.device)
     return raw.view(value.dtype).as_strided(value.shape, value.stride(), value.storage_offset())
 
 
@@ -69,35 +61,30 @@ def check_addresses(args: Sequence[Any], checks: Sequence[AddressCheck], batch: 
     for i, address, reader, position, name in checks:
         pointer = args[i].data_ptr()
         if pointer != address:
-            raise ReplayAddressError(
-                f"{reader}: input {position} ({name}) is at {pointer:#x}, but the CUDA graph for batch size {batch} "
-                f"was captured reading {address:#x}; replaying would read stale memory. Fix: keep inputs in static "
-                f"buffers (pieceworks.compile does this for model inputs) and keep parameters where they were "
-                f"captured (swap weights with an in-place copy_)"
-            )
+            raise ReplayAddressError(f"{reader}: input {position} ({name}) is at {pointer:#x}, but the CUDA graph for "
+                                     f"batch size {batch} was captured reading {address:#x}; replaying would read "
+                                     f"stale memory. Fix: keep inputs in static buffers (pieceworks.compile does this "
+                                     f"for model inputs) and keep parameters where they were captured (swap weights "
+                                     f"with an in-place copy_)")
 
 
 class CapturePool:
     """The pool, capture stream and warm-up MemPool of one model, created at its first capture; only this object
-    writes them. Not thread-safe."""
+    writes them (read `handle`: the graph pool's `torch.cuda.graph_pool_handle()`, None before the first capture).
+    Not thread-safe."""
 
     def __init__(self, num_warmups: int) -> None:
         self.num_warmups = num_warmups
-        self._handle: Any = None
+        self.handle: Any = None
         self._stream: torch.cuda.Stream | None = None
-        self._warmup_pool: Any = None
-
-    @property
-    def handle(self) -> Any:
-        """The graph pool's handle (`torch.cuda.graph_pool_handle()`), None before the first capture."""
-        return self._handle
+        self._warmup_pool: torch.cuda.MemPool | None = None
 
     def reset(self) -> None:
         """Start a fresh pool for later captures (same stream and warm-up MemPool): the old pool is freed with the
         last graph captured into it. The caller drops those graphs."""
-        if self._handle is not None:
+        if self.handle is not None:
             torch.cuda.synchronize()
-            self._handle = torch.cuda.graph_pool_handle()
+            self.handle = torch.cuda.graph_pool_handle()
 
     def capture(self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int]) -> tuple[Any, Any]:
         """Warm `fn(*args)` up, capture it into the pool, replay it once; return `(graph, owning outputs)`.
@@ -105,28 +92,25 @@ class CapturePool:
         `mutated`: positions of `args` that `fn` writes to in place, restored after the warm-ups, so the replay
         that follows the capture is the only write a capture makes.
         """
-        if self._handle is None:
-            self._handle = torch.cuda.graph_pool_handle()
-            self._stream = torch.cuda.Stream()
-            self._warmup_pool = torch.cuda.MemPool() if hasattr(torch.cuda, "MemPool") else None
+        if self.handle is None:
+            self.handle = torch.cuda.graph_pool_handle()
+            self._stream, self._warmup_pool = torch.cuda.Stream(), torch.cuda.MemPool()
         # Saved on the caller's stream before the capture stream waits for it: the clones complete before any
         # warm-up can write to these inputs.
         saved = [(i, args[i].clone()) for i in mutated if isinstance(args[i], torch.Tensor)]
-        graph = torch.cuda.CUDAGraph()
-        stream = self._stream
+        graph, stream = torch.cuda.CUDAGraph(), self._stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             # Warm-ups allocate from a MemPool of this model's own: the first GEMM on the capture stream allocates
             # that stream's cuBLAS workspaces, which every captured GEMM keeps reading.
-            with torch.cuda.use_mem_pool(self._warmup_pool) if self._warmup_pool is not None \
-                    else contextlib.nullcontext():
+            with torch.cuda.use_mem_pool(self._warmup_pool):
                 for _ in range(self.num_warmups):
                     fn(*args)
             for i, value in saved:
                 args[i].copy_(value)
                 value.record_stream(stream)  # freed below, while the copy may still be queued on this stream
             del saved
-            graph.capture_begin(pool=self._handle)
+            graph.capture_begin(pool=self.handle)
             try:
                 outputs = fn(*args)
             finally:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-__all__ = ["BatchSizeError", "find_range", "padded_size", "compile_target"]
-
 
 class BatchSizeError(ValueError):
     """A batch size that no compiled code covers."""
@@ -20,23 +18,17 @@ class BatchSizeError(ValueError):
 def find_range(ranges: Sequence[tuple[int, int]], batch: int) -> tuple[int, int] | None:
     """The closed range `(lo, hi)` of sorted, disjoint `ranges` that holds `batch`, or None."""
     i = bisect.bisect_left([hi for _, hi in ranges], batch)
-    if i < len(ranges) and ranges[i][0] <= batch <= ranges[i][1]:
-        return ranges[i]
-    return None
+    return ranges[i] if i < len(ranges) and ranges[i][0] <= batch <= ranges[i][1] else None
 
 
-def compile_target(
-    compile_sizes: Sequence[int], ranges: Sequence[tuple[int, int]], batch: int
-) -> int | tuple[int, int]:
+def compile_target(compile_sizes: Sequence[int], ranges: Sequence[tuple[int, int]],
+                   batch: int) -> int | tuple[int, int]:
     """The compile size equal to `batch`, else the range holding it; raises `BatchSizeError` otherwise."""
-    if batch in compile_sizes:
-        return batch
-    found = find_range(ranges, batch)
+    found = batch if batch in compile_sizes else find_range(ranges, batch)
     if found is None:
-        raise BatchSizeError(
-            f"batch size {batch} is outside every compile range {list(ranges)}; "
-            f"raise CompilationConfig.max_num_batched_tokens (or the last compile_ranges endpoint) to serve it"
-        )
+        raise BatchSizeError(f"batch size {batch} is outside every compile range {list(ranges)}; raise "
+                             f"CompilationConfig.max_num_batched_tokens (or the last compile_ranges endpoint) to "
+                             f"serve it")
     return found
 
 

@@ -27,11 +27,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ._compat import functorch_config, inductor_config, op_identity
-
-__all__ = ["cache_factors", "cache_key", "constant_text", "entry_name", "entry_claim", "graph_fingerprint",
-           "describe_value", "environment_factors", "software_factors", "inductor_config_factors",
-           "UnkeyableConfigError", "digest"]
+from ._compat import _module, functorch_config, inductor_config, op_identity
 
 
 def digest(*parts: str) -> str:
@@ -50,8 +46,12 @@ def describe_value(value: Any) -> str:
     return type(value).__name__
 
 
-def _node_target(node: torch.fx.Node) -> str:
+def _node_target(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
+    """What a node calls, or for `get_attr` what it reads (the attribute's contents, never its name)."""
     target = node.target
+    if node.op == "get_attr":
+        value = functools.reduce(getattr, str(target).split("."), gm)
+        return _tensor_digest(value) if isinstance(value, torch.Tensor) else type(value).__name__
     if isinstance(target, str):
         return target if node.op == "call_method" else ""
     if op_identity(target) is not None:
@@ -94,17 +94,10 @@ def graph_fingerprint(gm: torch.fx.GraphModule, example_args: list[Any] | None =
             return f"tensor:{_tensor_digest(a)}"
         return constant_text(a)
 
-    def attribute(node: torch.fx.Node) -> str:
-        if node.op != "get_attr":
-            return ""
-        value = functools.reduce(getattr, str(node.target).split("."), gm)
-        return _tensor_digest(value) if isinstance(value, torch.Tensor) else type(value).__name__
-
-    given = iter(example_args or ())
-    metas = [next(given, n.meta.get("example_value")) if n.op == "placeholder" else n.meta.get("example_value")
-             for n in gm.graph.nodes]
-    return digest(*(f"{n.op}|{_node_target(n)}|{arg(n.args)}|{arg(n.kwargs)}|{describe_value(meta)}|{attribute(n)}"
-                    for n, meta in zip(gm.graph.nodes, metas)))
+    given = iter(example_args or ())  # a placeholder's given value, else its `example_value`
+    return digest(*(f"{n.op}|{_node_target(n, gm)}|{arg(n.args)}|{arg(n.kwargs)}|" + describe_value(
+        next(given, n.meta.get("example_value")) if n.op == "placeholder" else n.meta.get("example_value"))
+        for n in gm.graph.nodes))
 
 
 def software_factors() -> dict[str, str]:
@@ -113,14 +106,11 @@ def software_factors() -> dict[str, str]:
     compute capability). Equal in every process of one installation on one machine type."""
     factors = {"torch": torch.__version__, "git": str(getattr(torch.version, "git_version", "")),
                "cuda": str(torch.version.cuda), "hip": str(getattr(torch.version, "hip", None)),
-               "python": platform.python_version(), "machine": platform.machine(), "triton": "none", "gpu": "none"}
+               "python": platform.python_version(), "machine": platform.machine(), "triton": "none",
+               "gpu": f"{torch.cuda.get_device_name()}|sm={torch.cuda.get_device_capability()}"  # the current device
+               if torch.cuda.is_available() else "none"}
     with contextlib.suppress(Exception):  # Triton is optional on CPU builds
-        import triton
-
-        factors["triton"] = str(triton.__version__)
-    if torch.cuda.is_available():
-        index = torch.cuda.current_device()
-        factors["gpu"] = f"{torch.cuda.get_device_name(index)}|sm={torch.cuda.get_device_capability(index)}"
+        factors["triton"] = str(_module("triton").__version__)
     return factors
 
 
@@ -140,18 +130,21 @@ _CUSTOM_PASSES = ("pre_grad_custom_pass", "joint_custom_pre_pass", "joint_custom
                   "post_grad_custom_pre_pass", "post_grad_custom_post_pass", "_pre_fusion_custom_pass")
 
 
-def _portable(value: Any, where: str) -> Any:
-    """A JSON-able stand-in for a config value that is the same in every process, or UnkeyableConfigError."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_portable(v, where) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((_portable(v, where) for v in value), key=repr)
-    if isinstance(value, dict):
-        return {str(k): _portable(v, where) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+def _portable(value: Any, where: str, graph_pass: bool = False) -> Any:
+    """A JSON-able stand-in for a config value that is the same in every process, or UnkeyableConfigError.
+    `graph_pass`: the value is a custom graph pass (or None), keyed only by its `uuid()`."""
     if callable(getattr(value, "uuid", None)):
         return f"uuid:{value.uuid()}"
+    if graph_pass and value is not None:
+        raise UnkeyableConfigError(f"{where} is {value!r}, which has no uuid(); make it a torch._inductor."
+                                   f"custom_graph_pass.CustomGraphPass so that its version can enter the cache key")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_portable(v, where) for v in value]
+        return items if isinstance(value, (list, tuple)) else sorted(items, key=repr)  # a set's order varies
+    if isinstance(value, dict):
+        return {str(k): _portable(v, where) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, enum.Enum):
         return f"{type(value).__qualname__}.{value.name}"
     if isinstance(value, (torch.dtype, torch.device)):
@@ -175,15 +168,8 @@ def inductor_config_factors() -> str:
     doc = {f"{name}.{key}": _portable(value, f"torch._{name}.config.{key}")
            for name, module in (("inductor", inductor), ("functorch", functorch_config()))
            for key, value in module.save_config_portable().items()}
-    for key in _CUSTOM_PASSES:
-        value = getattr(inductor, key, None)
-        if value is None:
-            continue
-        if not callable(getattr(value, "uuid", None)):
-            raise UnkeyableConfigError(f"torch._inductor.config.{key} is {value!r}, which has no uuid(); make it a "
-                                       f"torch._inductor.custom_graph_pass.CustomGraphPass so that its version can "
-                                       f"enter the cache key")
-        doc[f"inductor.{key}"] = f"uuid:{value.uuid()}"
+    doc.update({f"inductor.{key}": _portable(getattr(inductor, key, None), f"torch._inductor.config.{key}", True)
+                for key in _CUSTOM_PASSES})
     return digest(json.dumps(doc, sort_keys=True, separators=(",", ":")))
 
 
@@ -193,9 +179,8 @@ def cache_factors(split_gm: torch.fx.GraphModule, fakes: list[Any], piece_finger
     metadata, and each piece's fingerprint in run order), the config's code-relevant fields, the effective global
     Inductor/functorch configuration, and the software and GPU. Raises `UnkeyableConfigError` when the Inductor
     configuration holds something that cannot be digested."""
-    return {"environment": environment_factors(), "config": config.compute_hash(),
-            "inductor": inductor_config_factors(),
-            "graph": digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints)}
+    return {"graph": digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints), "config": config.compute_hash(),
+            "inductor": inductor_config_factors(), "environment": environment_factors()}
 
 
 def cache_key(factors: dict[str, str]) -> str:

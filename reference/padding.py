@@ -22,24 +22,18 @@ import torch
 
 from .values import cycle_rows, tree_map
 
-__all__ = ["StaticInputs", "batched_outputs", "unpad", "container_items"]
-
 
 class StaticInputs:
     def __init__(self, example_args: Sequence[Any], max_size: int) -> None:
-        self.buffers: list[Any] = []
-        for a in example_args:
-            self.buffers.append(cycle_rows(a, max_size).contiguous() if isinstance(a, torch.Tensor) else a)
+        # cycle_rows makes new, contiguous tensors (index_select)
+        self.buffers = [cycle_rows(a, max_size) if isinstance(a, torch.Tensor) else a for a in example_args]
         self._views: dict[int, list[Any]] = {}
-        self._destinations: dict[int, list[tuple[torch.Tensor, int]]] = {}
 
     def views(self, n: int) -> list[Any]:
         """The arguments at batch n: `buffer[:n]` for tensors (memoised views), other values as they are."""
-        views = self._views.get(n)
-        if views is None:
-            views = [b[:n] if isinstance(b, torch.Tensor) else b for b in self.buffers]
-            self._views[n] = views
-        return views
+        if n not in self._views:
+            self._views[n] = [b[:n] if isinstance(b, torch.Tensor) else b for b in self.buffers]
+        return self._views[n]
 
     def copy_back(self, args: Sequence[Any], batch: int, positions: Sequence[int]) -> None:
         """Copy the first `batch` rows of the buffers at `positions` (arguments the model writes in place) back into
@@ -49,12 +43,9 @@ class StaticInputs:
 
     def load(self, args: Sequence[Any], batch: int) -> None:
         """Copy `args` (batch `batch`) into the buffers' first rows (one copy per tensor argument)."""
-        destinations = self._destinations.get(batch)
-        if destinations is None:  # (buffer[:batch], argument index) per tensor buffer, made once per batch size
-            destinations = [(v, i) for i, v in enumerate(self.views(batch)) if isinstance(v, torch.Tensor)]
-            self._destinations[batch] = destinations
-        for destination, i in destinations:
-            destination.copy_(args[i], non_blocking=True)
+        for view, a in zip(self.views(batch), args):
+            if isinstance(view, torch.Tensor):
+                view.copy_(a, non_blocking=True)
 
 
 def container_items(value: Any) -> list[Any] | None:
@@ -70,9 +61,7 @@ def _rebuild(like: Any, items: list[Any]) -> Any:
     """A container of `like`'s exact type (a namedtuple stays one) holding `items`."""
     if type(like) is dict:
         return dict(zip(like.keys(), items))
-    if type(like) in (tuple, list):
-        return type(like)(items)
-    return type(like)(*items)
+    return type(like)(items) if type(like) in (tuple, list) else type(like)(*items)
 
 
 def batched_outputs(output: Any, is_batched: Callable[[Any], bool]) -> Any:
@@ -93,10 +82,8 @@ def unpad(value: Any, batch: int, n: int, batched: Any = None) -> Any:
     if batched is False:
         return value
     if batched is None:
-        return tree_map(
-            lambda v: v[:batch] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v, value
-        )
+        return tree_map(lambda v: v[:batch] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v,
+                        value)
     if batched is True:
         return value[:batch]
-    items = container_items(value)
-    return _rebuild(value, [unpad(v, batch, n, m) for v, m in zip(items, container_items(batched))])
+    return _rebuild(value, [unpad(v, batch, n, m) for v, m in zip(container_items(value), container_items(batched))])

@@ -28,14 +28,10 @@ from .dispatch import compile_target
 from .key import graph_fingerprint
 from .values import tensors_in
 
-__all__ = ["Piece", "Target", "BatchPosition", "analyse", "batch_position", "mutated_inputs", "traced_args",
-           "data_dependent_sizes", "uncapturable_reason", "moving_inputs"]
-
 Target = int | tuple[int, int]  # a compile size, or a closed compile range (lo, hi)
 
-_SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "nonzero", "unique", "masked_select"}
-_SYNC_NAMES = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
-               "item", "tolist", "repeat_interleave", "bincount", "histc"}
+_SYNC_OPS = {"item", "tolist", "cpu", "numpy", "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2",
+             "unique_consecutive", "repeat_interleave", "bincount", "histc"}  # methods and ops that wait for the host
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
                       operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.setitem}
 _VIEW_METHODS = {"view", "reshape", "transpose", "permute", "expand", "narrow", "select", "unsqueeze", "squeeze",
@@ -50,8 +46,7 @@ class BatchPosition(NamedTuple):
     dim: int | None
 
     def read(self, args: Sequence[Any]) -> int:
-        value = args[self.index]
-        return int(value) if self.dim is None else value.shape[self.dim]
+        return int(args[self.index]) if self.dim is None else args[self.index].shape[self.dim]
 
 
 def batch_position(example_args: Sequence[Any], batch_symbols: set[str] | frozenset[str]) -> BatchPosition | None:
@@ -85,20 +80,17 @@ class Piece:
     batch_position: BatchPosition | None = None
     fingerprint: str = ""
     runnables: Mapping[Target, Callable[..., Any]] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_by_batch", {})
+    _by_batch: dict[int | None, Callable[..., Any]] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     @property
     def piecewise_refusal(self) -> str | None:
         """Why this piece cannot have a CUDA graph of its own: `uncapturable`, or it writes in place to an input a
         splitting op allocates anew on every call (a replay would write to a stale address). None if it can."""
-        if self.uncapturable is not None:
+        stale = sorted(set(self.mutated_inputs) & set(self.moving_inputs))
+        if self.uncapturable is not None or not stale:
             return self.uncapturable
-        for i in sorted(set(self.mutated_inputs) & set(self.moving_inputs)):
-            return (f"it mutates input {i} ({self.placeholder_names[i]}), which a splitting op allocates anew on "
-                    f"every call: a replay would write to a stale address")
-        return None
+        return (f"it mutates input {stale[0]} ({self.placeholder_names[stale[0]]}), which a splitting op allocates "
+                f"anew on every call: a replay would write to a stale address")
 
     @property
     def placeholder_names(self) -> list[str]:
@@ -116,8 +108,7 @@ class Piece:
         return fn
 
     def runnable_for(self, args: Sequence[Any]) -> Callable[..., Any]:
-        position = self.batch_position
-        return self.runnable(None if position is None else position.read(args))
+        return self.runnable(None if self.batch_position is None else self.batch_position.read(args))
 
     def __call__(self, *args: Any) -> Any:
         return self.runnable_for(args)(*args)
@@ -133,13 +124,11 @@ def analyse(split_gm: torch.fx.GraphModule, submod_name: str, graph_id: int, is_
     example_args = traced_args(graph)
     moving = () if is_splitting_graph else tuple(sorted(moving_inputs(split_gm, submod_name, splitting_names)))
     reason = uncapturable_reason(graph, example_args)
-    if is_splitting_graph and reason == "no CUDA tensors":  # a splitting op on CPU values is no reason against FULL
-        reason = None
-    return Piece(
-        submod_name, graph_id, is_splitting_graph, graph, example_args, tuple(sorted(mutated_inputs(graph))),
-        tuple(data_dependent_sizes(graph)), reason, moving, batch_position(example_args, batch_symbols),
-        graph_fingerprint(graph, list(example_args)),
-    )
+    # A splitting op on CPU values is no reason against FULL.
+    reason = None if is_splitting_graph and reason == "no CUDA tensors" else reason
+    return Piece(submod_name, graph_id, is_splitting_graph, graph, example_args, tuple(sorted(mutated_inputs(graph))),
+                 tuple(data_dependent_sizes(graph)), reason, moving, batch_position(example_args, batch_symbols),
+                 graph_fingerprint(graph, list(example_args)))
 
 
 def traced_args(graph: torch.fx.GraphModule) -> tuple:
@@ -151,79 +140,62 @@ def traced_args(graph: torch.fx.GraphModule) -> tuple:
 
 
 def _op_name(node: torch.fx.Node) -> str:
-    """The bare op name (`nonzero` for `aten::nonzero.default`), a method's name, or a function's `__name__`."""
+    """A node's bare op name (`nonzero` for `aten::nonzero.default`), else its function's `__name__`, else its target
+    (a `call_method` node's method name)."""
     identity = op_identity(node.target)
-    if identity is not None:
-        return identity[0].split("::")[-1]
-    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+    return identity[0].split("::")[-1] if identity is not None else getattr(node.target, "__name__", str(node.target))
 
 
 def _written_args(node: torch.fx.Node) -> list[Any]:
-    """The arguments `node` writes in place (empty for a node that writes nothing)."""
-    if node.op == "call_method":
-        return [node.args[0]] if node.target.endswith("_") and not node.target.endswith("__") else []
-    if node.op != "call_function":
-        return []
+    """The arguments `node` writes in place (empty for a node that writes nothing). Only a `call_function` node has
+    a callable target; the others' targets are strings, which are neither operators nor ops and have no
+    `__name__`."""
     if node.target in _INPLACE_OPERATORS:
         return [node.args[0]]
-    if "out" in node.kwargs:
-        out = node.kwargs["out"]
-        return list(out) if isinstance(out, (tuple, list)) else [out]
+    if node.op == "call_function" and "out" in node.kwargs:
+        return tensors_in(node.kwargs["out"], torch.fx.Node)
     schema = op_schema(node.target)
     if schema is not None:
         return [node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
                 for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-    name = getattr(node.target, "__name__", "")
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
     return [node.args[0]] if node.args and name.endswith("_") and not name.endswith("__") else []
 
 
-def _base_placeholder(node: Any) -> torch.fx.Node | None:
-    """The placeholder `node` is (a view of), following getitem and view-like ops."""
-    while isinstance(node, torch.fx.Node):
-        if node.op == "placeholder":
-            return node
-        viewish = (node.op == "call_method" and node.target in _VIEW_METHODS) or (
-            node.op == "call_function" and node.target is operator.getitem)
-        if not viewish:
-            return None
+def _source(node: Any, views: bool = False) -> Any:
+    """The value `node` unpacks (following getitem) or, with `views`, is a view of (following view-like methods)."""
+    while isinstance(node, torch.fx.Node) and ((node.op == "call_function" and node.target is operator.getitem) or (
+            views and node.op == "call_method" and node.target in _VIEW_METHODS)):
         node = node.args[0]
-    return None
+    return node
 
 
 def mutated_inputs(gm: torch.fx.GraphModule) -> set[int]:
     """Indices of `gm`'s placeholders that some node writes to in place (directly or through a view)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    written = set()
-    for node in gm.graph.nodes:
-        for arg in _written_args(node):
-            base = _base_placeholder(arg)
-            if base is not None:
-                written.add(placeholders.index(base))
-    return written
+    placeholders = {node: i for i, node in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    bases = {_source(arg, views=True) for node in gm.graph.nodes for arg in _written_args(node)}
+    return {placeholders[base] for base in bases if base in placeholders}
 
 
 def data_dependent_sizes(gm: torch.fx.GraphModule) -> list[str]:
     """The data-dependent (unbacked) symbols in `gm`'s traced values, e.g. `u0` from `.item()`, `nonzero` or a
     splitting op whose fake impl calls `new_dynamic_size()`; sorted. A CUDA graph or a static compile would bake in
     the value one call saw."""
-    found = set()
-    for node in gm.graph.nodes:
-        value = example_value(node)
-        for v in tensors_in(value) or ([value] if isinstance(value, (torch.SymInt, torch.SymFloat)) else []):
-            found |= unbacked_symbols(v)
-    return sorted(found)
+    holders = (torch.Tensor, torch.SymInt, torch.SymFloat)  # the values a symbol can be in
+    return sorted({symbol for node in gm.graph.nodes for value in tensors_in(example_value(node), holders)
+                   for symbol in unbacked_symbols(value)})
 
 
 def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any]) -> str | None:
-    """Why `gm` cannot be captured in a CUDA graph, naming the node; None if it can."""
+    """Why `gm` cannot be captured in a CUDA graph, naming the node; None if it can. `example_args` are the values
+    of `gm`'s placeholders (`traced_args`), so a CPU tensor input is reported as the placeholder that makes it."""
     devices = {t.device for a in example_args for t in tensors_in(a)}
     for node in gm.graph.nodes:
         for t in tensors_in(example_value(node)):
             devices.add(t.device)
             if t.device.type == "cpu" and t.dim() > 0:
                 return f"node {node.name} ({node.format_node()}) makes a CPU tensor"
-        if (node.op == "call_method" and node.target in _SYNC_METHODS) or (
-                node.op == "call_function" and _op_name(node) in _SYNC_NAMES):
+        if node.op in ("call_method", "call_function") and _op_name(node) in _SYNC_OPS:
             return f"node {node.name} ({node.format_node()}) synchronises with the host"
     symbols = data_dependent_sizes(gm)
     if symbols:
@@ -231,11 +203,7 @@ def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any]) -
     cuda = {d for d in devices if d.type == "cuda"}
     if not cuda:
         return "no CUDA tensors"
-    if len(cuda) > 1:
-        return f"tensors on several devices {sorted(map(str, cuda))}"
-    if any(t.device.type == "cpu" and t.dim() > 0 for a in example_args for t in tensors_in(a)):
-        return "CPU tensor inputs"
-    return None
+    return f"tensors on several devices {sorted(map(str, cuda))}" if len(cuda) > 1 else None
 
 
 def moving_inputs(split_gm: torch.fx.GraphModule, submod_name: str, splitting_names: set[str]) -> set[int]:
@@ -243,12 +211,6 @@ def moving_inputs(split_gm: torch.fx.GraphModule, submod_name: str, splitting_na
     splitting pieces and of glue in the stitching module (not graph inputs, constants or compiled pieces' outputs,
     which sit at fixed addresses)."""
     call = next(n for n in split_gm.graph.nodes if n.op == "call_module" and n.target == submod_name)
-    moving = set()
-    for position, node in enumerate(call.args):
-        while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is operator.getitem:
-            node = node.args[0]
-        if not isinstance(node, torch.fx.Node) or node.op == "placeholder":
-            continue
-        if node.op != "call_module" or node.target in splitting_names:
-            moving.add(position)
-    return moving
+    sources = [_source(arg) for arg in call.args]
+    return {position for position, node in enumerate(sources) if isinstance(node, torch.fx.Node)
+            and node.op != "placeholder" and (node.op != "call_module" or node.target in splitting_names)}

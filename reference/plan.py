@@ -37,8 +37,6 @@ from .cudagraph import AddressCheck, check_addresses, non_owning_alias
 from .piece import Piece
 from .values import tensors_in, tree_map
 
-__all__ = ["ReplayPlan", "FullGraph", "Step", "record_plan", "replay_step", "address_checks"]
-
 StepFn = Callable[[Sequence[Any], list], None]
 _CONST, _INPUT, _SLOT = 0, 1, 2
 # Where a replay finds a value: (_CONST, value), (_INPUT, index into args) or (_SLOT, index into slots). Its own type,
@@ -69,8 +67,7 @@ class ReplayPlan:
         self.cheap_checks = tuple(cheap_checks)  # caller-owned inputs the graphs read
         self.all_checks = tuple(all_checks)  # and parameters and buffers
         self._runs = [step.run for step in steps]
-        self._output_is_constant = _is_constant(output)
-        self._output = _value(output, (), []) if self._output_is_constant else output  # values, or a ref tree
+        self._output = _getter(output)
         self.kept = tuple(keep)  # eager outputs the graphs read, owned here so that their addresses stay valid
 
     def run(self, args: Sequence[Any], checks: Sequence[AddressCheck] = ()) -> Any:
@@ -79,27 +76,26 @@ class ReplayPlan:
         slots = [None] * self.num_slots
         for run in self._runs:
             run(args, slots)
-        return self._output if self._output_is_constant else _value(self._output, args, slots)
+        return self._output(args, slots)
 
 
 class FullGraph(ReplayPlan):
-    """The FULL graph of one batch size: a plan of one replay over the whole stitching module, returning the
-    capture's outputs (non-owning aliases: valid until the next replay)."""
+    """The FULL graph of one batch size, captured from `args` (named `placeholder_names`): a plan of one replay over
+    the whole stitching module, returning the capture's outputs (non-owning aliases: valid until the next replay).
+    `all_checks`: every tensor input; `cheap_checks`: those the caller owns."""
 
-    def __init__(self, batch: int, graph: Any, outputs: Any, cheap_checks: list[AddressCheck],
-                 all_checks: list[AddressCheck]) -> None:
+    def __init__(self, batch: int, graph: Any, outputs: Any, placeholder_names: Sequence[str],
+                 args: Sequence[Any]) -> None:
+        every = [AddressCheck(i, a.data_ptr(), "full graph", i, name)
+                 for i, (name, a) in enumerate(zip(placeholder_names, args)) if isinstance(a, torch.Tensor)]
         aliases = tree_map(non_owning_alias, outputs)
         super().__init__(batch, [Step("full graph", "graph", replay_step(graph, []))], 0, _Ref(_CONST, aliases),
-                         cheap_checks, all_checks, [], [aliases])
+                         _caller_owned(every, args), every, [], [aliases])
 
 
-def address_checks(placeholder_names: Sequence[str], args: Sequence[Any], reader: str
-                   ) -> tuple[list[AddressCheck], list[AddressCheck]]:
-    """`(cheap, every)` checks for a FULL graph captured from `args`: every tensor input, and those that are not
-    parameters (whose address only moves when someone replaces them)."""
-    every = [AddressCheck(i, a.data_ptr(), reader, i, name)
-             for i, (name, a) in enumerate(zip(placeholder_names, args)) if isinstance(a, torch.Tensor)]
-    return [c for c in every if not isinstance(args[c.index], torch.nn.Parameter)], every
+def _caller_owned(checks: list[AddressCheck], args: Sequence[Any]) -> list[AddressCheck]:
+    """The `checks` of inputs that are not parameters (whose address only moves when someone replaces them)."""
+    return [c for c in checks if not isinstance(args[c.index], torch.nn.Parameter)]
 
 
 def _is_constant(ref_tree: Any) -> bool:
@@ -107,11 +103,8 @@ def _is_constant(ref_tree: Any) -> bool:
 
 
 def _value(ref_tree: Any, args: Sequence[Any], slots: list) -> Any:
-    def one(ref: _Ref) -> Any:
-        kind, where = ref
-        return where if kind == _CONST else (args[where] if kind == _INPUT else slots[where])
-
-    return tree_map(one, ref_tree)
+    where_of = (None, args, slots)  # per kind (_CONST, _INPUT, _SLOT): what `where` indexes; a constant is its value
+    return tree_map(lambda ref: ref.where if ref.kind == _CONST else where_of[ref.kind][ref.where], ref_tree)
 
 
 def _ref_tree(arg: Any, refs: dict[torch.fx.Node, _Ref]) -> Any:
@@ -123,12 +116,9 @@ def _getter(ref_tree: Any) -> Callable[[Sequence[Any], list], Any]:
     if _is_constant(ref_tree):
         value = _value(ref_tree, (), [])
         return lambda args, slots: value
-    if isinstance(ref_tree, _Ref) and ref_tree.kind == _INPUT:
-        i = ref_tree.where
-        return lambda args, slots: args[i]
-    if isinstance(ref_tree, _Ref) and ref_tree.kind == _SLOT:
-        j = ref_tree.where
-        return lambda args, slots: slots[j]
+    if isinstance(ref_tree, _Ref):  # not a constant: a graph input or a slot
+        kind, where = ref_tree
+        return (lambda args, slots: args[where]) if kind == _INPUT else (lambda args, slots: slots[where])
     return lambda args, slots: _value(ref_tree, args, slots)
 
 
@@ -146,16 +136,13 @@ def replay_step(graph: Any, moved: list[tuple[int, torch.Tensor]]) -> StepFn:
     """A step replaying `graph`. `moved`: (slot, captured tensor) for each eager output the graph reads; one that
     is not where the capture saw it is copied there first."""
     replay = graph.replay
-    if moved:
-        def run(args: Sequence[Any], slots: list) -> None:
-            for j, captured in moved:
-                fresh = slots[j]
-                if fresh.data_ptr() != captured.data_ptr():
-                    captured.copy_(fresh)
-            replay()
-    else:
-        def run(args: Sequence[Any], slots: list) -> None:
-            replay()
+
+    def run(args: Sequence[Any], slots: list) -> None:
+        for j, captured in moved:
+            if slots[j].data_ptr() != captured.data_ptr():
+                captured.copy_(slots[j])
+        replay()
+
     run.graph = graph
     return run
 
@@ -172,93 +159,76 @@ def _single_op(gm: torch.fx.GraphModule, used: bool) -> tuple[Callable[..., Any]
     return nodes[0].target, [placeholders.index(a) for a in nodes[0].args]
 
 
-def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node) -> Callable[..., Any]:
+def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Callable[..., Any], list[int] | None]:
+    """`(fn, positions)`: what an eager step of `node` calls, on the arguments at `positions` (None: all of them)."""
     if node.op == "call_module":
         module = getattr(split_gm, node.target)
-        return module.forward if isinstance(module, torch.fx.GraphModule) else module
+        if not isinstance(module, torch.fx.GraphModule):
+            return module, None
+        return _single_op(module, bool(node.users)) or (module.forward, None)
     if node.op == "call_method":
-        return lambda self_, *rest, **kw: getattr(self_, node.target)(*rest, **kw)
-    return node.target
+        return (lambda self_, *rest, **kw: getattr(self_, node.target)(*rest, **kw)), None
+    return node.target, None
 
 
-def record_plan(
-    split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any], graph_pieces: dict[str, Piece],
-    capture: Callable[[Callable[..., Any], Sequence[Any], Sequence[int]], tuple[Any, Any]],
-) -> tuple[ReplayPlan, Any]:
+def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any], graph_pieces: dict[str, Piece],
+                capture: Callable[..., tuple[Any, Any]]) -> tuple[ReplayPlan, Any]:
     """Run `split_gm(*args)` once, capturing the pieces in `graph_pieces` (by name); return the plan and this run's
     (owning) outputs. `capture(fn, args, mutated)` returns `(graph, outputs)` with the outputs already computed."""
     real: dict[torch.fx.Node, Any] = {}
     refs: dict[torch.fx.Node, _Ref] = {}
     steps: list[Step] = []
-    cheap: dict[int, AddressCheck] = {}
     every: dict[int, AddressCheck] = {}
     keep, graph_outputs = [], []
     num_slots = placeholder = 0
-    outputs = output_refs = None
+    nodes = list(split_gm.graph.nodes)
     # Drop this run's values after their last use, as the stitching module's own code does, so that later pieces'
     # captures can reuse the pool blocks of values that are dead by then.
-    last_use = {inp: node for node in split_gm.graph.nodes for inp in node.all_input_nodes}
-    previous = None
-    for node in split_gm.graph.nodes:
-        if previous is not None and previous.op != "output":
-            for inp in previous.all_input_nodes:
-                if last_use[inp] is previous:
-                    real.pop(inp, None)
-        previous = node
-        if node.op == "placeholder":
-            real[node], refs[node] = args[placeholder], _Ref(_INPUT, placeholder)
-            placeholder += 1
-            continue
-        if node.op == "output":
-            outputs = torch.fx.node.map_arg(node.args[0], real.__getitem__)
-            output_refs = _ref_tree(node.args[0], refs)
-            continue
-        if node.op == "get_attr":
-            value = split_gm
-            for part in node.target.split("."):
-                value = getattr(value, part)
-            real[node], refs[node] = value, _Ref(_CONST, value)
-            continue
+    last_use = {inp: node for node in nodes for inp in node.all_input_nodes}
+    for previous, node in zip([None, *nodes], nodes):
+        for inp in () if previous is None else previous.all_input_nodes:
+            if last_use[inp] is previous:
+                real.pop(inp, None)
+        if node.op == "output":  # the last node
+            break
         call_args = torch.fx.node.map_arg(node.args, real.__getitem__)
         call_kwargs = torch.fx.node.map_arg(node.kwargs, real.__getitem__)
         arg_refs = [_ref_tree(a, refs) for a in node.args]
         kwarg_refs = {k: _ref_tree(v, refs) for k, v in node.kwargs.items()}
         piece = graph_pieces.get(node.target) if node.op == "call_module" else None
-        if piece is not None:
+        if node.op == "placeholder":
+            real[node], refs[node] = args[placeholder], _Ref(_INPUT, placeholder)
+            placeholder += 1
+        elif node.op == "get_attr":
+            value = operator.attrgetter(node.target)(split_gm)
+            real[node], refs[node] = value, _Ref(_CONST, value)
+        elif piece is not None:
             graph, out = capture(piece.runnable_for(call_args), call_args, piece.mutated_inputs)
             moved = []
-            names = piece.placeholder_names
+            names, reader = piece.placeholder_names, f"piece {piece.submod_name} (graph {piece.graph_id})"
             for position, (value, ref) in enumerate(zip(call_args, arg_refs)):
-                if not isinstance(value, torch.Tensor) or not isinstance(ref, _Ref):
-                    continue
-                if ref.kind == _INPUT:
-                    check = AddressCheck(ref.where, value.data_ptr(), f"piece {piece.submod_name} (graph "
-                                         f"{piece.graph_id})", position, names[position])
+                kind = ref.kind if isinstance(value, torch.Tensor) and isinstance(ref, _Ref) else None
+                if kind == _INPUT:  # a graph input: the first graph reading it checks it
+                    check = AddressCheck(ref.where, value.data_ptr(), reader, position, names[position])
                     every.setdefault(ref.where, check)
-                    if not isinstance(value, torch.nn.Parameter):
-                        cheap.setdefault(ref.where, check)
-                elif ref.kind == _SLOT:
+                elif kind == _SLOT:
                     moved.append((ref.where, value))
                     keep.append(value)
             steps.append(Step(str(node.target), "graph", replay_step(graph, moved)))
             real[node], refs[node] = out, _Ref(_CONST, tree_map(non_owning_alias, out))
             graph_outputs.append(refs[node].where)
-            continue
-        if node.op == "call_function" and node.target is operator.getitem and _is_constant(arg_refs[0]):
+        elif node.op == "call_function" and node.target is operator.getitem and _is_constant(arg_refs[0]):
             real[node] = operator.getitem(*call_args)
             refs[node] = _Ref(_CONST, _value(arg_refs[0], (), [])[node.args[1]])
-            continue
-        fn = _callable(split_gm, node)
-        module = getattr(split_gm, node.target) if node.op == "call_module" else None
-        op = _single_op(module, bool(node.users)) if isinstance(module, torch.fx.GraphModule) else None
-        if op is not None:
-            fn, positions = op
-            call_args = tuple(call_args[p] for p in positions)
-            arg_refs = [arg_refs[p] for p in positions]
-        real[node] = fn(*call_args, **call_kwargs)
-        refs[node] = _Ref(_SLOT, num_slots)
-        steps.append(Step(str(node.target), "eager", _eager_step(fn, arg_refs, kwarg_refs, num_slots)))
-        num_slots += 1
-    plan = ReplayPlan(batch, steps, num_slots, output_refs, list(cheap.values()), list(every.values()), keep,
+        else:
+            fn, positions = _callable(split_gm, node)
+            if positions is not None:  # a splitting piece that is one op: called without its FX frame
+                call_args = tuple(call_args[p] for p in positions)
+                arg_refs = [arg_refs[p] for p in positions]
+            real[node], refs[node] = fn(*call_args, **call_kwargs), _Ref(_SLOT, num_slots)
+            steps.append(Step(str(node.target), "eager", _eager_step(fn, arg_refs, kwarg_refs, num_slots)))
+            num_slots += 1
+    checks, output = list(every.values()), node.args[0]
+    plan = ReplayPlan(batch, steps, num_slots, _ref_tree(output, refs), _caller_owned(checks, args), checks, keep,
                       graph_outputs)
-    return plan, outputs
+    return plan, torch.fx.node.map_arg(output, real.__getitem__)

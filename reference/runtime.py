@@ -35,12 +35,11 @@ import torch
 from .config import CompilationConfig, CUDAGraphMode
 from .counters import counters
 from .cudagraph import CapturePool
-from .plan import FullGraph, ReplayPlan, address_checks, record_plan
+from .plan import FullGraph, ReplayPlan, record_plan
+from .progress import progress
 
 if TYPE_CHECKING:
     from .backend import CompiledGraph
-
-__all__ = ["Runtime", "Phase", "CUDAGraphMissingError", "capture_order", "effective_mode"]
 
 log = logging.getLogger("pieceworks")
 
@@ -79,65 +78,41 @@ def effective_mode(config: CompilationConfig, graph: CompiledGraph) -> CUDAGraph
     return mode
 
 
-@contextlib.contextmanager
-def _gc_frozen() -> Iterator[None]:
-    """gc collected once, then frozen and disabled: no collection during capture can unload a module a graph uses,
-    and no per-piece gc.collect slows the phase down."""
-    enabled = gc.isenabled()
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-        if enabled:
-            gc.enable()
-
-
 class Runtime:
-    """Capture and replay of one `CompiledGraph`; see the module doc."""
+    """Capture and replay of one `CompiledGraph`; see the module doc.
+
+    Public view (read it; only this object writes it): `graph`, `config`, `mode` (`effective_mode`), `pool`,
+    `phase`, `full_reason` (why there are no FULL graphs, or None where there are), `captured_sizes` and
+    `replay_for(n)`."""
 
     def __init__(self, graph: CompiledGraph, config: CompilationConfig) -> None:
         self.graph = graph
         self.config = config
         self.pool = CapturePool(config.cudagraph_num_warmups)
         self.mode = effective_mode(config, graph)
-        self._phase = Phase.SERVING if config.lazy_capture else Phase.WAITING
-        self._replays: dict[int, FullGraph | ReplayPlan] = {}
-        self._order: list[int] = []
+        self.phase = Phase.SERVING if config.lazy_capture else Phase.WAITING
+        self._replays: dict[int, FullGraph | ReplayPlan] = {}  # in the order they were captured
         self._attempted: set[int] = set()
         self._warned: set[int] = set()
         self._sizes = list(config.cudagraph_capture_sizes)
         self._max_size = max(self._sizes, default=0)
         self._debug = config.debug_replay_checks
         compiled = [p for p in graph.pieces if not p.is_splitting_graph] if self.mode.has_piecewise else []
-        for piece in compiled:
-            if piece.piecewise_refusal is not None:
-                counters.num_cudagraph_uncapturable += 1
-                log.warning("pieceworks: piece %s runs without a CUDA graph: %s", piece.submod_name,
-                            piece.piecewise_refusal)
-        self._graph_pieces = {p.submod_name: p for p in compiled if p.piecewise_refusal is None}
-        self._full_reason = "mode has no FULL graphs" if not self.mode.has_full else next(
-            (f"piece {p.submod_name}: {p.uncapturable}" for p in graph.pieces if p.uncapturable), None)
-        if self.mode.has_full and self._full_reason is not None:
+        for piece in (p for p in compiled if p.piecewise_refusal is not None):
             counters.num_cudagraph_uncapturable += 1
-            log.warning("pieceworks: no FULL CUDA graph: %s", self._full_reason)
-
-    # ---- the public view ------------------------------------------------------------------------------------
-    @property
-    def phase(self) -> Phase:
-        return self._phase
+            log.warning("pieceworks: piece %s runs without a CUDA graph: %s", piece.submod_name,
+                        piece.piecewise_refusal)
+        self._graph_pieces = {p.submod_name: p for p in compiled if p.piecewise_refusal is None}
+        self.full_reason = "mode has no FULL graphs" if not self.mode.has_full else next(
+            (f"piece {p.submod_name}: {p.uncapturable}" for p in graph.pieces if p.uncapturable), None)
+        if self.mode.has_full and self.full_reason is not None:
+            counters.num_cudagraph_uncapturable += 1
+            log.warning("pieceworks: no FULL CUDA graph: %s", self.full_reason)
 
     @property
     def captured_sizes(self) -> tuple[int, ...]:
         """The sizes with a graph or plan, in the order they were captured."""
-        return tuple(self._order)
-
-    @property
-    def full_reason(self) -> str | None:
-        """Why there are no FULL graphs, or None where there are."""
-        return self._full_reason
+        return tuple(self._replays)
 
     def replay_for(self, size: int) -> FullGraph | ReplayPlan | None:
         """The FULL graph or PIECEWISE plan captured for padded batch size `size`, or None."""
@@ -153,63 +128,65 @@ class Runtime:
         replay = self._replays.get(batch)
         if replay is not None:
             return replay.run(args, replay.all_checks if self._debug else (() if static else replay.cheap_checks))
-        if self._phase is not Phase.WAITING and batch is not None and batch <= self._max_size \
+        if self.phase is not Phase.WAITING and batch is not None and batch <= self._max_size \
                 and self.mode is not CUDAGraphMode.NONE and batch not in self._attempted:
-            if batch in self._sizes and (self._phase is Phase.CAPTURING or self.config.lazy_capture):
+            if batch in self._sizes and (self.phase is Phase.CAPTURING or self.config.lazy_capture):
                 return self._capture_size(batch, args)
-            self._missing(batch)
+            if self.phase is Phase.SERVING and self.config.on_missing_graph == "raise":
+                raise CUDAGraphMissingError(
+                    f"batch size {batch} has no CUDA graph (captured: {sorted(self._replays)}). Fix: pad batches to "
+                    f"a captured size (pieceworks.compile does), capture this size, or set on_missing_graph='eager'")
+            if self.phase is Phase.SERVING and batch not in self._warned:
+                self._warned.add(batch)
+                log.warning("pieceworks: batch size %d has no CUDA graph; running it without one", batch)
         return self.graph.split_module(*args)
 
-    def _missing(self, batch: int) -> None:
-        if self._phase is not Phase.SERVING:
-            return
-        if self.config.on_missing_graph == "raise":
-            raise CUDAGraphMissingError(
-                f"batch size {batch} has no CUDA graph (captured: {sorted(self._replays)}). Fix: pad batches to a "
-                f"captured size (pieceworks.compile does), capture this size, or set on_missing_graph='eager'")
-        if batch not in self._warned:
-            self._warned.add(batch)
-            log.warning("pieceworks: batch size %d has no CUDA graph; running it without one", batch)
-
     # ---- capture --------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _capturing(self) -> Iterator[None]:
+        """Phase CAPTURING, then SERVING. gc is collected once, then frozen and disabled: no collection during
+        capture can unload a module a graph uses, and no per-piece gc.collect slows the phase down."""
+        self.phase = Phase.CAPTURING
+        enabled = gc.isenabled()
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        try:
+            yield
+        finally:
+            gc.unfreeze()
+            if enabled:
+                gc.enable()
+            self.phase = Phase.SERVING
+
     def _capture_size(self, batch: int, args: Sequence[Any]) -> Any:
         """Capture the graphs of one batch size from `args` (which stay where they are); return this call's
-        outputs. FULL first where wanted; PIECEWISE where FULL is not (or failed)."""
+        outputs. FULL first where wanted; PIECEWISE where FULL is not (or failed). Outside `capture()` (a lazy
+        capture) it is a capture phase of its own."""
         self._attempted.add(batch)
-        lazy = self._phase is Phase.SERVING
-        self._phase = Phase.CAPTURING
         split_gm = self.graph.split_module
-        try:
-            with _gc_frozen() if lazy else contextlib.nullcontext():
-                if self._full_reason is None:
-                    try:
-                        graph, out = self.pool.capture(split_gm, args, self.graph.mutated_inputs)
-                    except Exception as exc:  # noqa: BLE001 - a refused capture falls back, it never crashes
-                        self._full_reason = f"capture failed: {type(exc).__name__}: {exc}"
-                        counters.num_cudagraph_uncapturable += 1
-                        log.warning("pieceworks: no FULL CUDA graph (%s)", self._full_reason)
-                        torch.cuda.synchronize()
-                    else:
-                        cheap, every = address_checks(self.graph.placeholder_names, args, "full graph")
-                        self._keep(batch, FullGraph(batch, graph, out, cheap, every))
-                        return out
-                if not self._graph_pieces:
-                    return split_gm(*args)
-                plan, out = record_plan(split_gm, batch, args, self._graph_pieces, self.pool.capture)
-                self._keep(batch, plan)
-                return out
-        finally:
-            self._phase = Phase.SERVING if lazy else Phase.CAPTURING
-
-    def _keep(self, batch: int, replay: FullGraph | ReplayPlan) -> None:
-        self._replays[batch] = replay
-        self._order.append(batch)
+        with self._capturing() if self.phase is Phase.SERVING else contextlib.nullcontext():
+            if self.full_reason is None:
+                try:
+                    graph, out = self.pool.capture(split_gm, args, self.graph.mutated_inputs)
+                except Exception as exc:  # noqa: BLE001 - a refused capture falls back, it never crashes
+                    self.full_reason = f"capture failed: {type(exc).__name__}: {exc}"
+                    counters.num_cudagraph_uncapturable += 1
+                    log.warning("pieceworks: no FULL CUDA graph (%s)", self.full_reason)
+                    torch.cuda.synchronize()
+                else:
+                    self._replays[batch] = FullGraph(batch, graph, out, self.graph.placeholder_names, args)
+                    return out
+            if not self._graph_pieces:
+                return split_gm(*args)
+            self._replays[batch], out = record_plan(split_gm, batch, args, self._graph_pieces, self.pool.capture)
+            return out
 
     def reset(self) -> None:
         """Drop every graph and plan: the next capture phase (or, with `lazy_capture`, each size's next call)
         captures again, into a fresh pool; the old one is freed with its graphs. Earlier outputs become invalid."""
         self.pool.reset()
-        for kept in (self._replays, self._order, self._attempted, self._warned):
+        for kept in (self._replays, self._attempted, self._warned):
             kept.clear()
 
     def capture(self, run_size: Callable[[int], Any], sizes: Iterable[int] | None = None) -> dict[str, Any]:
@@ -223,22 +200,16 @@ class Runtime:
                   "graphs": 0, "mode": self.mode.name}
         if self.mode is CUDAGraphMode.NONE or not sizes:
             log.info("pieceworks capture: nothing to capture (mode %s, %d sizes)", self.mode.name, len(sizes))
-            self._phase = Phase.SERVING
+            self.phase = Phase.SERVING
             return report
-        unknown = [s for s in sizes if s not in self._sizes]
-        if unknown:
+        if unknown := [s for s in sizes if s not in self._sizes]:
             raise ValueError(f"sizes {unknown} are not in CompilationConfig.cudagraph_capture_sizes")
         torch.cuda.synchronize()
         free, reserved = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
-        graphs = counters.num_cudagraph_captured
-        start = time.perf_counter()
-        self._phase = Phase.CAPTURING
-        try:
-            with _gc_frozen():
-                for size in sizes:
-                    run_size(size)
-        finally:
-            self._phase = Phase.SERVING
+        graphs, start = counters.num_cudagraph_captured, time.perf_counter()
+        with self._capturing():
+            for size in progress(sizes, "capture sizes"):
+                run_size(size)
         torch.cuda.synchronize()
         report.update(seconds=time.perf_counter() - start, graphs=counters.num_cudagraph_captured - graphs,
                       free_delta_mib=(free - torch.cuda.mem_get_info()[0]) / 2**20,

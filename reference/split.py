@@ -27,10 +27,7 @@ import torch.fx
 
 from ._compat import example_value, op_identity, registered_ops, split_module, unbacked_symbols
 from .config import ConfigError
-from .piece import Piece, analyse
-
-__all__ = ["split_graph", "op_names", "is_splitting_op", "check_splitting_ops", "absent_splitting_ops",
-           "assign_pieces", "batch_symbols"]
+from .piece import Piece, analyse, traced_args
 
 
 def op_names(target: object) -> set[str]:
@@ -40,10 +37,7 @@ def op_names(target: object) -> set[str]:
     `"ns::op.default"`; an `OpOverload` matches `"ns::op"` and its own overload name.
     """
     identity = op_identity(target)
-    if identity is None:
-        return set()
-    name, overload = identity
-    return {name, f"{name}.{overload or 'default'}"}
+    return set() if identity is None else {identity[0], f"{identity[0]}.{identity[1] or 'default'}"}
 
 
 def _unknown_op(name: str) -> str | None:
@@ -61,11 +55,9 @@ def _unknown_op(name: str) -> str | None:
         close = difflib.get_close_matches(namespace, sorted({r.split("::", 1)[0] for r in registered}), n=3)
         return f"{name!r} names no registered op: no op is registered in namespace {namespace!r}" + (
             f" (close namespaces: {', '.join(close)})" if close else "")
-    listed = difflib.get_close_matches(f"{namespace}::{op}", ours, n=len(ours), cutoff=0.6)
-    listed += [r for r in ours if r not in listed]
-    more = f" and {len(listed) - 12} more" if len(listed) > 12 else ""
-    return (f"{name!r} names no registered op; namespace {namespace!r} has (closest first) "
-            f"{', '.join(listed[:12])}{more}")
+    listed = sorted(ours, key=lambda r: -difflib.SequenceMatcher(None, f"{namespace}::{op}", r).ratio())
+    shown = ", ".join(listed[:12]) + (f" and {len(listed) - 12} more" if len(listed) > 12 else "")
+    return f"{name!r} names no registered op; namespace {namespace!r} has (closest first) {shown}"
 
 
 def check_splitting_ops(splitting_ops: Sequence[str]) -> None:
@@ -74,21 +66,15 @@ def check_splitting_ops(splitting_ops: Sequence[str]) -> None:
     Checked when a graph is compiled, not when the config is built: by then the model has run its imports, so
     every op it calls is registered, while a config may well be built before the module that registers its ops.
     """
-    for name in splitting_ops:
-        problem = _unknown_op(name)
-        if problem is not None:
-            raise ConfigError(
-                f"CompilationConfig.splitting_ops={list(splitting_ops)!r}: {problem}. Fix: "
-                f"correct the name, or import the module that registers the op before the model's first call."
-            )
+    problems = [problem for problem in map(_unknown_op, splitting_ops) if problem is not None]
+    if problems:
+        raise ConfigError(f"CompilationConfig.splitting_ops={list(splitting_ops)!r}: {problems[0]}. Fix: correct the "
+                          f"name, or import the module that registers the op before the model's first call.")
 
 
 def absent_splitting_ops(gm: torch.fx.GraphModule, splitting_ops: Sequence[str]) -> list[str]:
     """The entries of `splitting_ops` that match no node of `gm`, in their order."""
-    seen = set()
-    for node in gm.graph.nodes:
-        if node.op == "call_function":
-            seen |= op_names(node.target)
+    seen = {name for node in gm.graph.nodes if node.op == "call_function" for name in op_names(node.target)}
     return [name for name in splitting_ops if name not in seen]
 
 
@@ -99,38 +85,27 @@ def is_splitting_op(node: torch.fx.Node, splitting_ops: set[str]) -> bool:
 def binds_unbacked_size(node: torch.fx.Node) -> bool:
     """Whether `node` is a `sym_size` whose value is a data-dependent (unbacked) symbol, as Dynamo emits right
     after `nonzero`, or after a custom op whose fake impl calls `new_dynamic_size()`."""
-    if not (node.op == "call_function" and node.target is torch.ops.aten.sym_size.int):
-        return False
-    value = example_value(node)
-    return isinstance(value, torch.SymInt) and bool(unbacked_symbols(value))
+    return node.target is torch.ops.aten.sym_size.int and bool(unbacked_symbols(example_value(node)))
 
 
 def decompose_sizes(gm: torch.fx.GraphModule) -> None:
     """Replace every `x.size()` (no dim) by one `sym_size.int(x, d)` per dimension, in place."""
     graph = gm.graph
-    for node in list(graph.nodes):
-        if not (node.op == "call_method" and node.target == "size" and len(node.args) == 1 and not node.kwargs):
-            continue
-        tensor = node.args[0]
-        value = example_value(tensor)
+    for node in graph.find_nodes(op="call_method", target="size"):
+        value = example_value(node.args[0]) if len(node.args) == 1 and not node.kwargs else None
         if value is None:
             continue
-        dims = []
-        anchor = node
-        for d in range(value.dim()):
-            with graph.inserting_after(anchor):
-                anchor = graph.call_function(torch.ops.aten.sym_size.int, (tensor, d))
-            anchor.meta["example_value"] = value.shape[d]
-            dims.append(anchor)
+        with graph.inserting_before(node.next):
+            dims = [graph.call_function(torch.ops.aten.sym_size.int, (node.args[0], d)) for d in range(value.dim())]
+        for dim, size in zip(dims, value.shape):
+            dim.meta["example_value"] = size
         for user in list(node.users):
             if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int):
                 user.replace_all_uses_with(dims[user.args[1]])
                 graph.erase_node(user)
             else:
-                user.args = tuple(dims if a is node else a for a in user.args)
-                user.kwargs = {k: (dims if v is node else v) for k, v in user.kwargs.items()}
-        if not node.users:
-            graph.erase_node(node)
+                user.args, user.kwargs = torch.fx.map_arg((user.args, user.kwargs), lambda a: dims if a is node else a)
+        graph.erase_node(node)
     graph.lint()
     gm.recompile()
 
@@ -138,8 +113,9 @@ def decompose_sizes(gm: torch.fx.GraphModule) -> None:
 def assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[dict, set[int]]:
     """Which piece each node goes to (see the module doc), and which pieces are splitting ones."""
     piece_of: dict[torch.fx.Node, int] = {}
-    splitting_pieces: set[int] = set()
-    current, previous = 0, False  # a new piece wherever the graph enters or leaves a run of splitting ops
+    # A new piece wherever the graph enters or leaves a run of splitting ops: piece 0 (maybe empty) is not a
+    # splitting one, so the splitting pieces are the odd ones.
+    current, previous = 0, False
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
@@ -150,9 +126,7 @@ def assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[di
         splitting = is_splitting_op(node, splitting_ops)
         current += splitting != previous
         piece_of[node], previous = current, splitting
-        if splitting:
-            splitting_pieces.add(current)
-    return piece_of, splitting_pieces
+    return piece_of, {piece for piece in piece_of.values() if piece % 2}
 
 
 def _recompute_sizes_in_consumers(gm: torch.fx.GraphModule, piece_of: dict) -> None:
@@ -163,38 +137,29 @@ def _recompute_sizes_in_consumers(gm: torch.fx.GraphModule, piece_of: dict) -> N
     its first `sym_size` is where the symbol is bound, and it must come before every use.
     """
     graph = gm.graph
-    for node in list(graph.nodes):
-        if not (node.op == "call_function" and node.target is torch.ops.aten.sym_size.int):
-            continue
+    order = {n: i for i, n in enumerate(graph.nodes)}  # the copies made below are never users of a `sym_size`
+    for node in graph.find_nodes(op="call_function", target=torch.ops.aten.sym_size.int):
         if binds_unbacked_size(node):
             continue
-        by_piece: dict[int, list[torch.fx.Node]] = {}
-        for user in node.users:
-            if user in piece_of and piece_of[user] != piece_of[node]:
-                by_piece.setdefault(piece_of[user], []).append(user)
-        order = {n: i for i, n in enumerate(graph.nodes)}
-        for piece, users in by_piece.items():
-            first = min(users, key=order.__getitem__)
-            with graph.inserting_before(first):
-                copy = graph.call_function(torch.ops.aten.sym_size.int, node.args)
-            copy.meta = dict(node.meta)
-            piece_of[copy] = piece
-            for user in users:
-                user.replace_input_with(node, copy)
-        if not node.users:
+        copies: dict[int, torch.fx.Node] = {}  # piece -> its copy, made before the piece's first user
+        for user in sorted(node.users, key=order.__getitem__):
+            piece = piece_of.get(user, piece_of[node])  # the output node is in no piece
+            if piece != piece_of[node] and piece not in copies:
+                with graph.inserting_before(user):
+                    copy = copies[piece] = graph.call_function(torch.ops.aten.sym_size.int, node.args)
+                copy.meta = dict(node.meta)
+                piece_of[copy] = piece
+            if piece in copies:
+                user.replace_input_with(node, copies[piece])
+        if not node.users:  # its entry in `piece_of` stays, unread: `split_module` asks only about live nodes
             graph.erase_node(node)
-            del piece_of[node]
     gm.recompile()
 
 
 def batch_symbols(gm: torch.fx.GraphModule) -> frozenset[str]:
     """The symbols of the graph inputs' dim 0: the batch size (one symbol under `pieceworks.compile`)."""
-    found = set()
-    for node in gm.graph.nodes:
-        value = example_value(node) if node.op == "placeholder" else None
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and isinstance(value.shape[0], torch.SymInt):
-            found.add(str(value.shape[0]))
-    return frozenset(found)
+    return frozenset(str(v.shape[0]) for v in traced_args(gm)
+                     if isinstance(v, torch.Tensor) and v.dim() > 0 and isinstance(v.shape[0], torch.SymInt))
 
 
 def split_graph(gm: torch.fx.GraphModule, splitting_ops: Sequence[str]) -> tuple[torch.fx.GraphModule, list[Piece]]:
@@ -203,10 +168,9 @@ def split_graph(gm: torch.fx.GraphModule, splitting_ops: Sequence[str]) -> tuple
     `gm` is modified in place (sizes decomposed). The stitching module calls each piece exactly once, in the
     original order; its outputs equal `gm`'s on any input.
     """
-    ops = set(splitting_ops)
     symbols = batch_symbols(gm)
     decompose_sizes(gm)
-    piece_of, splitting_pieces = assign_pieces(gm, ops)
+    piece_of, splitting_pieces = assign_pieces(gm, set(splitting_ops))
     _recompute_sizes_in_consumers(gm, piece_of)
     split_gm = split_module(gm, gm, lambda node: piece_of[node], keep_original_order=True)
     names = [n.target for n in split_gm.graph.nodes if n.op == "call_module"]

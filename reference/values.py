@@ -7,8 +7,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["tree_map", "tensors_in", "cycle_rows"]
-
 
 def tree_map(fn: Callable[[Any], Any], value: Any) -> Any:
     """`value` with `fn` applied to every leaf; tuples, lists and dicts are walked (their exact types are kept)."""

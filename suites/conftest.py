@@ -17,9 +17,11 @@ register_profiles()
 # pieceworks. Its CPU tests (suites/test_conformance_*.py) run with the rest.
 collect_ignore = ["conformance"]
 
-# One Inductor cache for the whole session, never a developer's ~/.cache or a previous run's leftovers.
-# Assigned, not setdefault: importing torch already sets it (to the machine-wide /tmp/torchinductor_<user>).
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="pieceworks-tests-inductor-")
+# One Inductor cache for the whole session, never a developer's ~/.cache or a previous run's leftovers; removed when
+# pytest's process exits. Assigned, not setdefault: importing torch already sets it (to the machine-wide
+# /tmp/torchinductor_<user>).
+_INDUCTOR_CACHE = tempfile.TemporaryDirectory(prefix="pieceworks-tests-inductor-", ignore_cleanup_errors=True)
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE.name
 
 
 @pytest.fixture(autouse=True)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import json
 import os
 import shutil
 import sys
+import time
 
 import pytest
 import torch
@@ -139,7 +141,10 @@ def test_unusable_cache_directory_warns_once_and_runs_uncached(tmp_path, caplog,
     assert compiled.runtime.graph.cache_dir is None
     warnings = [r.getMessage() for r in caplog.records if "unusable" in r.getMessage()]
     assert len(warnings) == 1, caplog.text
-    assert str(path) in warnings[0] and "PIECEWORKS_DISABLE_CACHE" in warnings[0] and "Error" in warnings[0]
+    assert str(path) in warnings[0] and "PIECEWORKS_DISABLE_CACHE" in warnings[0]
+    said = {"regular_file": f"({path} is a file, not a folder)", "below_a_file": f"({tmp_path / 'file'} is a file, "
+            "not a folder)", "procfs": "(no such file or directory)"}[kind]
+    assert said in warnings[0], warnings[0]
     assert _tree(tmp_path) == before  # the user's file is untouched
     caplog.clear()
     _compile_silly(path)  # once per location and process
@@ -164,7 +169,7 @@ def test_read_only_cache_loads_what_is_valid_and_compiles_the_rest_in_memory(pri
             compiled = _compile_silly(root)
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert len(warnings) == 1 and key_dir in warnings[0] and "PIECEWORKS_DISABLE_CACHE" in warnings[0], warnings
-        assert "cannot be written" in warnings[0] and "Read-only file system" in warnings[0]
+        assert "cannot be written" in warnings[0] and "read-only file system" in warnings[0]
         assert compiled.runtime.graph.cache_dir == key_dir
         caplog.clear()
         with counters.expect(num_compiled_artifacts_loaded=2, num_inductor_compiles=1):
@@ -273,3 +278,34 @@ def test_stale_temporaries_of_dead_writers_are_cleaned(tmp_path):
     os.utime(stale, (0, 0))
     CompileCache(str(tmp_path), "key")
     assert not os.path.exists(stale) and os.path.exists(fresh)
+
+
+def test_prune_removes_key_folders_unused_for_days_or_of_another_build(tmp_path):
+    from pieceworks.cache import prune
+    from pieceworks.key import environment_factors
+
+    def key_folder(name, environment, days_ago):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "factors.json").write_text(json.dumps({"environment": environment}))
+        os.utime(folder, (time.time() - days_ago * 86400,) * 2)
+        return str(folder)
+
+    here = environment_factors()
+    recent, old = key_folder("recent", here, 1), key_folder("old", here, 40)
+    other = key_folder("other", here.replace("torch=", "torch=0.0.0-"), 1)
+    (tmp_path / "inductor").mkdir()
+    assert prune(str(tmp_path), older_than_days=30) == [old]
+    assert prune(str(tmp_path), environment=here) == [other]
+    assert sorted(os.listdir(tmp_path)) == ["inductor", "recent"] and os.path.isdir(recent)
+
+
+@inductor
+def test_a_cache_in_use_is_recent_for_prune(tmp_path):
+    from pieceworks.cache import prune
+
+    _compile_silly(tmp_path)
+    key_dir = _key_dir(tmp_path)
+    os.utime(key_dir, (time.time() - 40 * 86400,) * 2)
+    _compile_silly(tmp_path)  # a warm start uses the folder
+    assert prune(str(tmp_path), older_than_days=30) == [] and os.path.isdir(key_dir)

@@ -1,4 +1,4 @@
-"""Cache key sensitivity, complete (issues 7.7 and 12.7).
+"""Cache key sensitivity, complete.
 
 Every factor that changes compiled code moves the key: the inputs' dtype, strides and device, the torch build
 (version, git hash, CUDA), Triton, Python, the GPU, the effective global Inductor and functorch configuration,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import threading
 
@@ -35,6 +36,9 @@ class CacheMachine(RuleBasedStateMachine):
         self.enabled = True
         self.result_error: str | None = None
         self.cache_dir: str | None = None
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def _cache(self) -> CompileCache | None:
         if self.cache_dir is None:

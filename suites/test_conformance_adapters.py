@@ -107,7 +107,7 @@ def test_vllm_adapter_drives_vllm_as_its_model_runner_does(monkeypatch):
 def test_vllm_unavailable_reason_says_why(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     reason = VLLM().unavailable_reason()
-    assert "vllm is not importable" in reason and "not installable on the lent GPU image" in reason
+    assert "vllm is not importable" in reason and "without network access" in reason
     assert implementations.IMPLEMENTATIONS["vllm"].capabilities.padding
 
 

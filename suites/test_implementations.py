@@ -135,6 +135,17 @@ def test_cpu_adapters_serve_every_batch_like_eager(mode):
     _serves_like_eager(implementations.IMPLEMENTATIONS["eager"], model, make_inputs, [1], [1, 5])
 
 
+def test_the_adapters_compile_count_is_what_the_build_compiled():
+    """ToyLlama of 2 layers has 3 distinct compiled pieces (first layer, middle, last): every build with the eager
+    compiler compiles them (3), and a model compiled twice counts each build's own compiles, not the process's."""
+    config = models.ToyLlamaConfig(hidden_size=16, mlp_size=32, vocab_size=16, num_layers=2)
+    make_inputs = lambda b: models.toy_llama_inputs(b, config, seed=b)  # noqa: E731
+    impl = implementations.Pieceworks("NONE", compiler="eager")
+    for _ in range(2):
+        built = impl.build(models.ToyLlama(config), make_inputs, [1, 4], ["silly::attention"])
+        assert built.compiles == 3, built.compiles
+
+
 # ---- GPU: the CUDA-graph adapters -------------------------------------------------------------------------------
 
 def _cuda_llama(dtype=torch.float32):

@@ -1,4 +1,4 @@
-"""Pool sharing, capture order and memory over time (issue 12, item 1), through the implementation adapters.
+"""Pool sharing, capture order and memory over time, through the implementation adapters.
 
 Written against `harness.implementations` (`Built.capture_order`, `Built.pool`), so that the conformance suite can run
 them for any implementation that claims `shared_pool`:

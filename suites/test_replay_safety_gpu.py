@@ -1,4 +1,4 @@
-"""Replay safety (issue 12, items 2 and 3): moved inputs, padding and outputs, never stale or garbage values.
+"""Replay safety: moved inputs, padding and outputs, never stale or garbage values.
 
 - A splitting op that returns freshly allocated tensors (`silly::pair`) feeds a captured piece: when its outputs
   move, a replay either raises `ReplayAddressError` naming the piece and the input, or gives eager's results;

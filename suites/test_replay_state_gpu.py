@@ -1,4 +1,4 @@
-"""Stateful replay (issue 12, item 5): one compiled ToyLlama served like an engine serves it, every step vs eager.
+"""Stateful replay: one compiled ToyLlama served like an engine serves it, every step vs eager.
 
 A hypothesis state machine: a model built in one of the graph modes with random capture sizes, captured up front
 or lazily; then any interleaving of calls of random sizes (captured, between captured sizes, above the largest),

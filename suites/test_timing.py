@@ -49,3 +49,89 @@ def test_a_slow_spell_falls_on_both_sides_of_a_ratio(monkeypatch):
     assert ratio["rounds"] == 10 and len(result["a"]["round_medians_us"]) == 10
     assert ratio["median"] == pytest.approx(2.0), ratio
     assert result["a"]["median_us"] in (1000.0, 3000.0) and result["b"]["median_us"] in (2000.0, 6000.0)
+
+
+# ---- the numbers themselves: a wrong timer or memory reading fails these ------------------------------------
+def test_summary_and_ratio_are_exact_on_known_samples():
+    assert timing.summary_us([1.0, 2.0, 3.0, 4.0, 5.0]) == {"median_us": 3.0, "p25_us": 1.5, "p75_us": 4.5,
+                                                            "iqr_us": 3.0}
+    ratio = timing.ratio_over_rounds({"round_medians_us": [2.0, 4.0, 9.0]}, {"round_medians_us": [1.0, 1.0, 3.0]})
+    assert ratio == {"median": 3.0, "min": 2.0, "max": 4.0, "rounds": 3}
+
+
+def test_host_time_measures_the_time_a_call_takes():
+    import time
+
+    slept = timing.host_time_us(lambda: time.sleep(0.002), warmup=1, reps=5, calls=2)
+    assert 2000 <= slept["median_us"] < 8000, slept
+    assert timing.host_time_us(lambda: None, warmup=1, reps=5)["median_us"] < 100
+
+
+def _gpu_work(device, ms: float = 5.0):
+    """A callable that keeps the GPU busy about `ms` milliseconds (a chain of matmuls), and its wall time per call
+    measured with a synchronize on each side."""
+    import time
+
+    a = torch.randn(2048, 2048, device=device)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    a @ a
+    torch.cuda.synchronize()
+    repeats = max(1, int(ms / 1e3 / max(time.perf_counter() - start, 1e-6)))
+
+    def work():
+        for _ in range(repeats):
+            a @ a
+
+    for _ in range(3):
+        work()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(5):
+        work()
+    torch.cuda.synchronize()
+    return work, (time.perf_counter() - start) / 5 * 1e6
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_gpu_timers_wait_for_the_device(cuda):
+    """CUDA events and the synchronized clock report the kernels' time (about the synchronized wall time of the
+    work), not the microseconds it takes to launch them."""
+    work, wall_us = _gpu_work(cuda)
+    timed = timing.cuda_time_us(work, warmup=2, reps=10)["median_us"]
+    assert 0.7 * wall_us <= timed <= 1.3 * wall_us, (timed, wall_us)
+    start = timing.synchronized_clock()
+    work()
+    elapsed_us = (timing.synchronized_clock() - start) * 1e6
+    assert elapsed_us >= 0.7 * wall_us, (elapsed_us, wall_us)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_memory_readings_see_a_known_allocation(cuda):
+    """256 MiB allocated shows in the allocator and device readings; a graph whose output is 64 MiB holds at least
+    that much in its pool, and the pool reading counts only that pool."""
+    from pieceworks.harness import memory
+
+    torch.cuda.empty_cache()  # cached blocks of earlier tests would serve the allocation without a new segment
+    before = memory.memory_state()
+    block = torch.empty(256 * 2**20, dtype=torch.uint8, device=cuda)
+    after = memory.memory_state()
+    assert after["allocated"] - before["allocated"] == 256 * 2**20
+    assert after["reserved"] - before["reserved"] >= 256 * 2**20
+    assert after["device_used"] - before["device_used"] >= 256 * 2**20 * 0.99, (before, after)
+    del block
+    x = torch.ones(16 * 2**20, device=cuda)  # 64 MiB of float32
+    pool = torch.cuda.graph_pool_handle()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        x * 2  # warm-up outside the graph
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            y = x * 2
+    torch.cuda.current_stream().wait_stream(stream)
+    assert 64 * 2**20 <= memory.pool_bytes(pool) < 2 * 64 * 2**20 + 2 * 2**20, memory.pool_bytes(pool)
+    assert memory.pool_bytes(torch.cuda.graph_pool_handle()) == 0
+    del graph, y

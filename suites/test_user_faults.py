@@ -7,7 +7,10 @@ padding to a captured size (GPU tests) cannot change the real rows.
 
 from __future__ import annotations
 
+import copy
+import io
 import logging
+import sys
 
 import pytest
 import torch
@@ -193,3 +196,126 @@ def test_piecewise_without_a_splitting_op_captures_the_one_piece_per_size(splitt
         torch.testing.assert_close(compiled(x).clone(), model(x), rtol=1e-5, atol=1e-5)
     assert caplog.text.count("its one piece is captured per size") == 1
     assert ("never called" in caplog.text) == bool(splitting_ops)
+
+
+class WritesItsState(nn.Module):
+    """Two pieces around silly::attention; writes its second argument in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(-1.0, 1.0, 16).reshape(4, 4))
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        h = x @ self.w
+        out = torch.empty_like(h)
+        torch.ops.silly.attention(h, h, h, out)
+        state.add_(out)
+        return out * 2 + state
+
+
+@pytest.mark.parametrize("first", ["contiguous", "transposed"])
+def test_any_input_layout_is_served_right(first):
+    """Transposed and sliced arguments, at the first call and later ones, give the eager model's result, and an
+    argument the model writes in place holds the write, whatever its layout (pieces run on contiguous copies)."""
+    model = WritesItsState()
+    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=["silly::attention"], compiler="inductor",
+                                                           cudagraph_mode=CUDAGraphMode.NONE))
+    g = torch.Generator().manual_seed(3)
+    layouts = {"contiguous": lambda b: torch.randn(b, 4, generator=g),
+               "transposed": lambda b: torch.randn(4, b, generator=g).t(),
+               "sliced": lambda b: torch.randn(b, 8, generator=g)[:, ::2]}
+    for name in [first, "contiguous", "transposed", "sliced", "transposed"]:
+        x, state = layouts[name](5), layouts[name](5)
+        x_eager, state_eager = x.clone(), state.clone()
+        torch.testing.assert_close(compiled(x, state), model(x_eager, state_eager), msg=name)
+        torch.testing.assert_close(state, state_eager, msg=f"{name}: the in-place write")
+
+
+class Layered(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        out = torch.empty_like(h)
+        torch.ops.silly.attention(h, h, h, out)
+        return out * self.scale
+
+
+def _served_layered():
+    torch.manual_seed(0)
+    model = Layered()
+    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=["silly::attention"], compiler="eager",
+                                                           cudagraph_mode=CUDAGraphMode.NONE))
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(compiled(x), model(x))
+    return model, compiled, x
+
+
+REPLACEMENTS = {
+    "setattr": (r"proj\.weight", lambda m: setattr(m.proj, "weight", nn.Parameter(torch.ones(4, 4)))),
+    "buffer": ("scale", lambda m: setattr(m, "scale", torch.tensor(3.0))),
+    "submodule": ("proj", lambda m: setattr(m, "proj", nn.Linear(4, 4))),
+    "assign": (r"(scale|proj\.weight|proj\.bias)", lambda m: m.load_state_dict({k: v + 1 for k, v in m.state_dict().items()}, assign=True)),
+    "to": (r"proj\.weight", lambda m: m.to(torch.float64)),
+}
+
+
+@pytest.mark.parametrize("how", list(REPLACEMENTS))
+def test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix(how):
+    name, replace = REPLACEMENTS[how]
+    model, compiled, x = _served_layered()
+    replace(model)
+    with pytest.raises(pieceworks.StateReplacedError, match=rf"^{name} of the compiled model was") as info:
+        compiled(x)
+    assert "load_state_dict(state) without assign=True" in str(info.value)
+
+
+def test_in_place_loads_and_harmless_moves_keep_serving_the_new_values():
+    model, compiled, x = _served_layered()
+    model.load_state_dict({k: v * 0.5 for k, v in model.state_dict().items()})  # in place
+    with torch.no_grad():
+        model.proj.bias.copy_(torch.arange(4.0))
+    model.to(torch.float32)  # already float32 on the CPU: nothing moves
+    model.proj = model.proj  # the same module again
+    copy.deepcopy(model).to(torch.float64)  # a copy's move is the copy's
+    torch.testing.assert_close(compiled(x), model(x))
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("shown", [True, False])
+def test_the_first_call_shows_compile_progress_on_a_terminal_only(monkeypatch, shown):
+    """A tqdm bar for the pieces being compiled on a terminal; nothing when PIECEWORKS_PROGRESS=0 (or when stderr is
+    not a terminal, as in every other test)."""
+    pytest.importorskip("tqdm", reason="tqdm is a dependency of pieceworks: install it (pip install tqdm)")
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setenv("PIECEWORKS_PROGRESS", "1" if shown else "0")
+    compiled = pieceworks.compile(models.SillyModel(), CompilationConfig(
+        splitting_ops=["silly::attention"], compiler="eager", cudagraph_mode=CUDAGraphMode.NONE))
+    compiled(torch.randn(4))
+    assert ("pieceworks: compile pieces" in terminal.getvalue()) is shown, terminal.getvalue()
+    assert ("0/3" in terminal.getvalue()) is shown  # SillyModel: 3 pieces to compile
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_capture_shows_progress_on_a_terminal(monkeypatch, caplog, cuda):
+    """A tqdm bar over the sizes being captured, and the phase's one INFO summary line."""
+    pytest.importorskip("tqdm", reason="tqdm is a dependency of pieceworks: install it (pip install tqdm)")
+    caplog.set_level(logging.INFO, logger="pieceworks")
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setenv("PIECEWORKS_PROGRESS", "1")
+    compiled = pieceworks.compile(models.SillyModel(), CompilationConfig(
+        splitting_ops=["silly::attention"], cudagraph_mode=CUDAGraphMode.PIECEWISE, cudagraph_capture_sizes=SIZES))
+    compiled(torch.randn(4, device=cuda))
+    compiled.capture()
+    assert "pieceworks: capture sizes" in terminal.getvalue() and f"0/{len(SIZES)}" in terminal.getvalue()
+    assert caplog.text.count("pieceworks capture: 5 sizes") == 1

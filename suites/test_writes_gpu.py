@@ -1,4 +1,4 @@
-"""In-place writes and the output contract (issue 12, item 4).
+"""In-place writes and the output contract.
 
 - A model that counts its calls in place, in a buffer of its own and in a caller-owned argument, both inside a
   compiled (captured) piece: every call writes exactly once, warm-ups and captures included: a capture run counts

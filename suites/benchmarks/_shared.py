@@ -3,10 +3,12 @@
 Conventions of the suites:
 - `setup_cache` does the expensive work once per class and returns a dict of plain numbers (asv pickles it). A
   class that cannot run here returns `{"skip": reason}`; an entry that does not apply is `{"skip": reason}`, one
-  that broke is `{"error": message}`. `setup()` turns those into asv's skip (NotImplementedError, reason printed)
-  or failure (RuntimeError); `track_` methods return the number.
-- One pieceworks cache and one Inductor cache per run (under $PIECEWORKS_BENCH_DIR, default a folder in the temp
-  dir), shared by every class except the compile benchmarks, which make their own cold ones.
+  that broke is `{"error": message}`. `setup()` turns those into asv's skip (NotImplementedError with the reason as
+  its message: asv shows only n/a, so the reason also goes to the details file, and the report shows it) or failure
+  (RuntimeError); `track_` methods return the number.
+- One pieceworks cache and one Inductor cache per run (under $PIECEWORKS_BENCH_DIR, which the caller removes; without
+  it, a temporary folder per process, removed when the process exits), shared by every class except the compile
+  benchmarks, which make their own cold ones.
 - Where $PIECEWORKS_BENCH_DETAILS is set, each class writes what asv cannot hold (skip reasons, errors against
   eager, kernel profiles, build seconds) to `<that folder>/<class>.json`; the report reads them.
 Nothing here imports torch at import time.
@@ -37,9 +39,15 @@ IMPLEMENTATIONS = [
 ]
 
 
+_OWN_RUN_DIR: list[tempfile.TemporaryDirectory] = []  # without $PIECEWORKS_BENCH_DIR: removed at the process's exit
+
+
 def run_dir() -> str:
     """This run's folder for shared caches; sets PIECEWORKS_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR under it."""
-    base = os.environ.get("PIECEWORKS_BENCH_DIR") or os.path.join(tempfile.gettempdir(), f"pieceworks-asv-{os.getuid()}")
+    if not os.environ.get("PIECEWORKS_BENCH_DIR"):
+        _OWN_RUN_DIR.append(tempfile.TemporaryDirectory(prefix="pieceworks-asv-", ignore_cleanup_errors=True))
+        os.environ["PIECEWORKS_BENCH_DIR"] = _OWN_RUN_DIR[-1].name
+    base = os.environ["PIECEWORKS_BENCH_DIR"]
     os.makedirs(base, exist_ok=True)
     os.environ.setdefault("PIECEWORKS_CACHE_DIR", os.path.join(base, "pieceworks-cache"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(base, "inductor-cache"))

@@ -1,4 +1,4 @@
-"""The size of the reference core (issue 9: about 1,600 lines or less), tracked per commit like any benchmark.
+"""The size of the reference core, tracked per commit like any benchmark.
 
 `track_lines`: all lines of reference/'s Python files, or code lines only (no blank lines, comments or docstrings;
 `pieceworks.harness.code_size`). Runs anywhere; the per-file counts go to the details file for the report.

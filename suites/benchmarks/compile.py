@@ -3,9 +3,8 @@
 Runs on the machine's serving device (CUDA where torch sees it, else the CPU) through
 `pieceworks.harness.warm_start.measure` (its module doc says what each start is and what is recorded; the same
 measurement runs alone as `python -m pieceworks.harness.warm_start`). (Naming a `TORCHINDUCTOR_CACHE_DIR` is the
-user's choice, which pieceworks leaves alone: a new host with an empty one rebuilds every kernel. Until 2026-11-23
-this benchmark did that by mistake, so its warm_new_host rows measured a rebuild: 0.42x cold on the H100, 0.92x on
-a CPU.)
+user's choice, which pieceworks leaves alone: a new host with an empty one rebuilds every kernel, so every start here
+unsets it and keeps Inductor's default cache under its host's `TMPDIR`.)
 Tracked: seconds of the first call (trace + compile or load), seconds of the whole process (imports included),
 Inductor compiles and artifacts loaded. Details (`compile.json`, for the report): the first call's seconds inside
 the pieceworks backend and, of those, compiling or loading the pieces (`CompiledGraph.build_seconds`); the rest of the

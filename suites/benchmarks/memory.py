@@ -117,7 +117,7 @@ def measure() -> dict:
     _shared.write_details("memory", {"model": "toy_llama", "dtype": "bfloat16", "capture_sizes": all_sizes,
                                      "nvml": nvml_status(), "capture_profiles": capture_profiles,
                                      "entries": {f"{m}|{n}": v for (m, n), v in results.items()}})
-    return results
+    return {**results, "nvml": nvml_status()}  # the NVML status: why a reading is missing, if one is
 
 
 class CaptureMemory:
@@ -136,7 +136,7 @@ class CaptureMemory:
     def _reading(self, cache, mode, sizes, key):
         value = cache[(mode, sizes)].get(key)
         if value is None:
-            raise _shared.Skip(f"{key} could not be read here (NVML unavailable?): see the details file")
+            raise _shared.Skip(f"{key} not read here: {cache['nvml']}")
         return value
 
     def track_pool_mib(self, cache, mode, sizes):

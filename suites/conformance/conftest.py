@@ -165,7 +165,7 @@ def served(request, subject: Subject, builds: Builds, device: str):
     reason = not_applicable(subject, prop, device)
     if reason:
         pytest.skip(f"not applicable: {reason}")
-    if prop == "warm-start-compiles-nothing":  # needs a build this session (its cache entries), not the current one
+    if prop == "warm-start-compiles-nothing":  # needs a build in this run (its cache entries), not the current one
         if subject.id not in builds.compiles:
             builds.get(subject)
         if builds.compiles[subject.id] is None:

@@ -117,19 +117,19 @@ def make_inputs(case: ModelCase, device: str):
 
 
 class Builds:
-    """The current build (one subject at a time) and the subjects built at least once this session."""
+    """The current build (one subject at a time) and the subjects built at least once in this pytest run."""
 
     def __init__(self, device: str) -> None:
         self.device = device
         self.key: str | None = None
         self.current: tuple[torch.nn.Module, Built] | None = None
-        self.compiles: dict[str, int | None] = {}  # subject id -> Built.compiles of its (first) build this session
+        self.compiles: dict[str, int | None] = {}  # subject id -> Built.compiles of its (first) build in this run
         self.failed: dict[str, str] = {}
 
     def get(self, subject: Subject) -> tuple[torch.nn.Module, Built]:
         """(eager model, build) for `subject`, built now unless it is the current one."""
         if subject.id in self.failed:
-            raise RuntimeError(f"building {subject.id} failed earlier in this session: {self.failed[subject.id]}")
+            raise RuntimeError(f"building {subject.id} failed earlier in this run: {self.failed[subject.id]}")
         if self.key != subject.id:
             self.drop()
             case = subject.case

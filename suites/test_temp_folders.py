@@ -1,0 +1,91 @@
+"""Nothing left behind: the demo, the benchmarks and the test session remove every temporary folder they make.
+
+Each check runs with a private temporary folder (never the machine's /tmp, which other processes share) and asserts
+that no `pieceworks-*` folder is left in it. The demo and the compile benchmark run with the scenario processes
+replaced by a stand-in that writes what a real one writes (the cache, Inductor's files under the host's TMPDIR), so
+the check takes a second, not minutes of compiling.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from pieceworks.harness import demo, warm_start
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
+
+
+def _left(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("pieceworks-*"))
+
+
+def _stand_in_scenario(*args: str, env: dict | None = None, unset: tuple = (), timeout: float = 600) -> dict:
+    """What `run_scenario` leaves on disk (an artifact in the cache, Inductor's files under the host's TMPDIR) and
+    a report of its shape."""
+    cache = args[args.index("--cache-dir") + 1]
+    os.makedirs(cache, exist_ok=True)
+    Path(cache, "artifact").write_text("compiled")
+    if env and "TMPDIR" in env:
+        os.makedirs(os.path.join(env["TMPDIR"], "torchinductor_user"), exist_ok=True)
+    return {"counters": collections.defaultdict(int), "first_call_s": 1.0, "max_rel_error": 0.0, "torch": "torch",
+            "cache_dir": cache, "build_seconds": {}}
+
+
+def test_the_demo_removes_its_folders(private_tmp, monkeypatch):
+    monkeypatch.setattr(demo, "run_scenario", _stand_in_scenario)
+    assert demo.main(["--layers", "1"]) == 0
+    assert _left(private_tmp) == []
+
+
+def test_the_compile_benchmark_removes_its_folders(private_tmp, monkeypatch):
+    monkeypatch.setattr(warm_start, "run_scenario", _stand_in_scenario)
+    monkeypatch.delenv("PIECEWORKS_BENCH_DETAILS", raising=False)
+    monkeypatch.syspath_prepend(str(REPO / "suites"))
+    from benchmarks import compile as compile_benchmark
+
+    assert set(compile_benchmark.measure()) == set(warm_start.STARTS)
+    assert _left(private_tmp) == []
+
+
+def _python(code: str, tmp: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    env.pop("PIECEWORKS_BENCH_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_benchmarks_shared_folder_goes_when_its_process_exits(private_tmp):
+    _python("import os, sys; sys.path.insert(0, 'suites'); from benchmarks import _shared; "
+            "assert os.path.isdir(_shared.run_dir())", private_tmp)
+    assert _left(private_tmp) == []
+
+
+def test_a_test_session_removes_its_inductor_cache(private_tmp):
+    _python("import sys, pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', "
+            "'suites/test_config.py::test_ranges_follow_vllm_endpoints']))", private_tmp)
+    assert _left(private_tmp) == []
+
+
+def test_the_cache_state_machine_removes_its_folder(private_tmp):
+    from test_cache_machine import CacheMachine
+
+    machine = CacheMachine()
+    assert _left(private_tmp)
+    machine.teardown()
+    assert _left(private_tmp) == []
