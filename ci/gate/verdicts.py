@@ -5,8 +5,8 @@ that base measured must be measured by head, or the comparison is incomplete (ex
 narrowest threshold passes whatever the spread (identical inputs always pass); a larger one that the spread cannot
 tell from noise is "too noisy". Items base did not measure (new benchmarks, or ones base skipped or failed) are
 shown as `new` and never fail the gate: the base set defines what is guarded. Control items (thresholds' `controls`) are
-shown as `control`; controls of a benchmark that moved beyond its threshold turn its judged items into
-`environment drift` (exit 2): the two runs cannot be compared.
+shown as `control`; controls that moved beyond their threshold turn the judged items of their benchmark and
+parameters (a batch size, say) into `environment drift` (exit 2): those runs cannot be compared.
 """
 
 from __future__ import annotations
@@ -101,30 +101,36 @@ def _params_of(text: str) -> dict[str, str]:
 
 
 def _with_drift(rows: list[Row], thresholds: Thresholds) -> list[Row]:
-    """Control rows become `control`; where a benchmark's controls moved (median ratio) beyond the threshold its
-    rule allows them, its judged rows become `environment drift`."""
+    """Control rows become `control`. Rows are grouped by benchmark and every parameter but the controls' (e.g. one
+    batch size of one latency benchmark: a slow spell can fall on some batch sizes of a run and not others); where
+    a group's controls moved (median ratio) beyond the threshold their rule allows, its judged rows become
+    `environment drift`."""
     controls = thresholds.controls
     if controls is None:
         return rows
+
+    def group(row: Row) -> tuple:
+        return row.benchmark, tuple(sorted((k, v) for k, v in _params_of(row.params).items() if k != controls.param))
+
     is_control = [controls.covers(_params_of(r.params)) and r.ratio is not None for r in rows]
-    drifted: dict[str, str] = {}
-    for name in {r.benchmark for r, c in zip(rows, is_control) if c}:
-        moved = [(r.ratio, r.threshold) for r, c in zip(rows, is_control)
-                 if c and r.benchmark == name and r.threshold is not None and r.verdict != TOO_NOISY]
-        if not moved:
-            continue
-        ratio = statistics.median(m[0] for m in moved)
-        allowed = statistics.median(m[1] for m in moved)
+    moved: dict[tuple, list[tuple[float, float]]] = {}
+    for row, control in zip(rows, is_control):
+        if control and row.threshold is not None and row.verdict != TOO_NOISY:
+            moved.setdefault(group(row), []).append((row.ratio, row.threshold))
+    drifted: dict[tuple, str] = {}
+    for key, pairs in moved.items():
+        ratio = statistics.median(m[0] for m in pairs)
+        allowed = statistics.median(m[1] for m in pairs)
         if ratio > 1.0 + allowed or ratio < 1.0 / (1.0 + allowed):
-            drifted[name] = (f"controls ({', '.join(sorted(controls.values))}) moved {ratio - 1.0:+.0%} (median of "
-                             f"{len(moved)}), beyond {allowed:.0%}: the environment changed between the runs; rerun")
+            drifted[key] = (f"controls ({', '.join(sorted(controls.values))}) moved {ratio - 1.0:+.0%} (median of "
+                            f"{len(pairs)}), beyond {allowed:.0%}: the environment changed between the runs; rerun")
     out = []
     for row, control in zip(rows, is_control):
         if control:
             row = dataclasses.replace(row, verdict=CONTROL, note="; ".join(filter(None, [row.note, "unchanged code: "
                                       "shows drift between the runs"])))
-        elif row.benchmark in drifted and row.verdict in (REGRESSED, IMPROVED, OK):
-            row = dataclasses.replace(row, verdict=DRIFT, note=drifted[row.benchmark])
+        elif group(row) in drifted and row.verdict in (REGRESSED, IMPROVED, OK):
+            row = dataclasses.replace(row, verdict=DRIFT, note=drifted[group(row)])
         out.append(row)
     return out
 
