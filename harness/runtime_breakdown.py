@@ -254,7 +254,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "dtypes": {},
     }
     _say(f"{report['device']} | torch {report['torch']} | {report['model']} | {report['date']}")
-    cache = tempfile.mkdtemp(prefix="pieceworks-breakdown-")
+    work = tempfile.TemporaryDirectory(prefix="pieceworks-breakdown-", ignore_cleanup_errors=True)
+    with work as cache:
+        _measure_dtypes(args, argv, cache, report)
+    return report
+
+
+def _measure_dtypes(args: argparse.Namespace, argv: list[str], cache: str, report: dict[str, Any]) -> None:
+    """Each dtype in a child process of its own (or in this one), its caches under `cache`; `report` filled in."""
     passed = _without([a for a in argv if a != "--in-process"], ("--dtypes", "--out"))
     for name in args.dtypes.split(","):
         _say(f"\n{name}:")
@@ -269,7 +276,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.out:  # rewritten after each dtype: partial results survive a later crash
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
-    return report
 
 
 def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
