@@ -598,6 +598,33 @@ def _adapter_counts_the_session(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(impls.Pieceworks, "build", build)
 
 
+def _gate_drift_per_benchmark(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.gate.verdicts as verdicts
+
+    original = verdicts.params_of
+    mp.setattr(verdicts, "params_of", lambda text: {k: v for k, v in original(text).items() if k == "implementation"})
+
+
+def _report_always_committed(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.report as report
+
+    mp.setattr(report, "result_files_source", lambda paths, results: "the committed result files")
+
+
+def _demo_leaves_its_folder(mp: pytest.MonkeyPatch) -> None:
+    import contextlib
+    import tempfile
+    import types
+
+    import pieceworks.harness.demo as demo
+
+    @contextlib.contextmanager
+    def kept(prefix: str = "tmp", **_: object):
+        yield tempfile.mkdtemp(prefix=prefix)
+
+    mp.setattr(demo, "tempfile", types.SimpleNamespace(TemporaryDirectory=kept, mkdtemp=tempfile.mkdtemp))
+
+
 def _gate_improvements_fail(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
 
@@ -1071,6 +1098,11 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "batches_never_beyond": ("batch sequences never go above the largest capture size", _batches_never_beyond),
     "adapter_counts_the_session": ("an adapter's compile count includes earlier builds' compiles",
                                    _adapter_counts_the_session),
+    "gate_drift_per_benchmark": ("the gate judges drift over a whole benchmark: a slow spell on one batch size "
+                                 "reads as regressions there", _gate_drift_per_benchmark),
+    "report_always_committed": ("the report says 'committed' for result files git does not track",
+                                _report_always_committed),
+    "demo_leaves_its_folder": ("the demo leaves its temporary folder behind", _demo_leaves_its_folder),
     "gate_incomplete_hides_regression": ("a regression exits 2 when another item is incomplete",
                                          _gate_incomplete_hides_regression),
     "gate_noise_fails_unchanged": ("an unchanged item with a wide spread is 'too noisy': identical runs fail",

@@ -94,7 +94,7 @@ def judge(base: Item, head: Item, thresholds: Thresholds, unit: str | None, base
     return OK, ratio, threshold, rule.metric, note
 
 
-def _params_of(text: str) -> dict[str, str]:
+def params_of(text: str) -> dict[str, str]:
     """`implementation='eager', batch=1` -> {"implementation": "eager", "batch": "1"}."""
     pairs = (part.split("=", 1) for part in text.split(", ") if "=" in part)
     return {name: value.strip("'\"") for name, value in pairs}
@@ -110,9 +110,9 @@ def _with_drift(rows: list[Row], thresholds: Thresholds) -> list[Row]:
         return rows
 
     def group(row: Row) -> tuple:
-        return row.benchmark, tuple(sorted((k, v) for k, v in _params_of(row.params).items() if k != controls.param))
+        return row.benchmark, tuple(sorted((k, v) for k, v in params_of(row.params).items() if k != controls.param))
 
-    is_control = [controls.covers(_params_of(r.params)) and r.ratio is not None for r in rows]
+    is_control = [controls.covers(params_of(r.params)) and r.ratio is not None for r in rows]
     moved: dict[tuple, list[tuple[float, float]]] = {}
     for row, control in zip(rows, is_control):
         if control and row.threshold is not None and row.verdict != TOO_NOISY:
