@@ -625,6 +625,13 @@ def _demo_leaves_its_folder(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(demo, "tempfile", types.SimpleNamespace(TemporaryDirectory=kept, mkdtemp=tempfile.mkdtemp))
 
 
+def _report_unmeasured_as_method_text(mp: pytest.MonkeyPatch) -> None:
+    from pieceworks.harness import report
+
+    mp.setattr(report.Report, "_not_measured", lambda self, title, reason: self.lines.extend(
+        [f"## {title}", "", "Median µs per forward, CUDA events.", ""]))
+
+
 def _gate_improvements_fail(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.gate.verdicts as verdicts
 
@@ -1103,6 +1110,8 @@ MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "report_always_committed": ("the report says 'committed' for result files git does not track",
                                 _report_always_committed),
     "demo_leaves_its_folder": ("the demo leaves its temporary folder behind", _demo_leaves_its_folder),
+    "report_unmeasured_as_method_text": ("a section with no numbers shows its method text, not 'not measured here'",
+                                         _report_unmeasured_as_method_text),
     "gate_incomplete_hides_regression": ("a regression exits 2 when another item is incomplete",
                                          _gate_incomplete_hides_regression),
     "gate_noise_fails_unchanged": ("an unchanged item with a wide spread is 'too noisy': identical runs fail",

@@ -102,8 +102,11 @@ TARGETS = {  # mutant -> the CPU test(s) that must fail under it: space-separate
     "adapter_counts_the_session":
         "suites/test_implementations.py::test_the_adapters_compile_count_is_what_the_build_compiled",
     "gate_drift_per_benchmark": _GATE + "test_a_slow_spell_on_one_batch_size_is_drift_there_not_a_regression",
-    "report_always_committed": "suites/test_report.py::test_committed_only_where_git_tracks_the_result_files_unmodified",
+    "report_always_committed":
+        "suites/test_report.py::test_committed_only_where_git_tracks_the_result_files_unmodified",
     "demo_leaves_its_folder": "suites/test_temp_folders.py::test_the_demo_removes_its_folders",
+    "report_unmeasured_as_method_text":
+        "suites/test_report.py::test_a_cpu_run_says_not_measured_here_for_every_gpu_section",
     "gate_incomplete_hides_regression": _GATE + "test_a_regression_of_ours_with_steady_controls_fails",
     "gate_noise_fails_unchanged": _GATE + "test_a_change_too_noisy_to_judge_is_incomplete",
     "empty_pieces_through_inductor":
