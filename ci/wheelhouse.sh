@@ -11,7 +11,7 @@
 # DIR defaults to .whl (git-ignored; the folder to carry to an offline box). Knobs, for lock and build:
 #   WHEELHOUSE_PYTHON=3.12  WHEELHOUSE_PLATFORMS="manylinux_2_28_x86_64 ... manylinux2014_x86_64"
 #   WHEELHOUSE_EXTRAS="test bench pcg"  (those pyproject.toml has)  WHEELHOUSE_EXCLUDE="matplotlib" (the report is
-#   made off the runner, and runner images carry it)  WHEELHOUSE_NO_DEPS="piecewise-cuda-graphs" (needs only
+#   made off the runner, and runner images carry it)  WHEELHOUSE_NO_DEPS="piecewise-cuda-graphs breakable-cuda-graphs" (need only
 #   torch, which is never part of the set: the runner's own CUDA build is used).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -46,12 +46,13 @@ try:
 except ModuleNotFoundError:
     import tomli as tomllib
 pyproject, tmp = sys.argv[1:]
-extras = tomllib.load(open(pyproject, "rb"))["project"]["optional-dependencies"]
+project = tomllib.load(open(pyproject, "rb"))["project"]
+extras = project["optional-dependencies"]
 wanted = os.environ.get("WHEELHOUSE_EXTRAS", " ".join(e for e in ("test", "bench", "pcg") if e in extras)).split()
 exclude = set(os.environ.get("WHEELHOUSE_EXCLUDE", "matplotlib").split())
-no_deps = set(os.environ.get("WHEELHOUSE_NO_DEPS", "piecewise-cuda-graphs").split())
+no_deps = set(os.environ.get("WHEELHOUSE_NO_DEPS", "piecewise-cuda-graphs breakable-cuda-graphs").split())
 name = lambda req: re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0].lower().replace("_", "-")
-reqs = [r for e in wanted for r in extras[e] if not r.startswith("pieceworks[")]
+reqs = project["dependencies"] + [r for e in wanted for r in extras[e] if not r.startswith("pieceworks[")]
 reqs = [r for r in reqs if name(r) != "torch" and name(r) not in exclude]
 # builds the editable install offline (bdist_wheel is built in from 70.1); torch 2.13 needs >= 77.0.3, torch 2.11
 # (the GPU image) < 82: a version outside that range makes pip refuse the whole set (piecewise-cuda-graphs pulls torch in)
@@ -81,7 +82,7 @@ for fname in sorted(os.listdir(wheels), key=str.lower):
     digest = hashlib.sha256(open(os.path.join(wheels, fname), "rb").read()).hexdigest()
     names.add(dist)
     lines.append(f"{dist}=={version} \\\n    --hash=sha256:{digest}")
-no_deps = set(os.environ.get("WHEELHOUSE_NO_DEPS", "piecewise-cuda-graphs").split())
+no_deps = set(os.environ.get("WHEELHOUSE_NO_DEPS", "piecewise-cuda-graphs breakable-cuda-graphs").split())
 for fname in os.listdir(wheels):  # unconditional dependencies of --no-deps wheels must be torch or in the set
     if re.sub(r"[-_.]+", "-", fname.split("-")[0]).lower() not in no_deps:
         continue
