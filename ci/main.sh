@@ -49,7 +49,7 @@ status=0
 if [ "$cuda" = 1 ] && [ "$selected" = 0 ]; then
   "$PY" -m pytest suites/test_host_overhead.py -q -p no:cacheprovider \
     --benchmark-json "$PIECEWORKS_BENCH_DETAILS/host_overhead.json" || status=$?
-  "$PY" -m pieceworks.harness.runtime_breakdown \
+  "$PY" -m pieceworks.harness.breakdown \
     --out "$PIECEWORKS_BENCH_DETAILS/runtime_breakdown_$(git rev-parse --short=7 HEAD).json" || status=$?
 fi
 "$PY" -m pieceworks.harness.report --machine "$MACHINE"

@@ -1,45 +1,61 @@
-"""Where a pieceworks forward's time goes: each piece's own work, timed alone, and the rest (the host overhead).
+"""Where a pieceworks forward's time goes: its pieces' own work timed alone, the rest host overhead; side by side.
 
-`record(compiled, args)` calls `compiled(*args)` once and returns, in run order, one `PieceWork` per piece the
-forward ran: a callable that redoes only that piece's own work on the arguments the forward gave it:
-- a compiled piece replayed from a CUDA graph: that graph's `replay()`;
-- a compiled piece without a graph: the code compiled for that batch size (no dispatch, no address checks);
-- a splitting piece: its splitting ops called directly (no FX module around them);
-- FULL: the one graph's `replay()`.
-`measure(...)` times the forward, the compiled pieces' work back to back and the splitting ops back to back with
-one timer, and reports the difference as host overhead: the argument checks, static copies, dispatch and
-stitching around the work. Where host work overlaps GPU work, the GPU-time overhead can be negative. Given
-`replay_run(compiled, batch)` (the replay plan or FULL graph of the padded size run alone on the static buffers: no
-argument checks, no static copies, no cut back), it also reports the forward / replay ratio: what
-`CompiledModel.__call__` costs over its replay.
-
-It reads the core's public view only (`CompiledModel.binder`, `static_inputs`, `graph_inputs`, `Runtime.phase`
-and `replay_for`, the plans' `Step`s, run one by one into `num_slots` slots, the compiled graph's stitching module,
-pieces and mutated inputs); suites/test_host_overhead.py checks that the recorded work recomputes the forward's
-output, so a change that breaks it fails a test instead of skewing a number.
+`record` returns one forward's pieces as `PieceWork` callables that redo only their own work; `measure` times the
+forward and that work (the difference: host overhead); `replay_run` is the replay alone, the baseline of
+`CompiledModel.__call__`. `python -m pieceworks.harness.breakdown [--batches 1,8,64,256] [--dtypes
+float32,bfloat16] [--rounds 10] [--only pieceworks,meta-pcg,reduce-overhead] [--kernel-profiles] [--out FILE]`
+(CUDA) times ToyLlama side by side in rotating rounds, each dtype in a process of its own (a crash costs that dtype
+only): PIECEWISE's `compiled call`, `plan run`, `graph replays` and `splitting ops`, `FULL`, `FULL unsplit`
+(`splitting_ops=[]`) and the harness implementations `--only` names; it writes per batch the `RATIOS`, host
+overhead per piece and errors against eager, a `call_profile` (cProfile), and with `--kernel-profiles` each
+variant's kernel profile. A variant that fails is left out, its error recorded.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import datetime
+import faulthandler
+import json
+import multiprocessing
 import operator
+import os
+import sys
+import tempfile
+import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.fx
 
+from pieceworks import default_capture_sizes
 from pieceworks.dispatch import padded_size
 from pieceworks.plan import FullGraph
 from pieceworks.runtime import Phase
 
-__all__ = ["PieceWork", "record", "measure", "replay_run", "static_replay"]
+from . import models
+from .profile import host_profile, kernel_profile
+from .provenance import code_commit
+from .timing import interleaved_cuda_time_us, ratio_over_rounds
+
+__all__ = ["PieceWork", "record", "measure", "replay_run", "main"]
+
+VARIANTS = {"PIECEWISE": ("pieceworks-piecewise", models.SPLITTING_OPS),
+            "FULL": ("pieceworks-full", models.SPLITTING_OPS), "FULL unsplit": ("pieceworks-full", [])}
+RATIOS = {"PIECEWISE / meta-pcg": ("compiled call", "meta-pcg"), "compiled call / plan run": ("compiled call", "plan run"),
+          "FULL / reduce-overhead": ("FULL", "reduce-overhead"),
+          "FULL unsplit / reduce-overhead": ("FULL unsplit", "reduce-overhead")}
+LAYERS, REPS = 12, 200  # ToyLlama's layers; samples per variant and batch (after 20 warm-up calls)
+PARTS = ("plan run", "graph replays", "splitting ops")  # not checked against eager: they return graph buffers
 
 
 @dataclasses.dataclass
 class PieceWork:
-    """One piece's own work in a recorded forward. `run()` redoes it and returns what the piece returned then
-    (for a graph replay: the graph's outputs)."""
+    """One piece's own work in a recorded forward: `run()` redoes it, returning what the piece (or graph) returned."""
 
     name: str
     splitting: bool
@@ -47,32 +63,19 @@ class PieceWork:
     run: Callable[[], Any]
 
 
-def _batch(args: Sequence[Any]) -> int:
-    return next(a.shape[0] for a in args if isinstance(a, torch.Tensor))
-
-
 def _splitting_work(gm: torch.fx.GraphModule, args: tuple) -> Callable[[], Any]:
-    """The splitting piece's ops called directly on `args`; the piece's module call where its graph is more than
-    ops on its inputs."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    env = dict(zip(placeholders, args))
-    calls = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is operator.getitem:
-            continue
-        if any(i not in env for i in node.all_input_nodes):
-            return lambda: gm(*args)
-        calls.append((node.target, torch.fx.node.map_arg(node.args, env.__getitem__),
-                      torch.fx.node.map_arg(node.kwargs, env.__getitem__)))
-    if len(calls) != 1:
+    """The splitting piece's one op called on `args`; its module called where it is more than one op on its inputs."""
+    env = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), args))
+    ops = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    if len(ops) != 1 or any(i not in env for i in ops[0].all_input_nodes):
         return lambda: gm(*args)
-    target, call_args, call_kwargs = calls[0]
+    target, call_args, call_kwargs = ops[0].target, *(torch.fx.node.map_arg(a, env.__getitem__)
+                                                        for a in (ops[0].args, ops[0].kwargs))
     return lambda: target(*call_args, **call_kwargs)
 
 
 def _compiled_work(piece: Any, args: tuple) -> Callable[[], Any]:
-    """A compiled piece's work alone: the code compiled for this batch size, without dispatch."""
-    code = piece.runnable_for(args)
+    code = piece.runnable_for(args)  # the code compiled for this batch size, without dispatch
     return lambda: code(*args)
 
 
@@ -90,31 +93,21 @@ class _RecordPieceCalls(torch.fx.Interpreter):
 
 
 def record(compiled: Any, args: Sequence[Any]) -> tuple[Any, list[PieceWork]]:
-    """Call `compiled(*args)` (a traced `pieceworks.CompiledModel`) once; return its output and the pieces' work.
-
-    Where that call replays (a FULL graph or a PIECEWISE plan of its padded size), the work is the replay's steps.
-    Where it runs without graphs, the stitching module runs once more on the graph inputs the call ran on (the
-    static buffers of its padded size, or the call's own arguments) to record each piece's arguments; the graph
-    inputs it writes in place are put back after that run, so the model's state is what one call leaves."""
+    """Call `compiled(*args)` (a traced `pieceworks.CompiledModel`) once; return its output and the pieces' work:
+    the replay's steps where the call replays, else each piece on the arguments a second run of the stitching module
+    gives it (the graph inputs it writes in place put back). Raises ValueError where calls go through Dynamo."""
     runtime = compiled.runtime
     if runtime is None or compiled.binder is None:
         raise ValueError("record() needs a traced model whose calls bind directly: call it once first (the first "
                          "call traces and compiles)")
-    batch = _batch(args)
-    # The padded size the call runs at, as `CompiledModel.__call__` picks it: static buffers exist once the runtime
-    # has left its waiting phase.
+    batch = next(a.shape[0] for a in args if isinstance(a, torch.Tensor))
+    # the padded size `CompiledModel.__call__` runs at: static buffers exist once the runtime stops waiting
     padded = padded_size(compiled.config.cudagraph_capture_sizes, batch) \
         if compiled.static_inputs is not None and runtime.phase is not Phase.WAITING else None
     replay_of = runtime.replay_for(padded) if padded is not None else None
     out = compiled(*args)
     if isinstance(replay_of, FullGraph):
-        graph, outputs = replay_of.graphs[0], replay_of.graph_outputs[0]
-
-        def replay() -> Any:
-            graph.replay()
-            return outputs
-
-        return out, [PieceWork("full graph", splitting=False, graph_replay=True, run=replay)]
+        return out, [_graph_replay("full graph", replay_of.graphs[0], replay_of.graph_outputs[0])]
     if replay_of is not None:
         return out, _plan_work(compiled, replay_of, padded)
     flat = compiled.graph_inputs(padded) if padded is not None else compiled.binder.inputs(list(args), batch)
@@ -124,18 +117,21 @@ def record(compiled: Any, args: Sequence[Any]) -> tuple[Any, list[PieceWork]]:
         recorder.run(*flat)
         for tensor, before in saved:
             tensor.copy_(before)
-    work = []
-    for piece, a in recorder.calls:
-        if piece.is_splitting_graph:
-            work.append(PieceWork(piece.submod_name, True, False, _splitting_work(piece.graph, a)))
-        else:
-            work.append(PieceWork(piece.submod_name, False, False, _compiled_work(piece, a)))
-    return out, work
+    return out, [PieceWork(piece.submod_name, piece.is_splitting_graph, False,
+                           _splitting_work(piece.graph, a) if piece.is_splitting_graph else _compiled_work(piece, a))
+                 for piece, a in recorder.calls]
+
+
+def _graph_replay(name: str, graph: Any, outputs: Any) -> PieceWork:
+    def replay() -> Any:
+        graph.replay()
+        return outputs
+
+    return PieceWork(name, splitting=False, graph_replay=True, run=replay)
 
 
 def _plan_work(compiled: Any, plan: Any, n: int) -> list[PieceWork]:
-    """The pieces of a PIECEWISE replay plan, in its order, on the static buffers of padded size `n`: its graph
-    replays, its splitting ops and its eagerly run compiled pieces (glue steps such as getitem are no piece)."""
+    """A PIECEWISE plan's pieces in order, on the static buffers of size `n` (glue steps such as getitem are none)."""
     flat = compiled.graph_inputs(n)
     slots = [None] * plan.num_slots
     for step in plan.steps:  # one forward into `slots`: the values later eager steps read
@@ -146,13 +142,7 @@ def _plan_work(compiled: Any, plan: Any, n: int) -> list[PieceWork]:
     slot = 0
     for step in plan.steps:
         if step.kind == "graph":
-            graph, outputs = next(graphs)
-
-            def replay(graph: Any = graph, outputs: Any = outputs) -> Any:
-                graph.replay()
-                return outputs
-
-            work.append(PieceWork(step.name, splitting=False, graph_replay=True, run=replay))
+            work.append(_graph_replay(step.name, *next(graphs)))
             continue
         if step.name in pieces:
 
@@ -160,30 +150,22 @@ def _plan_work(compiled: Any, plan: Any, n: int) -> list[PieceWork]:
                 step.run(flat, slots)
                 return slots[slot]
 
-            work.append(PieceWork(step.name, splitting=pieces[step.name].is_splitting_graph, graph_replay=False,
-                                  run=run))
+            work.append(PieceWork(step.name, pieces[step.name].is_splitting_graph, False, run))
         slot += 1  # every eager step writes the next slot
     return work
 
 
 def replay_run(compiled: Any, batch: int) -> Callable[[], Any]:
-    """The replay (PIECEWISE plan or FULL graph) of `batch`'s padded size, run alone on the static buffers of a
-    traced and captured `pieceworks.CompiledModel`, as `CompiledModel.__call__` runs it (no checks)."""
-    replay, flat = static_replay(compiled, batch)
-    return lambda: replay.run(flat, ())
-
-
-def static_replay(compiled: Any, batch: int) -> tuple[Any, list[Any]]:
-    """`(replay, flat)`: the replay (PIECEWISE plan or FULL graph) of `batch`'s padded size and the graph inputs
-    it runs on (the static buffers' views, parameters, the size)."""
+    """The replay (plan or FULL graph) of `batch`'s padded size on the static buffers of a captured
+    `pieceworks.CompiledModel`, as its call runs it (no checks, no copies); ValueError where there is none."""
     runtime = compiled.runtime
     if runtime is None or compiled.binder is None:
         raise ValueError("replay_run() needs a traced, captured model whose calls bind directly (no Dynamo fallback)")
     n = min((s for s in runtime.captured_sizes if s >= batch), default=None)
     if n is None:
-        raise ValueError(f"no captured size >= {batch} (captured: {sorted(runtime.captured_sizes)}): call capture() "
-                         f"first")
-    return runtime.replay_for(n), compiled.graph_inputs(n)
+        raise ValueError(f"no captured size >= {batch} ({sorted(runtime.captured_sizes)}): call capture() first")
+    replay, flat = runtime.replay_for(n), compiled.graph_inputs(n)
+    return lambda: replay.run(flat, ())
 
 
 def _in_order(fns: list[Callable[[], Any]]) -> Callable[[], None]:
@@ -194,13 +176,11 @@ def _in_order(fns: list[Callable[[], Any]]) -> Callable[[], None]:
     return run
 
 
-def measure(
-    forward: Callable[[], Any], work: Sequence[PieceWork], time_us: Callable[[Callable[[], Any]], dict[str, float]],
-    replay: Callable[[], Any] | None = None,
-) -> dict[str, float]:
-    """Median µs of `forward()`, of the compiled pieces' work back to back, and of the splitting ops back to back,
-    each timed by `time_us` (e.g. timing.cuda_time_us or timing.host_time_us); the rest is host overhead. With
-    `replay` (see `replay_run`): its median µs too, and forward / replay."""
+def measure(forward: Callable[[], Any], work: Sequence[PieceWork], time_us: Callable[..., dict[str, float]],
+            replay: Callable[[], Any] | None = None) -> dict[str, float]:
+    """Median µs of `forward()`, of the compiled pieces' and of the splitting pieces' work (each back to back), each
+    timed by `time_us` (timing.cuda_time_us, host_time_us), and the rest: host overhead, per forward and per piece.
+    With `replay` (`replay_run`): its median µs and forward / replay."""
     compiled_work = [w.run for w in work if not w.splitting]
     splitting_work = [w.run for w in work if w.splitting]
     forward_us = time_us(forward)["median_us"]
@@ -211,12 +191,173 @@ def measure(
     if replay is not None:
         replay_us = time_us(replay)["median_us"]
         extra = {"replay_run_us": replay_us, "call_over_replay": forward_us / replay_us}
-    return extra | {
-        "forward_us": forward_us,
-        "compiled_pieces_alone_us": compiled_us,
-        "splitting_ops_alone_us": splitting_us,
-        "overhead_us": overhead,
-        "pieces": len(work),
-        "graph_replays": sum(w.graph_replay for w in work),
-        "overhead_per_piece_us": overhead / len(work) if work else float("nan"),
+    return extra | {"forward_us": forward_us, "compiled_pieces_alone_us": compiled_us,
+                    "splitting_ops_alone_us": splitting_us, "overhead_us": overhead, "pieces": len(work),
+                    "graph_replays": sum(w.graph_replay for w in work),
+                    "overhead_per_piece_us": overhead / len(work) if work else float("nan")}
+
+
+# ---- the side-by-side run (CLI) ------------------------------------------------------------------------------
+def _error(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(exc)).strip()
+
+
+def _build_all(model: Any, make: Any, batches: list[int], only: list[str], report: dict[str, Any]) -> dict[str, Any]:
+    """The variants `only` names ("pieceworks": `VARIANTS`), built from the harness registry, reduce-overhead last
+    (it resets Dynamo); their build seconds, skip reasons and failures go to `report`."""
+    from .implementations import resolve
+
+    sizes = default_capture_sizes(max(batches))
+    peers = sorted(set(only) - {"pieceworks"}, key=lambda n: (n == "reduce-overhead", only.index(n)))
+    built = {}
+    for variant in [v for v in VARIANTS if "pieceworks" in only] + peers:
+        name, splitting_ops = VARIANTS.get(variant, (variant, models.SPLITTING_OPS))
+        start = time.perf_counter()
+        try:
+            impl = resolve(name)
+            why = impl.unavailable_reason()
+            if why is None:
+                built[variant] = impl.build(model, make, sizes if impl.capabilities.padding else batches,
+                                            splitting_ops)
+                report["build_s"][variant] = time.perf_counter() - start
+                why = f"{report['build_s'][variant]:.1f} s"
+            else:
+                report["skipped"][variant] = why
+        except Exception as exc:  # noqa: BLE001 - recorded; the other variants go on
+            why = report["errors"][f"build {variant}"] = _error(exc)
+        print(f"  build {variant}: {why}", flush=True)
+    return built
+
+
+def _row(built: dict[str, Any], model: Any, inputs: tuple, batch: int, rounds: int,
+         report: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """One batch: the variants (PIECEWISE as its call and `PARTS`), each called once and checked against eager (one
+    that fails is recorded and left out), then timed side by side. Returns the row (None where the timing failed:
+    recorded) and the callables timed."""
+    variants = {("compiled call" if v == "PIECEWISE" else v): (lambda fn=b.fn: fn(*inputs)) for v, b in built.items()}
+    pieces = None
+    if "PIECEWISE" in built:
+        compiled = built["PIECEWISE"].fn
+        try:
+            _, work = record(compiled, inputs)
+            parts = {"plan run": replay_run(compiled, batch),
+                     "graph replays": _in_order([w.run for w in work if w.graph_replay]),
+                     "splitting ops": _in_order([w.run for w in work if not w.graph_replay])}  # eager steps
+            variants, pieces = {"compiled call": variants.pop("compiled call"), **parts, **variants}, len(work)
+        except Exception as exc:  # noqa: BLE001 - recorded; the call and the peers are still timed
+            report["errors"][f"plan parts {batch}"] = _error(exc)
+    expected, errors = model(*inputs).float(), {}
+    for name, fn in list(variants.items()):
+        try:
+            out = fn()
+            if name not in PARTS:
+                errors[name] = float((out.float() - expected).abs().max())
+        except Exception as exc:  # noqa: BLE001 - recorded; a CUDA error here poisons the rest too
+            report["errors"][f"{name} batch {batch}"] = _error(exc)
+            del variants[name]
+    try:
+        us = interleaved_cuda_time_us(variants, reps=REPS, rounds=rounds)
+    except Exception as exc:  # noqa: BLE001 - recorded; the next batch may still run
+        report["errors"][f"timing batch {batch}"] = _error(exc)
+        return None, variants
+    for name, error in errors.items():
+        us[name]["max_abs_error_vs_eager"] = error
+    row = {"us": us, "pieces": pieces, "ratios": {label: ratio_over_rounds(us[a], us[b]) if a in us and b in us
+                                                  else None for label, (a, b) in RATIOS.items()}}
+    if pieces and all(k in us for k in ("compiled call", "graph replays", "splitting ops")):
+        median = {k: v["median_us"] for k, v in us.items()}
+        row["host_overhead_per_piece_us"] = (median["compiled call"] - median["graph replays"]
+                                             - median["splitting ops"]) / pieces
+    return row, variants
+
+
+def _measure_dtype(dtype: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One dtype's part of the report: builds, skips, errors, a row per batch, call and kernel profiles."""
+    torch.manual_seed(0)
+    config = models.ToyLlamaConfig(num_layers=LAYERS)
+    model = models.ToyLlama(config).cuda().to(getattr(torch, dtype))
+    batches = [int(b) for b in args.batches.split(",")]
+    make = lambda b: models.toy_llama_inputs(b, config, "cuda", seed=b)  # noqa: E731
+    report: dict[str, Any] = {"skipped": {}, "errors": {}, "build_s": {}, "batches": {}}
+    timed: dict[int, dict[str, Any]] = {}
+    with torch.no_grad():
+        built = _build_all(model, make, batches, args.only.split(","), report)
+        report["direct_calls"] = "PIECEWISE" in built and built["PIECEWISE"].fn.binder is not None
+        for batch in batches:
+            row, variants = _row(built, model, make(batch), batch, args.rounds, report)
+            if row is None:
+                continue
+            report["batches"][str(batch)], timed[batch] = row, variants
+            print(f"  batch {batch:>4}: " + "  ".join(f"{k} {v['median_us']:.1f} us" for k, v in row["us"].items()),
+                  flush=True)
+            if {"compiled call", "plan run"} <= row["us"].keys() and "call_profile" not in report:
+                report["call_profile"] = _call_profile(batch, variants["compiled call"], variants["plan run"])
+        if args.kernel_profiles:  # after every timing: a profiler session leaves CUPTI loaded in the process
+            try:
+                report["kernel_profiles"] = {f"{name}|{batch}": kernel_profile(fn, calls=3)
+                                             for batch, variants in timed.items() for name, fn in variants.items()}
+            except Exception as exc:  # noqa: BLE001 - a profiler failure must not lose the timings
+                report["errors"]["kernel profiles"] = _error(exc)
+    return report
+
+
+def _call_profile(batch: int, call: Any, plan: Any, calls: int = 100) -> dict[str, Any]:
+    """Where the compiled call's host time goes beyond its plan run: `calls` of each under cProfile, and the
+    functions whose own time the call adds (µs and calls per call, most first, at most 8)."""
+    profiles = {name: host_profile(lambda fn=fn: [fn() for _ in range(calls)], top=None)
+                for name, fn in (("compiled call", call), ("plan run", plan))}
+    plan_own = {r["function"]: r["tottime_s"] for r in profiles["plan run"]["top"]}
+    added = [{"function": r["function"], "us_per_call": 1e6 * (r["tottime_s"] - plan_own.get(r["function"], 0.0))
+              / calls, "calls_per_call": r["calls"] / calls} for r in profiles["compiled call"]["top"]]
+    added = sorted((a for a in added if a["us_per_call"] > 0), key=lambda a: -a["us_per_call"])
+    return {"batch": batch, "calls": calls, "seconds": {k: p["seconds"] for k, p in profiles.items()},
+            "added": added[:8]}
+
+
+def _measure_to(out: str, dtype: str, args: argparse.Namespace) -> None:
+    faulthandler.enable(all_threads=True)  # a fatal signal prints the Python stack
+    with open(out, "w") as f:
+        json.dump(_measure_dtype(dtype, args), f)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """The side-by-side run (see the module's docstring): each dtype in a spawned process; returns the report."""
+    parser = argparse.ArgumentParser(description="Side-by-side latency of PIECEWISE's parts and its peers (CUDA)")
+    parser.add_argument("--batches", default="1,8,64,256")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of interleaved timing (order rotated)")
+    parser.add_argument("--only", default="pieceworks,meta-pcg,reduce-overhead",
+                        help="comma-separated: pieceworks (PIECEWISE, FULL, FULL unsplit) and harness implementations")
+    parser.add_argument("--kernel-profiles", action="store_true", help="kernel profiles of every variant, after timing")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("the side-by-side run needs CUDA: torch sees no CUDA device")
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": f"ToyLlama layers={LAYERS}", "reps": REPS, "rounds": args.rounds, "commit": code_commit(),
+        "dtypes": {},
     }
+    print(f"{report['device']} | torch {report['torch']} | {report['model']} | {report['date']}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="pieceworks-breakdown-", ignore_cleanup_errors=True) as work, \
+            mock.patch.dict(os.environ, {"PIECEWORKS_CACHE_DIR": os.path.join(work, "cache")}):  # cold, shared
+        for dtype in args.dtypes.split(","):
+            print(f"\n{dtype}:", flush=True)
+            out = os.path.join(work, f"{dtype}.json")
+            child = multiprocessing.get_context("spawn").Process(target=_measure_to, args=(out, dtype, args))
+            child.start()
+            child.join()
+            if child.exitcode == 0:
+                with open(out) as f:
+                    report["dtypes"][dtype] = json.load(f)
+            else:  # a negative exit status is the signal that ended it
+                report["dtypes"][dtype] = {"crashed": {"exit_status": child.exitcode}}
+            if args.out:  # rewritten after each dtype: partial results survive a later crash
+                with open(args.out, "w") as f:
+                    json.dump(report, f, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,10 @@
 """Checked mode: catch callers that keep a replay's outputs past the next replay.
 
 With CUDA graphs, the tensors a call returns alias graph memory and are valid only until the next call (vLLM's
-contract, and SGLang #37606's hazard when broken). `CheckedModel` wraps a compiled model; after every call it keeps a
-weak reference to each returned tensor and a private copy of its values. After the next call it checks every
-earlier output the caller still holds: if its memory no longer matches the copy, that call overwrote an output
-the caller kept, and `OutputOverwrittenError` says which call produced it. Costs one copy of every output per
-call: for tests, not for serving.
+contract). `CheckedModel` wraps a compiled model and keeps a weak reference to each returned tensor and a private
+copy of its values; after each call it checks every earlier output the caller still holds, and raises
+`OutputOverwrittenError`, naming the call that produced it, when its values changed. Costs one copy of every output
+per call: for tests, not for serving.
 """
 
 from __future__ import annotations
@@ -39,10 +38,9 @@ class CheckedModel:
             if tensor is None:
                 continue
             if not torch.equal(tensor, copy):
-                raise OutputOverwrittenError(
-                    f"an output of call #{call} (shape {tuple(tensor.shape)}) was overwritten by a later call: "
-                    f"outputs are valid only until the next call. Fix: clone() outputs you keep"
-                )
+                raise OutputOverwrittenError(f"an output of call #{call} (shape {tuple(tensor.shape)}) was "
+                                             f"overwritten by a later call: outputs are valid only until the next "
+                                             f"call. Fix: clone() outputs you keep")
             alive.append((call, ref, copy))
         self._held = alive
 

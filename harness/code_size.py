@@ -11,6 +11,7 @@ import ast
 import io
 import os
 import tokenize
+from pathlib import Path
 
 __all__ = ["file_lines", "core_lines"]
 
@@ -19,7 +20,7 @@ _NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, t
 
 def file_lines(source: str) -> dict[str, int]:
     """`{"lines": all lines, "code": code lines}` of one Python source."""
-    docstrings = _docstring_lines(source)
+    docstrings = docstring_lines(source)
     code: set[int] = set()
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type not in _NOT_CODE:
@@ -27,15 +28,13 @@ def file_lines(source: str) -> dict[str, int]:
     return {"lines": len(source.splitlines()), "code": len(code)}
 
 
-def _docstring_lines(source: str) -> set[int]:
+def docstring_lines(source: str) -> set[int]:
     """The line numbers of the module's, classes' and functions' docstrings."""
     found: set[int] = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                    and isinstance(first.value.value, str):
-                found.update(range(first.lineno, first.end_lineno + 1))
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        if isinstance(node, kinds) and ast.get_docstring(node, clean=False) is not None:
+            found.update(range(node.body[0].lineno, node.body[0].end_lineno + 1))
     return found
 
 
@@ -46,10 +45,6 @@ def core_lines(folder: str | None = None) -> dict[str, dict[str, int]]:
         import pieceworks
 
         folder = os.path.dirname(os.path.abspath(pieceworks.__file__))
-    found: dict[str, dict[str, int]] = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".py"):
-            with open(os.path.join(folder, name), encoding="utf-8") as f:
-                found[name] = file_lines(f.read())
+    found = {path.name: file_lines(path.read_text(encoding="utf-8")) for path in sorted(Path(folder).glob("*.py"))}
     found["total"] = {k: sum(v[k] for v in found.values()) for k in ("lines", "code")}
     return found

@@ -1,19 +1,13 @@
-"""A Hugging Face `transformers` Llama built from a tiny config with random weights (no download), its attention
-routed through a splitting op: the conformance suite's realistic model.
+"""A Hugging Face `transformers` Llama from a tiny config with random weights (no download), its attention routed
+through a splitting op: the conformance suite's realistic model.
 
-- `hf_llama(device)` builds `HFLlama`: `forward(input_ids [batch, SEQ])` returns
-  `{"logits": [batch, SEQ, vocab], "hidden_states": ([batch, SEQ, hidden],)}` (a dict holding a tuple, so output
-  unpadding is exercised in a nested structure). Dim 0 is the batch (pieceworks' contract); the sequence is fixed.
-- Attention is the function `ATTENTION_NAME`, registered with transformers' `AttentionInterface` and set as the
-  config's `attn_implementation`. Its body calls `hf_llama::attention(q, k, v, out, scale)`, a torch.library op
-  that writes causal attention (grouped-query heads repeated) into `out` and returns nothing: the splitting op
-  (`SPLITTING_OPS`), shaped like `silly::attention`, so implementations that need splitting ops to write into
-  buffers they are given (Meta's pcg) can run it. Attention is causal within a row only: rows are independent.
-  transformers builds no mask for an attention function it has no mask function for, so none enters the graph.
-- `POISON_TOKEN`: its embedding row is NaN. `hf_llama_inputs` never draws it; a caller that wants rows of NaN
-  (poisoned padding) writes it.
-- transformers is the optional extra `hf`; `unavailable_reason()` says why the model cannot be built (None: it can).
-  Importing this module does not import transformers; `hf_llama` does.
+- `hf_llama(device)` builds `HFLlama`: `forward(input_ids [batch, SEQ])` returns `{"logits": [batch, SEQ, vocab],
+  "hidden_states": ([batch, SEQ, hidden],)}` (nested, for output unpadding); dim 0 is the batch, SEQ is fixed.
+- Attention is `ATTENTION_NAME`, registered with transformers' `AttentionInterface`. It calls the splitting op
+  `hf_llama::attention(q, k, v, out, scale)`, which writes causal attention into `out` and returns nothing, like
+  `silly::attention` (so Meta's pcg can run it). No mask enters the graph; rows are independent.
+- `POISON_TOKEN`: its embedding row is NaN; `hf_llama_inputs` never draws it.
+- transformers is the optional extra `hf` (`unavailable_reason()`); importing this module does not import it.
 """
 
 from __future__ import annotations
@@ -38,18 +32,13 @@ _lib.define("attention(Tensor q, Tensor k, Tensor v, Tensor(a!) out, float scale
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float) -> None:
     """Causal scaled-dot-product attention of q [b, heads, s, d] over k, v [b, kv_heads, s, d], written into out."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    out.copy_(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale))
+    out.copy_(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True))
 
 
 _lib.impl("attention", _attention, "CompositeExplicitAutograd")
 
 
-@torch.library.register_fake("hf_llama::attention")
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float) -> None:
-    return None
+torch.library.register_fake("hf_llama::attention")(lambda q, k, v, out, scale: None)  # writes only into `out`
 
 
 def split_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -65,12 +54,6 @@ def unavailable_reason() -> str | None:
     if importlib.util.find_spec("transformers") is None:
         return "the HF Llama needs transformers, which is not installed. Fix: pip install 'pieceworks[hf]'"
     return None
-
-
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION_NAME, split_attention_forward)
 
 
 class HFLlama(nn.Module):
@@ -90,9 +73,9 @@ def hf_llama(device: str | torch.device = "cpu", layers: int = 2, seed: int = 0)
     reason = unavailable_reason()
     if reason is not None:
         raise ImportError(reason)
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 
-    _register_attention()
+    AttentionInterface.register(ATTENTION_NAME, split_attention_forward)
     config = LlamaConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=4 * SEQ, tie_word_embeddings=False,

@@ -1,13 +1,10 @@
-"""GPU memory readings: bytes in one graph pool, allocator deltas, and the device-wide view through NVML.
-
-Three readings, each seeing something the others do not:
-- `pool_bytes(pool)`: the caching allocator's segments that belong to one graph pool (what capture costs in
-  allocator memory, per pool);
+"""GPU memory readings, each seeing something the others do not:
+- `pool_bytes(pool)`: the caching allocator's segments of one graph pool (what capture costs, per pool);
 - `memory_state()["reserved"]`: everything the allocator holds (all pools, the default pool, workspaces);
-- `memory_state()["nvml_used"]`: NVML's used bytes for the whole device (`nvmlDeviceGetMemoryInfo`): every process
-  on the GPU, the CUDA context, and driver-side memory the allocator never sees (CUDA-graph executables, about a
-  quarter MiB per graph). Snapshots only, no peaks; None when NVML is missing or cannot see the device (the
-  reason is in `nvml_status()`). `device_used` is the same device-wide view through `cudaMemGetInfo`.
+- `memory_state()["nvml_used"]`: NVML's used bytes for the whole device: every process on the GPU, the CUDA context,
+  and driver-side memory the allocator never sees (CUDA-graph executables, about a quarter MiB per graph); None
+  when NVML is missing or cannot see the device (`nvml_status()` says why). `device_used` is the same device-wide
+  view through `cudaMemGetInfo`. Snapshots only, no peaks.
 """
 
 from __future__ import annotations
@@ -16,9 +13,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["pool_bytes", "memory_state", "nvml_used_bytes", "nvml_status"]
+__all__ = ["pool_bytes", "memory_state", "nvml_status"]
 
-_nvml: dict[str, Any] = {}  # per process: handles by device index, or the reason NVML is unusable
+_nvml: dict[Any, Any] = {}  # per process: NVML handles by device index, or "reason": why NVML is unusable
 
 
 def pool_bytes(pool: Any) -> int:
@@ -28,41 +25,26 @@ def pool_bytes(pool: Any) -> int:
 
 
 def _nvml_handle(device: int) -> Any:
-    """NVML's handle for torch's CUDA device `device`, matched by UUID (CUDA_VISIBLE_DEVICES may renumber)."""
-    if "reason" in _nvml:
-        return None
-    if device in _nvml:
-        return _nvml[device]
-    try:
-        import pynvml
-    except ImportError:
-        _nvml["reason"] = "nvidia-ml-py is not installed (pip install 'pieceworks[bench]')"
-        return None
-    try:
-        pynvml.nvmlInit()
+    """NVML's handle for torch's CUDA device `device`, matched by UUID (CUDA_VISIBLE_DEVICES may renumber); None
+    with `_nvml["reason"]` set when NVML cannot read it."""
+    if device not in _nvml and "reason" not in _nvml:
         try:
-            handle = pynvml.nvmlDeviceGetHandleByUUID("GPU-" + str(torch.cuda.get_device_properties(device).uuid))
-        except pynvml.NVMLError:
-            if pynvml.nvmlDeviceGetCount() != 1 or torch.cuda.device_count() != 1:
-                raise
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)  # one GPU each way: the same one
-        pynvml.nvmlDeviceGetMemoryInfo(handle)
-    except Exception as exc:  # noqa: BLE001 - NVML absent, driver mismatch, sandbox: say so, never crash
-        _nvml["reason"] = f"NVML cannot read device {device}: {type(exc).__name__}: {exc}"
-        return None
-    _nvml[device] = handle
-    return handle
+            import pynvml
 
-
-def nvml_used_bytes(device: int | None = None) -> int | None:
-    """Used bytes of the whole device per NVML (all processes, contexts, driver memory), or None (see nvml_status)."""
-    device = torch.cuda.current_device() if device is None else device
-    handle = _nvml_handle(device)
-    if handle is None:
-        return None
-    import pynvml
-
-    return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+            pynvml.nvmlInit()
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID("GPU-" + str(torch.cuda.get_device_properties(device).uuid))
+            except pynvml.NVMLError:
+                if pynvml.nvmlDeviceGetCount() != 1 or torch.cuda.device_count() != 1:
+                    raise
+                handle = pynvml.nvmlDeviceGetHandleByIndex(0)  # one GPU each way: the same one
+            pynvml.nvmlDeviceGetMemoryInfo(handle)
+            _nvml[device] = handle
+        except ImportError:
+            _nvml["reason"] = "nvidia-ml-py is not installed (pip install 'pieceworks[bench]')"
+        except Exception as exc:  # noqa: BLE001 - driver mismatch, sandbox: say so, never crash
+            _nvml["reason"] = f"NVML cannot read device {device}: {type(exc).__name__}: {exc}"
+    return _nvml.get(device)
 
 
 def nvml_status(device: int | None = None) -> str:
@@ -74,22 +56,26 @@ def nvml_status(device: int | None = None) -> str:
         return _nvml["reason"]
     import pynvml
 
-    others = "?"
     try:
         others = str(len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle)))
     except pynvml.NVMLError:
-        pass
+        others = "?"
     return (f"NVML device-wide used bytes (driver {pynvml.nvmlSystemGetDriverVersion()}): every process on the GPU "
             f"({others} compute processes listed now), the CUDA context and driver-side graph memory; snapshots only")
+
+
+def _nvml_used() -> int | None:
+    handle = _nvml_handle(torch.cuda.current_device())
+    if handle is None:
+        return None
+    import pynvml
+
+    return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
 
 
 def memory_state() -> dict[str, int | None]:
     """Allocator reserved/allocated bytes, device used bytes (cudaMemGetInfo) and NVML used bytes, after a sync."""
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
-    return {
-        "reserved": torch.cuda.memory_reserved(),
-        "allocated": torch.cuda.memory_allocated(),
-        "device_used": total - free,
-        "nvml_used": nvml_used_bytes(),
-    }
+    return {"reserved": torch.cuda.memory_reserved(), "allocated": torch.cuda.memory_allocated(),
+            "device_used": total - free, "nvml_used": _nvml_used()}

@@ -11,16 +11,8 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-__all__ = [
-    "SPLITTING_OPS",
-    "SillyModel",
-    "ToyLlama",
-    "ToyLlamaConfig",
-    "silly_model_expected",
-    "toy_llama_inputs",
-    "tractable_toy_llama",
-    "tractable_expected",
-]
+__all__ = ["SPLITTING_OPS", "SillyModel", "ToyLlama", "ToyLlamaConfig", "silly_model_expected", "toy_llama_inputs",
+           "tractable_toy_llama", "tractable_expected"]
 
 # What the toy models call. A test or strategy that also calls `silly::pair` names both ops itself: listing an op the
 # graph never calls gets the absent-splitting-op WARNING on every compile.
@@ -41,9 +33,7 @@ def silly_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
 _silly.impl("attention", silly_attention, "CompositeExplicitAutograd")
 
 
-@torch.library.register_fake("silly::attention")
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
-    return None
+torch.library.register_fake("silly::attention")(lambda q, k, v, out: None)  # writes only into `out`
 
 
 @torch.library.custom_op("silly::pair", mutates_args=())
@@ -58,10 +48,7 @@ def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class SillyModel(nn.Module):
-    """`x+1; x+2; attn; x-2; x-1; attn; x+1` on a 1-D tensor: 5 pieces, 3 of them compiled.
-
-    For zeros the output is 19 everywhere (see `silly_model_expected`).
-    """
+    """`x+1; x+2; attn; x-2; x-1; attn; x+1` on a 1-D tensor: 5 pieces, 3 of them compiled (`silly_model_expected`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + 1
@@ -127,16 +114,12 @@ class ToyDecoderLayer(nn.Module):
         self.self_attn = ToyAttention(config)
         self.mlp = ToyMLP(config)
 
-    def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = hidden_states + 1
-        else:
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
             hidden_states = hidden_states + residual
-            residual = hidden_states
-            hidden_states = hidden_states + 1
+        residual = hidden_states
+        hidden_states = hidden_states + 1
         hidden_states = self.self_attn(positions, hidden_states)
         hidden_states = hidden_states + residual
         residual = hidden_states
@@ -166,9 +149,8 @@ class ToyLlama(nn.Module):
         return hidden_states
 
 
-def toy_llama_inputs(
-    batch: int, config: ToyLlamaConfig | None = None, device: str | torch.device = "cpu", seed: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
+def toy_llama_inputs(batch: int, config: ToyLlamaConfig | None = None, device: str | torch.device = "cpu",
+                     seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Random token ids and positions for a batch of `batch` tokens."""
     config = config or ToyLlamaConfig()
     gen = torch.Generator().manual_seed(seed)
@@ -178,30 +160,21 @@ def toy_llama_inputs(
 
 
 def tractable_toy_llama(config: ToyLlamaConfig | None = None) -> ToyLlama:
-    """ToyLlama with identity blocks (2 layers unless `config` says otherwise), see `tractable_expected`.
-
-    Embedding rows are all ones; qkv is three stacked identities; o_proj is the identity; gate_up has the identity
-    in the first hidden_size rows of both halves (the rest zero); down_proj is [I | 0]. Every hidden column of a
-    row then holds the same value, so the model reduces to a recursion on one number per token.
-    """
+    """ToyLlama with identity blocks (2 layers unless `config` says otherwise), see `tractable_expected`: embedding
+    rows of ones, qkv three stacked identities, o_proj the identity, gate_up the identity atop zeros in both halves,
+    down_proj [I | 0]. Every hidden column of a row holds the same value: a recursion on one number per token."""
     config = config or ToyLlamaConfig(num_layers=2)
     if config.mlp_size < config.hidden_size:
         raise ValueError("tractable_toy_llama needs mlp_size >= hidden_size")
     model = ToyLlama(config)
     h, m = config.hidden_size, config.mlp_size
-    eye = torch.eye(h)
     with torch.no_grad():
         model.embed_tokens.weight.fill_(1.0)
         for layer in model.layers:
-            layer.self_attn.qkv_proj.weight.copy_(torch.cat([eye, eye, eye]))
-            layer.self_attn.o_proj.weight.copy_(eye)
-            gate_up = torch.zeros(2 * m, h)
-            gate_up[:h] = eye
-            gate_up[m : m + h] = eye
-            layer.mlp.gate_up_proj.weight.copy_(gate_up)
-            down = torch.zeros(h, m)
-            down[:, :h] = eye
-            layer.mlp.down_proj.weight.copy_(down)
+            layer.self_attn.qkv_proj.weight.copy_(torch.cat([torch.eye(h)] * 3))
+            layer.self_attn.o_proj.weight.copy_(torch.eye(h))
+            layer.mlp.gate_up_proj.weight.copy_(torch.cat([torch.eye(m, h)] * 2))
+            layer.mlp.down_proj.weight.copy_(torch.eye(h, m))
     return model
 
 
@@ -212,11 +185,9 @@ def tractable_expected(positions: torch.Tensor, config: ToyLlamaConfig | None = 
     h = torch.ones_like(p)
     residual = None
     for _ in range(config.num_layers):
-        if residual is None:
-            residual, h = h, h + 1
-        else:
+        if residual is not None:
             h = h + residual
-            residual, h = h, h + 1
+        residual, h = h, h + 1
         h = 3 * h + 2 * p  # q + k + v with q, k shifted by the position, then o_proj = I
         h = h + residual
         residual, h = h, h + 1

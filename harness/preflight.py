@@ -1,18 +1,14 @@
 """Preflight of a GPU benchmark run: record what the numbers depend on, refuse a GPU that would skew them.
 
-`python -m pieceworks.harness.preflight [--out FILE] [--allow-busy]` records the GPU (name, UUID, memory,
-clocks, power limit, persistence, compute and MIG mode), driver and CUDA versions, torch, Triton, Python, the
-compile-cache key factors (pieceworks.key) and the environment variables that change compiled code, and
-checks through NVML, before this process touches CUDA, that no other process holds memory or SM time on the GPU,
-then, under a short load of its own, that the SM clock reaches its maximum (or --expect-sm-mhz, for runners with
-locked clocks) and no thermal, power-brake or hardware slowdown is active. The load is launch-bound, like the
-benchmarks (small kernels back to back): a dense GEMM load would reach the board's power limit and lower the clock
-on a healthy GPU (seen on an H100: 1980 MHz falling to 1440 MHz after ~0.5 s of 4096^3 bf16 GEMMs, with no
-slowdown reason reported), which says nothing about the latency benchmarks, whose kernels never draw that power.
+`python -m pieceworks.harness.preflight [--out FILE] [--allow-busy] [--expect-sm-mhz MHZ]` records the GPU, driver,
+CUDA, torch, Triton and Python versions, the compile-cache key factors and the environment variables that change
+compiled code. Through NVML, before this process touches CUDA, it checks that no other process holds memory or SM
+time on the GPU; then, under a short launch-bound load of its own, that the SM clock reaches its maximum (or the
+locked clock given) with no thermal, power-brake or hardware slowdown (the policy: docs/ci.md).
 
 Exit status: 0 ready; 1 no usable GPU (no CUDA device, NVML missing); 75 (EX_TEMPFAIL, try later) busy or
-throttled, with one line per finding. --allow-busy records the findings, warns, and exits 0: for a human who
-knows why; CI never passes it.
+throttled, with one line per finding. --allow-busy records the findings, warns and exits 0 (humans only; CI never
+passes it).
 """
 
 from __future__ import annotations
@@ -32,12 +28,9 @@ __all__ = ["Limits", "Finding", "assess", "main", "READY", "NO_GPU", "BUSY"]
 
 READY, NO_GPU, BUSY = 0, 1, 75
 
-# NVML clock-event ("throttle") reason bits (nvml.h, stable since r4xx).
-_REASONS = {
-    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
+# NVML clock-event ("throttle") reasons, by bit from 0x1 up (nvml.h, stable since r4xx).
+_REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
+            "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clock_setting")
 # Reasons that mean the hardware is protecting itself: numbers taken now are not this GPU's numbers.
 _BAD_REASONS = {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
 _ENV_PREFIXES = ("PIECEWORKS_", "TORCHINDUCTOR_", "TORCH_", "TRITON_", "CUDA_", "NVIDIA_", "PYTORCH_", "CUBLAS")
@@ -59,12 +52,11 @@ class Finding:
 
 
 def assess(readings: dict[str, Any], limits: Limits) -> list[Finding]:
-    """Judge plain NVML readings (see `_read_idle` and `_read_under_load` for the keys). Pure: tested on CPUs."""
-    found = []
+    """Judge plain NVML readings (the keys `_read_idle` and `_read_under_load` return). Pure: tested on CPUs."""
     procs = readings.get("processes", [])
-    found.append(Finding("other processes", not procs, "none" if not procs else "; ".join(
+    found = [Finding("other processes", not procs, "none" if not procs else "; ".join(
         f"pid {p['pid']} holds {p['used_mib']:.0f} MiB" if p.get("used_mib") is not None else f"pid {p['pid']}"
-        for p in procs) + " (NVML shows host pids inside containers)"))
+        for p in procs) + " (NVML shows host pids inside containers)")]
     used = readings.get("memory_used_mib")
     if used is not None:
         found.append(Finding("memory in use", used <= limits.max_used_mib,
@@ -88,158 +80,149 @@ def assess(readings: dict[str, Any], limits: Limits) -> list[Finding]:
     return found
 
 
-def _reasons(mask: int) -> list[str]:
-    return [name for bit, name in _REASONS.items() if mask & bit]
-
-
-def _call(fn, *args, default=None):
+def _query(nvml: Any, name: str, *args: Any) -> Any:
+    """NVML's answer to `name(*args)` (bytes decoded), or None where the query is missing or not supported."""
     try:
-        return fn(*args)
-    except Exception:  # noqa: BLE001 - NVML raises NVMLError_NotSupported & co. per device and driver
-        return default
-
-
-def _opt(nvml, name: str, *args, default=None):
-    """An NVML query that this driver or nvidia-ml-py may lack: its answer, or `default`."""
-    fn = getattr(nvml, name, None)
-    return default if fn is None else _call(fn, *args, default=default)
-
-
-def _target_nvml_index(nvml) -> int:
-    """The NVML index of torch's cuda:0: the first CUDA_VISIBLE_DEVICES entry (index or GPU- UUID), else 0."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    if first.isdigit():
-        return int(first)
-    if first.startswith("GPU-"):
-        for i in range(nvml.nvmlDeviceGetCount()):
-            uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))
-            if (uuid.decode() if isinstance(uuid, bytes) else uuid).startswith(first):
-                return i
-    return 0
+        return _text(getattr(nvml, name)(*args))
+    except Exception:  # noqa: BLE001 - AttributeError, NVMLError_NotSupported & co.
+        return None
 
 
 def _text(value: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _read_idle(nvml, handle) -> tuple[dict[str, Any], dict[str, Any]]:
+def _slowdowns(nvml: Any, handle: Any) -> list[str]:
+    mask = _query(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
+    if mask is None:  # the query's name before driver r535
+        mask = _query(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", handle) or 0
+    return [name for bit, name in enumerate(_REASONS) if mask >> bit & 1]
+
+
+def _target(nvml: Any) -> tuple[int, Any]:
+    """NVML's index and handle of torch's cuda:0: the first CUDA_VISIBLE_DEVICES entry (an index or a GPU- UUID
+    prefix), else device 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    for i in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        uuid = _query(nvml, "nvmlDeviceGetUUID", handle) or ""
+        if first == str(i) or first.startswith("GPU-") and uuid.startswith(first):
+            return i, handle
+    return 0, nvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def _read_idle(nvml: Any, handle: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(device record, readings) before this process creates a CUDA context, so every process seen is another."""
-    mem = None
-    if hasattr(nvml, "nvmlMemory_v2"):  # v2 leaves out the driver's reserve, so an idle GPU reads near 0
-        mem = _opt(nvml, "nvmlDeviceGetMemoryInfo", handle, nvml.nvmlMemory_v2)
-    mem = mem or nvml.nvmlDeviceGetMemoryInfo(handle)
+    v2 = getattr(nvml, "nvmlMemory_v2", None)  # v2 leaves out the driver's reserve: an idle GPU reads near 0
+    mem = (_query(nvml, "nvmlDeviceGetMemoryInfo", handle, v2) if v2 else None) or nvml.nvmlDeviceGetMemoryInfo(handle)
     procs = []
     for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-        for p in _call(getattr(nvml, getter), handle, default=[]) or []:
-            used = getattr(p, "usedGpuMemory", None)
+        for p in _query(nvml, getter, handle) or []:
+            used = getattr(p, "usedGpuMemory", None)  # None or a sentinel where NVML cannot say
             procs.append({"pid": p.pid, "used_mib": used / 2**20 if isinstance(used, int) else None})
     util = []
     for _ in range(5):
-        rates = _opt(nvml, "nvmlDeviceGetUtilizationRates", handle)
-        if rates is not None:
-            util.append(rates.gpu)
+        util.append(getattr(_query(nvml, "nvmlDeviceGetUtilizationRates", handle), "gpu", None))
         time.sleep(0.2)
-    reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
     device = {
-        "name": _text(nvml.nvmlDeviceGetName(handle)),
-        "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
-        "pci_bus_id": _text(getattr(_opt(nvml, "nvmlDeviceGetPciInfo", handle), "busId", None)),
+        "name": _query(nvml, "nvmlDeviceGetName", handle), "uuid": _query(nvml, "nvmlDeviceGetUUID", handle),
+        "pci_bus_id": _text(getattr(_query(nvml, "nvmlDeviceGetPciInfo", handle), "busId", None)),
         "memory_total_mib": mem.total / 2**20,
-        "max_sm_mhz": _opt(nvml, "nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_SM),
-        "max_mem_mhz": _opt(nvml, "nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_MEM),
-        "applications_sm_mhz": _opt(nvml, "nvmlDeviceGetApplicationsClock", handle, nvml.NVML_CLOCK_SM),
-        "power_limit_w": (_opt(nvml, "nvmlDeviceGetEnforcedPowerLimit", handle) or 0) / 1000 or None,
-        "temperature_c": _opt(nvml, "nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU),
-        "persistence_mode": _opt(nvml, "nvmlDeviceGetPersistenceMode", handle),
-        "compute_mode": _opt(nvml, "nvmlDeviceGetComputeMode", handle),
-        "mig_mode": (_opt(nvml, "nvmlDeviceGetMigMode", handle) or [None])[0],
-    }
-    readings = {
-        "processes": procs,
-        "memory_used_mib": mem.used / 2**20,
-        "utilization_pct": util,
-        "idle_reasons": _reasons(_call(reasons_fn, handle, default=0) or 0),
-        "max_sm_mhz": device["max_sm_mhz"],
-    }
+        "max_sm_mhz": _query(nvml, "nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_SM),
+        "max_mem_mhz": _query(nvml, "nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_MEM),
+        "applications_sm_mhz": _query(nvml, "nvmlDeviceGetApplicationsClock", handle, nvml.NVML_CLOCK_SM),
+        "power_limit_w": (_query(nvml, "nvmlDeviceGetEnforcedPowerLimit", handle) or 0) / 1000 or None,
+        "temperature_c": _query(nvml, "nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU),
+        "persistence_mode": _query(nvml, "nvmlDeviceGetPersistenceMode", handle),
+        "compute_mode": _query(nvml, "nvmlDeviceGetComputeMode", handle),
+        "mig_mode": (_query(nvml, "nvmlDeviceGetMigMode", handle) or [None])[0]}
+    readings = {"processes": procs, "memory_used_mib": mem.used / 2**20,
+                "utilization_pct": [u for u in util if u is not None], "idle_reasons": _slowdowns(nvml, handle),
+                "max_sm_mhz": device["max_sm_mhz"]}
     return device, readings
 
 
-def _read_under_load(nvml, handle, seconds: float) -> dict[str, Any]:
+def _read_under_load(nvml: Any, handle: Any, seconds: float) -> dict[str, Any]:
     """SM clock and slowdown reasons sampled while a launch-bound load of our own (small GEMMs and elementwise
     kernels back to back, as in the latency benchmarks) keeps the GPU busy without reaching its power limit."""
     import torch
 
-    reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
     a = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
 
     def burst() -> None:
         for _ in range(25):
             (a @ b).mul_(0.5)
+        torch.cuda.synchronize()  # the clock read belongs to this burst, not to a queue of earlier ones
 
     for _ in range(20):  # let the clock ramp from idle
         burst()
-    torch.cuda.synchronize()
     clocks, reasons = [], set()
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         burst()
-        torch.cuda.synchronize()  # the clock read belongs to this burst, not to a queue of earlier ones
         clocks.append(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
-        reasons.update(_reasons(_call(reasons_fn, handle, default=0) or 0))
-    torch.cuda.synchronize()
+        reasons.update(_slowdowns(nvml, handle))
     return {"load_sm_mhz": clocks, "load_reasons": sorted(reasons),
-            "temperature_after_c": _opt(nvml, "nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)}
+            "temperature_after_c": _query(nvml, "nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)}
 
 
 def _software() -> dict[str, Any]:
     import torch
 
-    record: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_git": getattr(torch.version, "git_version", None),
-        "cuda_runtime": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-    }
-    try:
-        import triton
-
-        record["triton"] = triton.__version__
-    except ImportError:
-        record["triton"] = None
     import pieceworks.key as key  # the factors that key the compile cache
 
-    factors = {}
-    for name in ("software_factors", "environment_factors", "inductor_config_factors"):
-        fn = getattr(key, name, None)
-        if fn is not None:
-            factors[name] = _call(fn, default="(failed)")
-    record["cache_key_factors"] = factors
-    return record
+    try:
+        import triton
+    except ImportError:
+        triton = None
+    return {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "torch_git": getattr(torch.version, "git_version", None), "cuda_runtime": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "triton": getattr(triton, "__version__", None),
+        "cache_key_factors": {name: _query(key, name) for name in
+                              ("software_factors", "environment_factors", "inductor_config_factors")},
+    }
+
+
+def _inspect(nvml: Any, record: dict[str, Any], expect_sm_mhz: float | None) -> list[Finding] | None:
+    """Fill `record` with what NVML and torch say; the findings, or None when torch sees no CUDA device."""
+    index, handle = _target(nvml)
+    record["driver"] = _query(nvml, "nvmlSystemGetDriverVersion")
+    cuda = _query(nvml, "nvmlSystemGetCudaDriverVersion_v2") or _query(nvml, "nvmlSystemGetCudaDriverVersion")
+    record["cuda_driver"] = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
+    device, readings = _read_idle(nvml, handle)  # before any CUDA context of ours
+    record.update(gpu={"nvml_index": index, **device}, idle=readings)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"preflight: torch {torch.__version__} sees no CUDA device (NVML sees {device['name']}): "
+              "a CPU build of torch, or CUDA_VISIBLE_DEVICES hides it", file=sys.stderr)
+        return None
+    record["software"] = _software()
+    props = torch.cuda.get_device_properties(0)
+    record["gpu"].update(torch_name=props.name, torch_uuid=str(getattr(props, "uuid", "")),
+                         capability=f"{props.major}.{props.minor}")
+    record["load"] = _read_under_load(nvml, handle, 1.0)
+    return assess({**readings, **record["load"]}, Limits(expect_sm_mhz=expect_sm_mhz))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pieceworks.harness.preflight", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pieceworks.harness.preflight",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="write the record as JSON here")
     parser.add_argument("--allow-busy", "--force", action="store_true",
                         help="record and warn, but exit 0 on a busy or throttled GPU (humans only)")
-    parser.add_argument("--max-used-mib", type=float, default=Limits.max_used_mib)
-    parser.add_argument("--max-utilization", type=float, default=Limits.max_utilization_pct)
-    parser.add_argument("--min-clock-fraction", type=float, default=Limits.min_clock_fraction)
     parser.add_argument("--expect-sm-mhz", type=float, default=None, help="the locked SM clock of this runner")
-    parser.add_argument("--load-seconds", type=float, default=1.0)
     args = parser.parse_args(argv)
-    limits = Limits(args.max_used_mib, args.max_utilization, args.min_clock_fraction, args.expect_sm_mhz)
     record: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
     }
 
     def finish(status: int, verdict: str) -> int:
-        record["verdict"] = verdict
-        record["exit_status"] = status
+        record.update(verdict=verdict, exit_status=status)
         if args.out:
             with open(args.out, "w", encoding="utf-8") as f:
                 json.dump(record, f, indent=2, default=str)
@@ -247,42 +230,22 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         import pynvml as nvml
+
+        nvml.nvmlInit()
     except ImportError:
         print("preflight: NVML is not importable: pip install nvidia-ml-py (the bench extra); cannot check the GPU",
               file=sys.stderr)
         return finish(NO_GPU, "no NVML")
-    try:
-        nvml.nvmlInit()
     except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, _DriverNotLoaded, ...
         print(f"preflight: NVML cannot start ({exc}): no NVIDIA driver here; GPU benchmarks need a GPU runner",
               file=sys.stderr)
         return finish(NO_GPU, "no GPU")
     try:
-        index = _target_nvml_index(nvml)
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        record["driver"] = _text(nvml.nvmlSystemGetDriverVersion())
-        cuda_driver = _opt(nvml, "nvmlSystemGetCudaDriverVersion_v2") or _opt(nvml, "nvmlSystemGetCudaDriverVersion")
-        record["cuda_driver"] = f"{cuda_driver // 1000}.{cuda_driver % 1000 // 10}" if cuda_driver else None
-        device, readings = _read_idle(nvml, handle)  # before any CUDA context of ours
-        record["gpu"] = {"nvml_index": index, **device}
-        record["idle"] = readings
-
-        import torch
-
-        if not torch.cuda.is_available():
-            print(f"preflight: torch {torch.__version__} sees no CUDA device (NVML sees {device['name']}): "
-                  "a CPU build of torch, or CUDA_VISIBLE_DEVICES hides it", file=sys.stderr)
-            return finish(NO_GPU, "no CUDA in torch")
-        record["software"] = _software()
-        props = torch.cuda.get_device_properties(0)
-        record["gpu"]["torch_name"] = props.name
-        record["gpu"]["torch_uuid"] = str(getattr(props, "uuid", ""))
-        record["gpu"]["capability"] = f"{props.major}.{props.minor}"
-        load = _read_under_load(nvml, handle, args.load_seconds)
-        record["load"] = load
-        findings = assess({**readings, **load}, limits)
+        findings = _inspect(nvml, record, args.expect_sm_mhz)
     finally:
-        _opt(nvml, "nvmlShutdown")
+        _query(nvml, "nvmlShutdown")
+    if findings is None:
+        return finish(NO_GPU, "no CUDA in torch")
     record["checks"] = [dataclasses.asdict(f) for f in findings]
     gpu, sw = record["gpu"], record["software"]
     print(f"preflight: {gpu['name']} ({gpu['uuid']}), driver {record['driver']}, CUDA {record['cuda_driver']} "

@@ -1,15 +1,19 @@
-"""One compile-and-run in a process of its own, reported as a JSON line: the unit of cold/warm-start tests.
+"""Processes of their own: a compile-and-run scenario (the unit of cold/warm-start tests) and single test cases.
 
-`python -m pieceworks.harness.scenario --model toy_llama --layers 12 --cache-dir D` compiles the model, runs a few
-batch sizes, checks each result against the model run eagerly, and prints one JSON object: counter deltas,
-seconds for the first call, the largest error, and the torch version. `run_scenario(...)` runs it in a fresh
-interpreter and returns that object (warm starts must be measured in a new process: a process remembers what it
-compiled).
+`python -m pieceworks.harness.scenario --model toy_llama --layers 12 --cache-dir D` compiles the model with Inductor,
+runs a few batch sizes, checks each result against the eager model, and prints one JSON object (`main` returns it).
+`run_scenario` runs it in a fresh interpreter: a warm start must be measured in a new process, since a process
+remembers what it compiled. `run_case` calls one function in a fresh interpreter. Every process this module starts
+first calls the start-up hook $PIECEWORKS_STARTUP_HOOK names ("package.module:function" or "path/file.py:function"),
+when set: a test session prepares its child processes there as it prepared itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,140 +21,110 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["run_scenario", "main"]
+__all__ = ["CaseError", "STARTUP_HOOK", "main", "run_case", "run_scenario"]
+
+STARTUP_HOOK = "PIECEWORKS_STARTUP_HOOK"
+_RESULT_MARK = "pieceworks-case-result: "
 
 
-def _build(model_name: str, layers: int, device: str) -> tuple[Any, Any]:
-    import torch
+def _function(target: str) -> Any:
+    """The function "path/to/file.py:function" or "package.module:function" names."""
+    where, _, name = target.rpartition(":")
+    if where.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(f"pieceworks_case_{os.path.basename(where)[:-3]}", where)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    return getattr(module, name)
 
-    from . import models
 
-    torch.manual_seed(0)
-    if model_name == "silly":
-        return models.SillyModel(), lambda b: (torch.randn(b, device=device),)
-    config = models.ToyLlamaConfig(num_layers=layers)
-    model = models.ToyLlama(config).to(device)
-    return model, lambda b: models.toy_llama_inputs(b, config, device=device, seed=b)
+def _run_startup_hook() -> None:
+    if os.environ.get(STARTUP_HOOK):
+        _function(os.environ[STARTUP_HOOK])()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["silly", "toy_llama"], default="toy_llama")
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--compiler", choices=["inductor", "eager"], default="inductor")
     parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--compile-sizes", default="", help="comma-separated static sizes")
     parser.add_argument("--batches", default="1,7,64")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--profile", default=None, help="write a cProfile of the first call (trace + compile) here")
+    parser.add_argument("--profile", default=None, help="write a cProfile of the first call here")
     args = parser.parse_args(argv)
-    if os.environ.get("PIECEWORKS_MUTANT"):  # `pytest --pieceworks-mutant`: the child runs the mutant too
-        import pytest
-
-        from .mutants import apply
-
-        apply(os.environ["PIECEWORKS_MUTANT"], pytest.MonkeyPatch())
+    import cProfile
 
     import torch
 
     import pieceworks
-    from pieceworks import counters
 
     from . import models
 
-    model, make_inputs = _build(args.model, args.layers, args.device)
-    config = pieceworks.CompilationConfig(
-        splitting_ops=models.SPLITTING_OPS,
-        compiler=args.compiler,
-        cache_dir=args.cache_dir,
-        compile_sizes=[int(s) for s in args.compile_sizes.split(",") if s],
-        cudagraph_mode=pieceworks.CUDAGraphMode.NONE,
-    )
-    compiled = pieceworks.compile(model, config)
-    before = counters.snapshot()
-    batches = [int(b) for b in args.batches.split(",")]
-    worst = 0.0
-    first_call_s = None
+    torch.manual_seed(0)
+    if args.model == "silly":
+        model, make_inputs = models.SillyModel(), lambda b: (torch.randn(b, device=args.device),)
+    else:
+        config = models.ToyLlamaConfig(num_layers=args.layers)
+        model = models.ToyLlama(config).to(args.device)
+        make_inputs = lambda b: models.toy_llama_inputs(b, config, device=args.device, seed=b)  # noqa: E731
+    compiled = pieceworks.compile(model, pieceworks.CompilationConfig(
+        splitting_ops=models.SPLITTING_OPS, cache_dir=args.cache_dir, cudagraph_mode=pieceworks.CUDAGraphMode.NONE))
+    before = pieceworks.counters.snapshot()
+    worst, first_call_s = 0.0, None
     with torch.no_grad():
-        for batch in batches:
+        for batch in [int(b) for b in args.batches.split(",")]:
             inputs = make_inputs(batch)
-            profiler = None
-            if first_call_s is None and args.profile:
-                import cProfile
-
-                profiler = cProfile.Profile()
-                profiler.enable()
+            profiling = first_call_s is None and args.profile  # the first call: trace and compile
             start = time.perf_counter()
-            out = compiled(*inputs)
-            if args.device != "cpu":
-                torch.cuda.synchronize()
-            if first_call_s is None:
-                first_call_s = time.perf_counter() - start
-            if profiler is not None:
-                profiler.disable()
+            with cProfile.Profile() if profiling else contextlib.nullcontext() as profiler:
+                out = compiled(*inputs)
+                if args.device != "cpu":
+                    torch.cuda.synchronize()
+            first_call_s = time.perf_counter() - start if first_call_s is None else first_call_s
+            if profiling:
                 profiler.dump_stats(args.profile)
             ref = model(*inputs)
             if not bool(torch.isfinite(ref).all()):
                 raise RuntimeError(f"the eager model gave non-finite values at batch {batch}: nothing to compare")
             error = float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
             worst = max(worst, error if error == error else float("inf"))  # NaN counts as the worst
-    after = counters.snapshot()
-    runtime = compiled.runtime
+    after = pieceworks.counters.snapshot()
+    graph = compiled.runtime.graph if compiled.runtime is not None else None
     report = {
         "counters": {k: after[k] - before[k] for k in after},
         "first_call_s": first_call_s,
         "max_rel_error": worst,
         "torch": torch.__version__,
-        "cache_dir": runtime.graph.cache_dir if runtime is not None else None,
-        # where the first call's backend time went (split, compile or load); the rest of the first call is Dynamo's
-        # trace, its guards and one run of the model
-        "build_seconds": dict(runtime.graph.build_seconds) if runtime is not None else {},
+        "cache_dir": graph.cache_dir if graph is not None else None,
+        # where the first call's backend time went (split, compile or load); the rest is Dynamo's trace, its
+        # guards and one run of the model
+        "build_seconds": dict(graph.build_seconds) if graph is not None else {},
     }
     print(json.dumps(report))
     return report
 
 
-def run_scenario(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 600, unset: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """Run `main(args)` in a fresh Python process; return its report. Raises with its stderr if it fails.
-
-    `env` adds to this process's environment; `unset` names variables the child must not inherit.
-    """
-    child_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pieceworks.harness.scenario", *args],
-        capture_output=True, text=True, timeout=timeout, env=child_env,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"scenario {args} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    report["stderr"] = proc.stderr
-    return report
-
-
-# ---- one test case in a process of its own: for GPU cases whose failure can poison the process ---------------
 class CaseError(AssertionError):
     """A case run by `run_case` failed, crashed or timed out in its child process; the message has its output."""
 
 
-_RESULT_MARK = "pieceworks-case-result: "
+def run_case(target: str, kwargs: dict[str, Any] | None = None, timeout: float = 120,
+             env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> Any:
+    """Call `target(**kwargs)` ("path/to/file.py:function" or "package.module:function") in a fresh interpreter;
+    return what it returned (JSON in, JSON out). `env` adds to this process's environment for the child; `unset`
+    names variables the child must not inherit.
 
-
-def run_case(target: str, kwargs: dict[str, Any] | None = None, timeout: float = 120) -> Any:
-    """Call `target(**kwargs)` in a fresh interpreter; return what it returned (JSON in, JSON out).
-
-    `target` is "path/to/file.py:function" or "package.module:function". For cases whose failure can be a sticky
-    CUDA error (a device-side assert from an out-of-bounds gather, an illegal address): it poisons the CUDA context
-    for the rest of its process, so run in this process it would fail every later test too, or crash pytest. In a
-    child, only the child dies, and the calling test fails with `CaseError` (an AssertionError) carrying the child's
-    exit status and the end of its output, the CUDA error included. A case that outlives `timeout` is killed and
-    fails the same way. The mutant named by $PIECEWORKS_MUTANT (`pytest --pieceworks-mutant` sets it) is applied in
-    the child before the case is imported.
+    For cases whose failure can be a sticky CUDA error (a device-side assert, an illegal address), which poisons the
+    CUDA context for the rest of its process: in a child only the child dies, and the calling test fails with
+    `CaseError` carrying the child's exit status and the end of its output. A case that outlives `timeout` is killed
+    and fails the same way.
     """
     cmd = [sys.executable, "-c", "from pieceworks.harness.scenario import _case_child; _case_child()", target]
+    child_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
     try:
-        proc = subprocess.run(cmd, input=json.dumps(kwargs or {}), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, input=json.dumps(kwargs or {}), capture_output=True, text=True, timeout=timeout,
+                              env=child_env)
     except subprocess.TimeoutExpired as exc:
         out = [x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (exc.stderr, exc.stdout)]
         raise CaseError(f"case {target} did not finish in {timeout:g} s (killed); output:\n{out[0][-4000:]}"
@@ -163,29 +137,18 @@ def run_case(target: str, kwargs: dict[str, Any] | None = None, timeout: float =
 
 
 def _case_child() -> None:
-    """The child side of `run_case`: apply the mutant, import the target, call it, print its result."""
-    import importlib
-    import importlib.util
-
-    target = sys.argv[1]
+    """The child side of `run_case`: the start-up hook, then the case; its result printed after a mark."""
     kwargs = json.loads(sys.stdin.read() or "{}")
-    mutant = os.environ.get("PIECEWORKS_MUTANT")
-    if mutant:
-        import pytest
+    _run_startup_hook()
+    print(_RESULT_MARK + json.dumps(_function(sys.argv[1])(**kwargs)), flush=True)
 
-        from .mutants import apply
 
-        apply(mutant, pytest.MonkeyPatch())
-    where, _, name = target.rpartition(":")
-    if where.endswith(".py"):
-        spec = importlib.util.spec_from_file_location(f"pieceworks_case_{os.path.basename(where)[:-3]}", where)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
-    result = getattr(module, name)(**kwargs)
-    print(_RESULT_MARK + json.dumps(result), flush=True)
+def run_scenario(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
+                 unset: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The report of `main(args)` run in a fresh interpreter by `run_case` (which says what it raises)."""
+    return run_case("pieceworks.harness.scenario:main", {"argv": list(args)}, timeout, env=env, unset=unset)
 
 
 if __name__ == "__main__":
+    _run_startup_hook()
     main()

@@ -25,62 +25,36 @@ from hypothesis import strategies as st
 
 from . import models  # noqa: F401 - registers the silly ops
 
-__all__ = [
-    "HIDDEN",
-    "ProgramModule",
-    "programs",
-    "program_inputs",
-    "capture_sizes",
-    "compile_ranges",
-    "batch_sequences",
-    "index_entries",
-    "corruptions",
-    "register_profiles",
-    "gpu_settings",
-    "signatures",
-    "signature_args",
-    "mismatches",
-    "SignatureModule",
-    "output_structures",
-    "StructureModule",
-    "value_count",
-    "with_extra_output",
-]
+__all__ = ["HIDDEN", "ProgramModule", "programs", "program_inputs", "capture_sizes", "compile_ranges",
+           "batch_sequences", "index_entries", "corruptions", "corrupt", "register_profiles", "gpu_settings",
+           "signatures", "signature_args", "mismatches", "apply_mismatch", "SignatureModule", "output_structures",
+           "StructureModule", "value_count", "with_extra_output"]
 
 HIDDEN = 4
-UNARY = ("sin", "tanh", "relu", "neg", "half", "plus_one")
+_UNARY = {"sin": torch.sin, "tanh": torch.tanh, "relu": torch.relu, "neg": torch.neg, "half": lambda v: v * 0.5,
+          "plus_one": lambda v: v + 1}
+UNARY = tuple(_UNARY)
 BINARY = ("add", "mul", "sub")
 SPLITTING = ("attention", "pair")
+_NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 
 
 @st.composite
 def programs(draw: Any, max_len: int = 10, splitting: tuple[str, ...] = SPLITTING, mutate_inputs: bool = True) -> tuple:
     """A random program over two inputs `x, y` of shape [B, HIDDEN]; values are numbered in creation order."""
-    n_values = 2
-    program = []
-    kinds = ["unary", "binary", "matmul", "permute", "split_cat", "size", "inplace"] + list(splitting)
+    n_values, program = 2, []
+    kinds = ["unary", "binary", "matmul", "permute", "split_cat", "size", "inplace", *splitting]
+    low = 0 if mutate_inputs else 2  # the first value an in-place write may target
     for _ in range(draw(st.integers(1, max_len))):
         kind = draw(st.sampled_from(kinds))
+        if kind == "inplace" and n_values <= low:
+            continue  # no target to write into yet
         pick = st.integers(0, n_values - 1)
-        if kind == "unary":
-            program.append(("unary", draw(st.sampled_from(UNARY)), draw(pick)))
-        elif kind == "binary":
-            program.append(("binary", draw(st.sampled_from(BINARY)), draw(pick), draw(pick)))
-        elif kind == "matmul":
-            program.append(("matmul", draw(pick), draw(st.integers(0, 2))))
-        elif kind in ("permute", "split_cat", "size"):
-            program.append((kind, draw(pick)))
-        elif kind == "inplace":
-            low = 0 if mutate_inputs else 2
-            if n_values > low:
-                program.append(("inplace", draw(st.integers(low, n_values - 1)), draw(pick)))
-            continue  # writes in place: no new value
-        elif kind == "attention":
-            program.append(("attention", draw(pick), draw(pick), draw(pick)))
-        elif kind == "pair":
-            program.append(("pair", draw(pick)))
-            n_values += 1  # two outputs
-        n_values += 1
+        operands = {"unary": (st.sampled_from(UNARY), pick), "binary": (st.sampled_from(BINARY), pick, pick),
+                    "matmul": (pick, st.integers(0, 2)), "inplace": (st.integers(low, n_values - 1), pick),
+                    "attention": (pick, pick, pick)}.get(kind, (pick,))
+        program.append(draw(st.tuples(st.just(kind), *operands)))
+        n_values = value_count(tuple(program))
     if not program:  # only in-place writes were drawn and none had a target: a model must compute something
         program.append(("unary", "sin", 0))
         n_values += 1
@@ -100,14 +74,6 @@ def with_extra_output(program: tuple) -> tuple:
     return instructions + (("unary", "sin", 0),), outputs + (value_count(instructions),)
 
 
-def _unary(name: str, v: torch.Tensor) -> torch.Tensor:
-    if name == "half":
-        return v * 0.5
-    if name == "plus_one":
-        return v + 1
-    return getattr(torch, name)(v)
-
-
 class ProgramModule(nn.Module):
     """Runs a program from `programs()`; its weights are fixed by `seed`. Rows are independent of each other."""
 
@@ -122,7 +88,7 @@ class ProgramModule(nn.Module):
         for ins in self.instructions:
             kind = ins[0]
             if kind == "unary":
-                values.append(_unary(ins[1], values[ins[2]]))
+                values.append(_UNARY[ins[1]](values[ins[2]]))
             elif kind == "binary":
                 a, b = values[ins[2]], values[ins[3]]
                 values.append(a + b if ins[1] == "add" else a * b if ins[1] == "mul" else a - b)
@@ -151,8 +117,7 @@ class ProgramModule(nn.Module):
 
 def program_inputs(batch: int, seed: int = 0, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, HIDDEN, generator=gen)
-    y = torch.randn(batch, HIDDEN, generator=gen)
+    x, y = (torch.randn(batch, HIDDEN, generator=gen) for _ in range(2))
     return x.to(device), y.to(device)
 
 
@@ -168,39 +133,26 @@ def batch_sequences(max_size: int = 64, beyond: int = 16, max_len: int = 12) -> 
     """Batch sizes to serve in order: random, ascending, descending, repeated; some above the largest size."""
     sizes = st.integers(1, max_size + beyond)
     plain = st.lists(sizes, min_size=1, max_size=max_len)
-    return st.one_of(
-        plain,
-        plain.map(sorted),
-        plain.map(lambda s: sorted(s, reverse=True)),
-        st.tuples(sizes, st.integers(2, 5)).map(lambda t: [t[0]] * t[1]),
-    )
-
-
-_names = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
-_files = st.from_regex(r"[0-9a-f]{1,32}\.bin", fullmatch=True)
+    return st.one_of(plain, plain.map(sorted), plain.map(lambda s: sorted(s, reverse=True)),
+                     st.tuples(sizes, st.integers(2, 5)).map(lambda t: [t[0]] * t[1]))
 
 
 def index_entries() -> st.SearchStrategy[dict[str, dict[str, Any]]]:
-    entry = st.fixed_dictionaries({
-        "file": _files,
-        "sha256": st.from_regex(r"[0-9a-f]{64}", fullmatch=True),
-        "bytes": st.integers(0, 2**40),
-    })
-    return st.dictionaries(_names, entry, max_size=8)
+    names = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+    entry = st.fixed_dictionaries({"file": st.from_regex(r"[0-9a-f]{1,32}\.bin", fullmatch=True),
+                                   "sha256": st.from_regex(r"[0-9a-f]{64}", fullmatch=True),
+                                   "bytes": st.integers(0, 2**40)})
+    return st.dictionaries(names, entry, max_size=8)
 
 
 def corruptions() -> st.SearchStrategy[tuple]:
     """Damage to apply to a file's bytes: ("truncate", n), ("flip", i, mask), ("digit", i, d) (the i-th decimal
     digit changed by d: damage that keeps JSON well formed), ("garbage", bytes), ("empty",), ("version",) (a
     well-formed file of another version)."""
-    return st.one_of(
-        st.tuples(st.just("truncate"), st.integers(0, 10_000)),
-        st.tuples(st.just("digit"), st.integers(0, 10_000), st.integers(1, 9)),
-        st.tuples(st.just("flip"), st.integers(0, 10_000), st.integers(1, 255)),
-        st.tuples(st.just("garbage"), st.binary(max_size=200)),
-        st.just(("empty",)),
-        st.just(("version",)),
-    )
+    offset = st.integers(0, 10_000)
+    return st.one_of(st.tuples(st.just("truncate"), offset), st.tuples(st.just("digit"), offset, st.integers(1, 9)),
+                     st.tuples(st.just("flip"), offset, st.integers(1, 255)),
+                     st.tuples(st.just("garbage"), st.binary(max_size=200)), st.just(("empty",)), st.just(("version",)))
 
 
 def corrupt(data: bytes, damage: tuple) -> bytes:
@@ -227,33 +179,25 @@ def corrupt(data: bytes, damage: tuple) -> bytes:
 
 
 def register_profiles() -> None:
-    """`ci`: derandomized, bounded, no deadline; `dev`: the defaults without a deadline; `nightly`: many examples.
-
-    Pick one with `--hypothesis-profile NAME` or `PIECEWORKS_HYPOTHESIS_PROFILE`; `ci` is the default under CI=true.
-    """
+    """Register `ci` (derandomized, bounded), `dev`, `nightly` and `find-only`, none with a deadline, and load
+    $PIECEWORKS_HYPOTHESIS_PROFILE (default `ci` under CI=true, else `dev`; `--hypothesis-profile NAME` overrides)."""
     # Tests take fixtures for the whole test (a fresh Dynamo, no_grad), and reset Dynamo per example themselves.
     common = dict(deadline=None, print_blob=True, suppress_health_check=[
         HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
     settings.register_profile("ci", derandomize=True, max_examples=25, **common)
     settings.register_profile("dev", max_examples=50, **common)
     settings.register_profile("nightly", max_examples=1000, **common)
-    # Finds a failure without shrinking it: for mutant runs on a GPU, where each shrink step compiles and
-    # captures a model, so shrinking takes minutes.
-    settings.register_profile("find-only", max_examples=25, derandomize=True,
-                              phases=[Phase.explicit, Phase.reuse, Phase.generate], **common)
+    # finds a failure without shrinking it (mutant runs on a GPU, where a shrink step compiles and captures)
+    settings.register_profile("find-only", max_examples=25, derandomize=True, phases=_NO_SHRINK, **common)
     default = "ci" if os.environ.get("CI") else "dev"
     settings.load_profile(os.environ.get("PIECEWORKS_HYPOTHESIS_PROFILE", default))
 
 
 def gpu_settings(fraction: int = 3, **overrides: Any) -> settings:
-    """Settings for a GPU property: `1/fraction` of the loaded profile's examples (at least 3), and no shrinking.
-
-    Each example traces, compiles and captures a model, and so would each shrink step: shrinking a failure on the GPU
-    outlasts any sensible test timeout. A GPU property reports the first failing example as found, with its seed
-    (`print_blob`), and stops. Reproduce and shrink it on a developer's GPU with
-    `PIECEWORKS_GPU_SHRINK=1 pytest ... --hypothesis-seed N`.
-    """
-    phases = list(Phase) if os.environ.get("PIECEWORKS_GPU_SHRINK") else [Phase.explicit, Phase.reuse, Phase.generate]
+    """Settings for a GPU property: `1/fraction` of the loaded profile's examples (at least 3), and no shrinking
+    (each shrink step would compile and capture a model): the first failing example is reported as found, with its
+    seed. `PIECEWORKS_GPU_SHRINK=1 pytest ... --hypothesis-seed N` reproduces and shrinks it."""
+    phases = list(Phase) if os.environ.get("PIECEWORKS_GPU_SHRINK") else _NO_SHRINK
     base = dict(max_examples=max(3, settings.default.max_examples // fraction), phases=phases, deadline=None,
                 report_multiple_bugs=False)
     return settings(settings.default, **{**base, **overrides})
@@ -281,10 +225,9 @@ def signature_args(signature: tuple, batch: int, seed: int = 0) -> list[Any]:
     for spec in signature:
         if spec[0] == "value":
             args.append(spec[1])
-            continue
-        dtype = getattr(torch, spec[1])
-        data = torch.randn(batch, *spec[2], generator=gen) * 3
-        args.append(data > 0 if dtype is torch.bool else data.to(dtype))
+        else:
+            data = torch.randn(batch, *spec[2], generator=gen) * 3
+            args.append(data > 0 if spec[1] == "bool" else data.to(getattr(torch, spec[1])))
     return args
 
 
@@ -303,9 +246,6 @@ class SignatureModule(nn.Module):
             elif a is True:
                 total = total.neg()
         return total
-
-
-_MISMATCHES = ("trailing", "rank", "dtype", "device", "count", "value", "kind", "batch")
 
 
 def mismatches(signature: tuple) -> st.SearchStrategy[tuple]:
@@ -350,9 +290,7 @@ def apply_mismatch(args: list[Any], mismatch: tuple) -> list[Any] | None:
     elif kind == "trailing":
         args[i] = torch.cat([a] * (detail + 1), dim=-1)
     elif kind == "value":
-        if type(detail) is type(a) and detail == a:
-            return None
-        if detail == a:  # equal values of another type (1 vs 1.0 vs True): a case of its own, not this one
+        if detail == a:  # the same value, or an equal one of another type (1 vs 1.0 vs True): a case of its own
             return None
         args[i] = detail
     elif kind == "kind":
@@ -392,8 +330,7 @@ class StructureModule(nn.Module):
         self.structure = structure
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> Any:
-        values = self.program(x, y)
-        return self._build(self.structure, values)
+        return self._build(self.structure, self.program(x, y))
 
     def _build(self, node: Any, values: tuple) -> Any:
         if isinstance(node, dict):

@@ -1,8 +1,8 @@
-"""Timing: CUDA events for GPU work, a clock for host work; medians with quartiles for the spread.
+"""Timing, the one set of primitives every benchmark uses: CUDA events for GPU work, a clock for host work.
 
-Never a bare host clock around asynchronous GPU work: `cuda_time_us` records CUDA events around each call,
-`host_time_us` times synchronous (CPU) work, and `synchronized_clock` is a timer for tools that take one
-(pytest-benchmark's `timer=`): it waits for the GPU before it reads the clock.
+Never a bare host clock around asynchronous GPU work. Results are medians with quartiles (`summary_us`); several
+callables are timed side by side in rotating rounds (`interleaved_cuda_time_us`, `ratio_over_rounds`). Where the
+time goes: `profile` (kernel and cProfile profiles), `breakdown` (a forward's pieces timed alone).
 """
 
 from __future__ import annotations
@@ -24,48 +24,37 @@ def summary_us(times_us: list[float]) -> dict[str, float]:
     return {"median_us": statistics.median(times_us), "p25_us": q[0], "p75_us": q[2], "iqr_us": q[2] - q[0]}
 
 
-def cuda_time_us(fn: Callable[[], Any], warmup: int = 20, reps: int = 200, calls: int = 1) -> dict[str, float]:
-    """Time `fn()` on the current stream: one event pair per `calls` back-to-back calls, `warmup` untimed calls first.
-
-    Returns microseconds per call: median, p25, p75, IQR. Events measure device time from the first launch of the
-    call to the last kernel's end, so host overhead counts only where it leaves the GPU idle between kernels.
-    `calls > 1` amortises the event records and lets one call's host work overlap the previous call's kernels
-    (throughput rather than latency).
-    """
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    return summary_us(_event_samples_us(fn, reps, calls))
+def cuda_time_us(fn: Callable[[], Any], warmup: int = 20, reps: int = 200) -> dict[str, float]:
+    """`fn()` timed alone (`interleaved_cuda_time_us` of one callable, one round): `summary_us` of `reps` samples,
+    each one call between CUDA events, after `warmup` untimed calls. Device time from the call's first launch to its
+    last kernel's end: host overhead counts only where it leaves the GPU idle."""
+    found = interleaved_cuda_time_us({"fn": fn}, warmup=warmup, reps=reps, rounds=1)["fn"]
+    return {k: v for k, v in found.items() if k != "round_medians_us"}
 
 
-def _event_samples_us(fn: Callable[[], Any], reps: int, calls: int = 1) -> list[float]:
-    """`reps` samples of `calls` back-to-back calls of `fn()`, one CUDA event pair each, in µs per call (waits for
-    the GPU before reading them)."""
+def event_samples_us(fn: Callable[[], Any], reps: int) -> list[float]:
+    """`reps` calls of `fn()`, one CUDA event pair each, in µs (read after waiting for the GPU)."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends):
         start.record()
-        for _ in range(calls):
-            fn()
+        fn()
         end.record()
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends)]
+    return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
 
 
 def interleaved_cuda_time_us(fns: dict[str, Callable[[], Any]], warmup: int = 20, reps: int = 200,
                              rounds: int = 10) -> dict[str, dict[str, Any]]:
-    """Time several callables side by side with CUDA events: `rounds` rounds, each timing every callable for
-    `reps // rounds` calls (one event pair per call, two untimed calls first), in an order rotated every round.
-
-    A slow spell of the host or the GPU (another tenant, a clock change) then falls on every callable alike instead
-    of on whichever was being timed, which is what makes a ratio of two of them honest. `warmup` untimed calls of
-    each callable come first. Returns, per name, the summary of all its samples (`summary_us`) and
-    `round_medians_us`, its median in each round (for `ratio_over_rounds`).
+    """Time callables side by side with CUDA events: `warmup` untimed calls of each, then `rounds` rounds, each
+    timing every callable for `reps // rounds` calls (at least 2, after two untimed ones), the order rotated every
+    round, so a slow spell of the host or GPU falls on all alike. Returns, per name, `summary_us` of its samples
+    and `round_medians_us` (its median in each round, for `ratio_over_rounds`).
     """
     names = list(fns)
     if not names:
         return {}
-    per_round = max(2, reps // rounds)  # reps not a multiple of rounds: rounded down
+    per_round = max(2, reps // rounds)
     for name in names:
         for _ in range(warmup):
             fns[name]()
@@ -75,7 +64,7 @@ def interleaved_cuda_time_us(fns: dict[str, Callable[[], Any]], warmup: int = 20
         for name in names[r % len(names):] + names[:r % len(names)]:
             fns[name]()
             fns[name]()
-            times = _event_samples_us(fns[name], per_round)
+            times = event_samples_us(fns[name], per_round)
             samples[name] += times
             medians[name].append(statistics.median(times))
     return {name: {**summary_us(samples[name]), "round_medians_us": medians[name]} for name in names}
@@ -83,7 +72,7 @@ def interleaved_cuda_time_us(fns: dict[str, Callable[[], Any]], warmup: int = 20
 
 def ratio_over_rounds(numerator: dict[str, Any], denominator: dict[str, Any]) -> dict[str, float]:
     """`numerator / denominator` from two entries of one `interleaved_cuda_time_us` run: the median of the per-round
-    ratios, with their minimum and maximum (the spread a reader needs before believing a ratio)."""
+    ratios, with their minimum, maximum and count."""
     ratios = [a / b for a, b in zip(numerator["round_medians_us"], denominator["round_medians_us"])]
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "rounds": len(ratios)}
 

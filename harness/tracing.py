@@ -23,12 +23,10 @@ def dynamo_graph(model: Callable[..., Any], args: Sequence[Any]) -> tuple[torch.
         captured["gm"], captured["inputs"] = gm, list(example_inputs)
         return gm.forward
 
-    traced_args = []
-    for a in args:
+    traced_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    for a in traced_args:
         if isinstance(a, torch.Tensor):
-            a = a.clone()
             torch._dynamo.mark_dynamic(a, 0)
-        traced_args.append(a)
     torch._dynamo.reset()
     with torch.no_grad():
         torch.compile(model, backend=backend, fullgraph=True, dynamic=False)(*traced_args)

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
 from pieceworks.harness.strategies import register_profiles
 
+# The repository root on sys.path, so that `suites.mutants` imports whatever the pytest run's root (a --pyargs run of the
+# conformance suite from another folder loads this file too).
+_REPO = str(Path(__file__).resolve().parent.parent)
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+# The gpu marker and timeouts; --pieceworks-mutant.
+pytest_plugins = ["pieceworks.harness.pytest_plugin", "suites.mutants.plugin"]
 register_profiles()
 
-# The conformance suite runs on its own (`pytest --pyargs pieceworks.conformance`, or `pytest suites/conformance`):
-# it builds every implementation x model and would take minutes of `pytest suites -m gpu`, whose own GPU tests cover
+# The conformance suite runs on its own (`pytest -p pieceworks.conformance.plugin --pyargs pieceworks.conformance`, or
+# `pytest suites/conformance`): it builds every implementation x model and would take minutes of `pytest suites -m gpu`, whose own GPU tests cover
 # pieceworks. Its CPU tests (suites/test_conformance_*.py) run with the rest.
 collect_ignore = ["conformance"]
 

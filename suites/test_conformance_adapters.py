@@ -13,7 +13,9 @@ import types
 import pytest
 import torch
 
-from pieceworks.harness import conformance_table, implementations, models, pytest_plugin
+from pieceworks.conformance.plugin import failure_example
+from pieceworks.conformance import table as conformance_table
+from pieceworks.harness import implementations, models
 from pieceworks.harness.implementations import VLLM, _cut, resolve
 
 
@@ -159,7 +161,7 @@ def test_failure_example_keeps_the_falsifying_example_and_the_message():
                       "E   Falsifying example: test_x(", "E       served=Built(fn=<function>,", "E   owner=None),",
                       "E       sequence=[8, 5],", "E   )",
                       "E   You can reproduce this example by temporarily adding @reproduce_failure('6', b'AX')"])
-    example = pytest_plugin.failure_example(text, skip=("served",))
+    example = failure_example(text, skip=("served",))
     assert example.splitlines() == ["AssertionError: call 1 (batch 5): shape (8,), eager's (5,)",
                                     "Falsifying example: test_x(", "    sequence=[8, 5],", ")",
                                     "E   You can reproduce this example by temporarily adding @reproduce_failure('6', b'AX')"]

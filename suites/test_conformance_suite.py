@@ -1,5 +1,6 @@
-"""The conformance suite end to end, on a CPU, as a user runs it: `pytest --pyargs pieceworks.conformance` from
-another directory, with adapters from a file of the user's (`--impl path/to/file.py:Class`), then the table.
+"""The conformance suite end to end, on a CPU, as a user runs it: `pytest -p pieceworks.conformance.plugin --pyargs
+pieceworks.conformance` from another directory, with adapters from a file of the user's (`--impl
+path/to/file.py:Class`), then the table.
 
 The user's file holds two adapters that pad on the CPU (eager model on static buffers): `Padding`, correct, and
 `Uncut`, which forgets to cut outputs back to the batch. The run must pass Padding's applicable properties, fail
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 
-from pieceworks.harness import conformance_table
+from pieceworks.conformance import table as conformance_table
 
 ADAPTERS = textwrap.dedent('''
     import bisect
@@ -61,8 +62,8 @@ def test_a_users_adapters_run_through_the_installed_suite_and_make_a_table(tmp_p
     out = tmp_path / "run.json"
     env = {**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "pieceworks.conformance", "-q", "-p", "no:cacheprovider",
-         "--conformance-device", "cpu", "--conformance-model", "silly", "--conformance-model", "toy-llama",
+        [sys.executable, "-m", "pytest", "-p", "pieceworks.conformance.plugin", "--pyargs", "pieceworks.conformance",
+         "-q", "-p", "no:cacheprovider", "--conformance-device", "cpu", "--conformance-model", "silly", "--conformance-model", "toy-llama",
          "--impl", "my_adapters.py:Padding", "--impl", f"{tmp_path / 'my_adapters.py'}:Uncut",
          "--conformance-json", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -89,8 +90,8 @@ def _conformance(tmp_path, *args, cuda_visible: str | None = None) -> subprocess
     env = {**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"}
     if cuda_visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible
-    return subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "pieceworks.conformance", "-q",
-                           "-p", "no:cacheprovider", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "pieceworks.conformance.plugin", "--pyargs",
+                           "pieceworks.conformance", "-q", "-p", "no:cacheprovider", *map(str, args)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -21,6 +21,7 @@ import pytest
 
 from pieceworks.gate import compare, exit_status, load_result_set, load_thresholds
 from pieceworks.gate.thresholds import DEFAULT_PATH
+from pieceworks.gate.results import newest_runs, result_files
 from pieceworks.gate.verdicts import iqr_spread
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,10 +30,9 @@ H100 = REPO / "results" / "asv"  # the committed H100 runs (one asv file per com
 
 
 def _newest_h100_file() -> Path:
-    """The committed H100 asv result file the report reads: the newest run."""
-    from pieceworks.harness.report import newest_asv_file
-
-    return Path(newest_asv_file(str(H100), "nvidia-h100-80gb-hbm3"))
+    """The committed H100 asv result file whose benchmarks started last: the newest run."""
+    runs = newest_runs(result_files(str(H100 / "nvidia-h100-80gb-hbm3")))
+    return Path(max(runs.values(), key=lambda run: run[0])[1])
 
 THRESHOLDS = load_thresholds(DEFAULT_PATH)
 UNJUDGED = {"ok", "skipped", "info", "control"}  # verdicts of items nothing happened to

@@ -127,6 +127,15 @@ def test_tools_use_only_public_names_of_the_core():
         "tools reaching into the core's private names: use its public view (see pieceworks/__init__.py)")
 
 
+def test_mutants_use_only_public_names_of_the_harness_and_the_gate():
+    """The mutants break the product through its public names, so that a refactor of a private helper cannot turn
+    one into a no-op that still "passes" its registry checks."""
+    mutants = _sources("suites/mutants")
+    private = _private_names_defined(_sources("harness") + _sources("ci/gate")) - _private_names_defined(mutants)
+    found = {str(p.relative_to(REPO)): sorted(core_private_uses(p, private)) for p in mutants}
+    assert mutants and not {k: v for k, v in found.items() if v}, "mutants patching private harness or gate names"
+
+
 def test_the_core_private_use_finder_sees_imports_attributes_and_strings(tmp_path):
     source = tmp_path / "probe.py"
     source.write_text("import pieceworks._compat\nfrom pieceworks.plan import _Ref, record_plan\n"

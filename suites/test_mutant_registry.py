@@ -1,43 +1,35 @@
-"""Every mutant has a test that must catch it, and every such target names a test that exists.
+"""Every mutant is declared with tests that exist, and applying one works in this pytest process and its child processes.
 
-`pieceworks.harness.run_mutants` runs each mutant of `pieceworks.harness.mutants.MUTANTS` against its targets:
-`TARGETS` (CPU) or `GPU_TARGETS` (GPU), pytest node ids separated by spaces. A mutant without a target is never
-run, and a target naming a moved or renamed test is an error (pytest exit status 4) that counts as SURVIVED only
-when someone runs it; both are caught here, without compiling anything.
+`python -m suites.mutants` runs each mutant of `suites.mutants` against its `cpu` (or `gpu`) node ids. A target
+naming a moved or renamed test is an error (pytest exit status 4) that would count as SURVIVED only when someone runs
+it; a mutant patching a name that no longer exists would fail only then too. Both are caught here, without
+compiling anything.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from pieceworks.harness.mutants import MUTANTS
-from pieceworks.harness.run_mutants import GPU_TARGETS, TARGETS
+from suites.mutants import AREAS, all_mutants, apply
 
 REPO = Path(__file__).resolve().parent.parent
+MUTANTS = all_mutants()
+_NODE_IDS = [(kind, name, node_id) for name, m in MUTANTS.items()
+             for kind, target in (("cpu", m.cpu), ("gpu", m.gpu)) for node_id in target.split()]
 
 
-def _node_ids() -> list[tuple[str, str, str]]:
-    return [(kind, mutant, node_id) for kind, targets in (("CPU", TARGETS), ("GPU", GPU_TARGETS))
-            for mutant, target in targets.items() for node_id in target.split()]
+def test_every_area_module_is_loaded():
+    files = {p.stem for p in (REPO / "suites" / "mutants").glob("*.py")} - {"__init__", "__main__", "plugin"}
+    assert files == set(AREAS), "list each area module of suites/mutants in AREAS, or its mutants never load"
 
 
-def test_every_mutant_has_a_target():
-    missing = sorted(name for name in MUTANTS if name not in TARGETS and name not in GPU_TARGETS)
-    assert not missing, f"mutants with no test to catch them (add them to TARGETS or GPU_TARGETS): {missing}"
-
-
-def test_every_target_is_a_known_mutant_with_at_least_one_node_id():
-    for kind, targets in (("CPU", TARGETS), ("GPU", GPU_TARGETS)):
-        unknown = sorted(set(targets) - set(MUTANTS))
-        assert not unknown, f"{kind} targets for mutants that MUTANTS does not define: {unknown}"
-        empty = sorted(name for name, target in targets.items() if not target.split())
-        assert not empty, f"{kind} targets naming no test: {empty}"
-
-
-@pytest.mark.parametrize("kind, mutant, node_id", _node_ids(), ids=[f"{k}-{m}-{i}" for k, m, i in _node_ids()])
+@pytest.mark.parametrize("kind, mutant, node_id", _NODE_IDS, ids=[f"{k}-{m}-{i}" for k, m, i in _NODE_IDS])
 def test_every_target_names_an_existing_test(kind, mutant, node_id):
     path, *names = node_id.split("::")
     file = REPO / path
@@ -47,3 +39,43 @@ def test_every_target_names_an_existing_test(kind, mutant, node_id):
         name = name.split("[", 1)[0]  # parametrized case: the function (or class) must exist
         assert re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{re.escape(name)}\b", text, re.M), (
             f"{kind} target of {mutant}: {path} defines no test {name}")
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_every_mutant_patches_names_that_exist(name):
+    with pytest.MonkeyPatch.context() as mp:  # setattr raises AttributeError for a name that is gone
+        apply(name, mp)
+
+
+def test_an_unknown_mutant_is_a_usage_error():
+    with pytest.raises(pytest.UsageError, match="unknown pieceworks mutant 'no_such_mutant'"):
+        apply("no_such_mutant", pytest.MonkeyPatch())
+    proc = subprocess.run([sys.executable, "-m", "pytest", "suites/test_layout.py", "-p", "no:cacheprovider", "-q"],
+                          cwd=REPO, env={**os.environ, "PIECEWORKS_MUTANT": "no_such_mutant"}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 4 and "unknown pieceworks mutant 'no_such_mutant'" in proc.stderr, proc.stderr[-2000:]
+
+
+PROBE = """
+from pieceworks.conformance import plugin
+from pieceworks.harness import scenario
+
+
+def nothing_ran_says():
+    return plugin.nothing_ran([{"outcome": "skipped", "reason": "probe"}])
+
+
+def test_probe():
+    assert nothing_ran_says() is None  # this pytest process runs the mutant
+    assert scenario.run_case(f"{__file__}:nothing_ran_says") is None  # and so does the case run in a child
+"""
+
+
+def test_a_mutant_reaches_the_session_and_the_processes_it_starts(tmp_path):
+    """`--pieceworks-mutant` from the plugin alone, in a session rooted outside the repository: the tests and
+    `scenario.run_case`'s child see the mutant (conformance_nothing_ran_passes, which makes `nothing_ran` quiet)."""
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    command = [sys.executable, "-m", "pytest", str(tmp_path / "test_probe.py"), "-q", "-p", "no:cacheprovider",
+               "-p", "suites.mutants.plugin", "--pieceworks-mutant", "conformance_nothing_ran_passes"]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

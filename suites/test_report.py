@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from pieceworks.gate.results import result_files
 from pieceworks.harness import report
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,7 +131,7 @@ def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
     name = "compile.CompileStart.track_first_call_seconds"
     _regenerate(tmp_path, drop=("warm_start_*",), scale={(name, ("warm",)): 10.0, (name, ("warm_new_host",)): 10.0})
     results = tmp_path / "results"
-    first_call = {start[0]: v for start, v in report.load_asv(str(results / "asv"), MACHINE)[0][name].items()}
+    first_call = {start[0]: v for start, v in report.load_results(str(results), MACHINE).asv[name].items()}
     details = results / "bench" / MACHINE / "compile.json"
     doc = json.loads(details.read_text())
     for start, entry in doc["entries"].items():
@@ -190,7 +191,7 @@ def test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost(tmp
 def _side_by_side_run(folder: Path, commit: str, full: float, unsplit: float, pcg: float) -> None:
     """A runtime_breakdown result with one dtype and one batch: the given ratios, each over 3 rounds."""
     ratio = lambda m: {"median": m, "min": m - 0.01, "max": m + 0.02, "rounds": 3}  # noqa: E731
-    us = {name: {"median_us": 100.0, "p25_us": 99.0, "p75_us": 101.0} for name in report.Report.SIDE_BY_SIDE}
+    us = {name: {"median_us": 100.0, "p25_us": 99.0, "p75_us": 101.0} for name in report.SIDE_BY_SIDE}
     doc = {"device": "GPU", "torch": "2.x", "date": "2026-11-23T00:00:00+00:00", "model": "ToyLlama", "reps": 30,
            "dtypes": {"bfloat16": {"batches": {"64": {"us": us, "ratios": {
                "PIECEWISE / meta-pcg": ratio(pcg), "FULL / reduce-overhead": ratio(full),
@@ -295,7 +296,7 @@ def _cpu_results(tmp_path: Path, gpu_run_skipped: bool = False) -> Path:
     results, machine = tmp_path / "results", "cpu-box"
     (results / "asv" / machine).mkdir(parents=True)
     (results / "bench" / machine).mkdir(parents=True)
-    runs = {Path(f): json.loads(Path(f).read_text()) for f in report.asv_files(str(REPO / "results" / "asv"), MACHINE)}
+    runs = {Path(f): json.loads(Path(f).read_text()) for f in result_files(str(REPO / "results" / "asv" / MACHINE))}
     source, doc = max(((f, d) for f, d in runs.items() if "code_size.ReferenceCore.track_lines" in d["results"]),
                       key=lambda run: run[1]["results"]["code_size.ReferenceCore.track_lines"][3])
     for name, row in list(doc["results"].items()):

@@ -1,9 +1,10 @@
-"""Nothing left behind: the demo, the benchmarks and the test session remove every temporary folder they make.
+"""Nothing left behind: the warm-start command, the benchmarks and the test session remove every temporary folder
+they make.
 
 Each check runs with a private temporary folder (never the machine's /tmp, which other processes share) and asserts
-that no `pieceworks-*` folder is left in it. The demo and the compile benchmark run with the scenario processes
-replaced by a stand-in that writes what a real one writes (the cache, Inductor's files under the host's TMPDIR), so
-the check takes a second, not minutes of compiling.
+that no `pieceworks-*` folder is left in it. The warm-start command and the compile benchmark run with the scenario
+processes replaced by a stand-in that writes what a real one writes (the cache, Inductor's files under the host's
+TMPDIR), so the check takes a second, not minutes of compiling.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pieceworks.harness import demo, warm_start
+from pieceworks.harness import warm_start
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,9 +48,9 @@ def _stand_in_scenario(*args: str, env: dict | None = None, unset: tuple = (), t
             "cache_dir": cache, "build_seconds": {}}
 
 
-def test_the_demo_removes_its_folders(private_tmp, monkeypatch):
-    monkeypatch.setattr(demo, "run_scenario", _stand_in_scenario)
-    assert demo.main(["--layers", "1"]) == 0
+def test_the_warm_start_command_removes_its_folders(private_tmp, monkeypatch):
+    monkeypatch.setattr(warm_start, "run_scenario", _stand_in_scenario)
+    assert warm_start.main(["--layers", "1", "--device", "cpu"]) == 0
     assert _left(private_tmp) == []
 
 

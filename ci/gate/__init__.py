@@ -1,9 +1,8 @@
 """The benchmark gate: compare two asv result sets against per-metric thresholds (`python -m pieceworks.gate`).
 
-Lives in ci/gate/ and installs as `pieceworks.gate` (pyproject's package-dir), beside the reference core, which
-never imports it. Standard library only. Exit status: 1 a regression (whatever else is incomplete), else 2 an
-incomplete comparison (a benchmark base measured is missing, failed or skipped in head, too noisy to judge, or has
-no threshold rule), else 0; 3 unusable input (a path or thresholds file that cannot be read).
+Installs as `pieceworks.gate` from ci/gate/; standard library only; the reference core never imports it. Exit status:
+1 a regression (whatever else is incomplete), else 2 an incomplete comparison (a benchmark base measured is missing,
+failed or skipped in head, too noisy, or without a rule), else 0; 3 unusable input.
 """
 
 from .verdicts import Row, compare, exit_status

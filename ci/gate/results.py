@@ -1,13 +1,10 @@
-"""Reading asv result sets: one result file, or a folder of rounds of one commit, with their benchmarks.json.
+"""Reading asv result files: a result set of one commit for the gate, the newest run of each benchmark for the report.
 
 asv 0.6 writes `<results_dir>/<machine>/<commit[:8]>-<env>.json`: `result_columns` names the columns of each row in
 `results`; the `result` column holds one value for a benchmark without parameters or one value per parameter
 combination, in `itertools.product(*params)` order; `null` means failed (the whole column `null`: all failed),
 `NaN` means skipped (`NotImplementedError` in setup). `stats_q_25` / `stats_q_75` are there for `time_` benchmarks.
-`<results_dir>/benchmarks.json` gives each benchmark's `unit`, `type` and `param_names`.
-
-A result set here is what one side of a comparison measured: one or more result files of the same commit, machine
-and environment (rounds of an interleaved run). Only the standard library is used: the gate runs anywhere.
+`<results_dir>/benchmarks.json` gives each benchmark's `unit`, `type` and `param_names`. Standard library only.
 """
 
 from __future__ import annotations
@@ -18,9 +15,9 @@ import json
 import math
 import os
 import statistics
-from collections.abc import Iterator
 
-__all__ = ["FAILED", "SKIPPED", "Item", "ResultSet", "ResultSetError", "load_result_set"]
+__all__ = ["FAILED", "SKIPPED", "Item", "ResultSet", "ResultSetError", "is_number", "load_result_set", "newest_runs",
+           "result_files", "values_of"]
 
 FAILED = "failed"
 SKIPPED = "skipped"
@@ -50,6 +47,8 @@ class Item:
 
 @dataclasses.dataclass
 class ResultSet:
+    """What one side of a comparison measured: result files of one commit, machine and environment (rounds)."""
+
     label: str
     commit: str
     machine: str
@@ -65,18 +64,16 @@ class ResultSet:
         return list(self.meta.get(benchmark, {}).get("param_names") or [])
 
 
-def _result_files(path: str, commit: str | None) -> list[str]:
+def result_files(path: str, commit: str | None = None) -> list[str]:
+    """`path` itself if it is a file, else the asv result files under it (of `commit` only, if given), sorted;
+    raises ResultSetError where there are none."""
     if os.path.isfile(path):
         return [path]
     if not os.path.isdir(path):
         raise ResultSetError(f"{path}: no such file or folder; pass an asv result file "
                              "(<results_dir>/<machine>/<commit>-<env>.json) or a folder of them")
-    found = sorted(
-        os.path.join(root, name)
-        for root, _, names in os.walk(path)
-        for name in names
-        if name.endswith(".json") and name not in _NOT_RESULTS
-    )
+    found = sorted(os.path.join(root, name) for root, _, names in os.walk(path)
+                   for name in names if name.endswith(".json") and name not in _NOT_RESULTS)
     if commit:
         found = [f for f in found if os.path.basename(f).startswith(commit[:8])]
     if not found:
@@ -98,43 +95,54 @@ def _load_json(path: str) -> dict:
 
 def _benchmarks_json(files: list[str]) -> dict[str, dict]:
     """benchmarks.json beside the files, or one or two folders up (the asv results_dir)."""
-    for start in dict.fromkeys(os.path.dirname(os.path.abspath(f)) for f in files):
-        folder = start
+    for folder in dict.fromkeys(os.path.dirname(os.path.abspath(f)) for f in files):
         for _ in range(3):
             candidate = os.path.join(folder, "benchmarks.json")
             if os.path.isfile(candidate):
-                data = _load_json(candidate)
-                return {k: v for k, v in data.items() if isinstance(v, dict)}
+                return {k: v for k, v in _load_json(candidate).items() if isinstance(v, dict)}
             folder = os.path.dirname(folder)
     return {}
 
 
-def _is_number(x: object) -> bool:
+def is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
-def _rows(path: str, data: dict) -> Iterator[tuple[str, tuple[str, ...], object, float]]:
-    """(benchmark, params, value, spread) for every parameter combination of every benchmark in one file."""
+def _checked(path: str, data: dict) -> dict:
     if data.get("version") != 2 or "result_columns" not in data or "results" not in data:
         raise ResultSetError(f"{path}: not an asv 0.6 result file (needs version 2, result_columns, results); "
                              "run `asv update` on older results")
-    columns = data["result_columns"]
-    for name, row in data["results"].items():
-        cells = dict(zip(columns, row))
-        params = cells.get("params") or []
-        combos = [tuple(c) for c in itertools.product(*params)] if params else [()]
-        values = cells.get("result")
-        if values is None:  # asv stores an all-failed benchmark as a single null
-            values = [None] * len(combos)
-        if len(values) != len(combos):
-            raise ResultSetError(f"{path}: {name} has {len(values)} results for {len(combos)} parameter combinations")
-        q25 = cells.get("stats_q_25") or [None] * len(combos)
-        q75 = cells.get("stats_q_75") or [None] * len(combos)
-        for combo, value, lo, hi in zip(combos, values, q25, q75):
-            spread = 0.0
-            if _is_number(value) and _is_number(lo) and _is_number(hi) and value:
-                spread = abs(hi - lo) / 2 / abs(value)
-            yield name, combo, value, spread
+    return data
+
+
+def values_of(path: str, data: dict, name: str) -> list[tuple[tuple[str, ...], object, float]]:
+    """(params as asv writes them, value, spread) of every parameter combination of benchmark `name` in one result
+    file: the value as stored (None failed, NaN skipped), the spread asv's relative IQR half-width, else 0.0."""
+    cells = dict(zip(data["result_columns"], data["results"][name]))
+    params = cells.get("params") or []
+    combos = [tuple(c) for c in itertools.product(*params)] if params else [()]
+    values = cells.get("result")
+    if values is None:  # asv stores an all-failed benchmark as a single null
+        values = [None] * len(combos)
+    if len(values) != len(combos):
+        raise ResultSetError(f"{path}: {name} has {len(values)} results for {len(combos)} parameter combinations")
+    q25 = cells.get("stats_q_25") or [None] * len(combos)
+    q75 = cells.get("stats_q_75") or [None] * len(combos)
+    return [(combo, value, abs(hi - lo) / 2 / abs(value) if all(map(is_number, (value, lo, hi))) and value else 0.0)
+            for combo, value, lo, hi in zip(combos, values, q25, q75)]
+
+
+def newest_runs(files: list[str]) -> dict[str, tuple[float, str, dict]]:
+    """{benchmark: (started, file, document)}: each benchmark of `files` from the file whose run of it started last
+    (asv's `started_at`; the first file on a tie). Commits mix: the report's view, never a set the gate compares."""
+    newest: dict[str, tuple[float, str, dict]] = {}
+    for f in files:
+        data = _checked(f, _load_json(f))
+        for name, row in data["results"].items():
+            started = dict(zip(data["result_columns"], row)).get("started_at") or 0
+            if name not in newest or started > newest[name][0]:
+                newest[name] = (started, f, data)
+    return newest
 
 
 def _round_spread(values: list[float]) -> float:
@@ -154,23 +162,22 @@ def load_result_set(spec: str, label: str | None = None) -> ResultSet:
     naming them, since averaging different code or hardware would hide exactly what the gate looks for.
     """
     path, _, commit = spec.partition("@") if "@" in os.path.basename(spec) else (spec, "", "")
-    files = _result_files(path, commit or None)
-    loaded = [(f, _load_json(f)) for f in files]
+    files = result_files(path, commit or None)
+    loaded = [(f, _checked(f, _load_json(f))) for f in files]
     identities = {(d.get("commit_hash"), (d.get("params") or {}).get("machine"), d.get("env_name")) for _, d in loaded}
     if len(identities) != 1:
         listing = ", ".join(sorted(f"{c[:8] if c else '?'} on {m} ({e})" for c, m, e in identities))
         raise ResultSetError(f"{spec}: result files of more than one commit/machine/environment ({listing}); "
                              "pass one file, a folder of one commit's rounds, or PATH@COMMIT")
     (commit_hash, machine, env), = identities
-
     per_item: dict[tuple[str, tuple[str, ...]], list[tuple[object, float]]] = {}
     for f, data in loaded:
-        for name, combo, value, spread in _rows(f, data):
-            per_item.setdefault((name, combo), []).append((value, spread))
-
+        for name in data["results"]:
+            for combo, value, spread in values_of(f, data, name):
+                per_item.setdefault((name, combo), []).append((value, spread))
     items = {}
     for (name, combo), seen in per_item.items():
-        numbers = [v for v, _ in seen if _is_number(v)]
+        numbers = [v for v, _ in seen if is_number(v)]
         if any(v is None for v, _ in seen):
             value: float | str = FAILED
         elif not numbers:

@@ -1,28 +1,23 @@
 """Per-metric thresholds: which rule judges a benchmark, and how far it may move.
 
-The file (ci/thresholds.json) holds an ordered list of rules; the first rule whose `match` (fnmatch patterns on
-the asv benchmark name, e.g. "memory.*") and `units` (the benchmark's unit from benchmarks.json, when the rule
-lists any) fit a benchmark judges it. Fields of a rule:
+The file (ci/thresholds.json) holds an ordered list of rules; the first whose `match` (fnmatch patterns on the asv
+benchmark name) and `units` (the benchmark's unit from benchmarks.json, where the rule lists any) fit a benchmark
+judges it; a benchmark no rule fits is an error, so that a new benchmark gets a threshold on purpose. Fields:
 
-- `metric`: the name shown in the report.
+- `metric`: the name shown in the report; `gate`: false to show a metric without judging it.
 - `max_ratio`: head / base above this is a regression (lower is better for every gated metric).
-- `abs_tolerance`: a change of at most this many units is never a regression (counts: 0; tiny timings).
+- `abs_tolerance`: a change of at most this many units is never a regression (counts: 0).
 - `noise_k`: the threshold widens to `noise_k` times the relative spread measured in base or head, whichever is
   larger, when that exceeds `max_ratio - 1` (0: no noise guard).
-- `max_noise`: a spread-widened threshold above this means the measurement cannot judge a change beyond
-  `max_ratio`: such an item fails as too noisy (exit 2) instead of passing anything. A change inside `max_ratio`
-  passes whatever the spread.
-- `iqr_from`: the benchmark (same class, same parameters) that reports this one's interquartile range in the same
-  unit, e.g. "track_iqr_us" beside "track_median_us"; its relative half-width joins the measured spread.
-- `gate`: false to show a metric without judging it.
+- `max_noise`: a widened threshold above this cannot judge a change beyond `max_ratio`: such an item is too noisy
+  (exit 2). A change inside `max_ratio` passes whatever the spread.
+- `iqr_from`: the benchmark of the same class and parameters that reports this one's interquartile range in the same
+  unit (e.g. "track_iqr_us" beside "track_median_us"); its relative half-width joins the measured spread.
 
-A benchmark that no rule fits is an error, so that a new benchmark gets a threshold on purpose.
-
-The file may also name `controls`: `{"param": "implementation", "values": ["eager", ...]}`, items measuring code that
-no change of this project touches (torch's eager mode, Inductor, reduce-overhead, Meta's pcg). They are shown, never
-judged as regressions; when a benchmark's controls moved beyond its rule's threshold (median head / base ratio), the
-environment drifted between the base and head runs (another load, a clock or host change), and every gated item of
-that benchmark is reported as `environment drift` (exit 2: rerun), not as a regression or an improvement.
+`controls` (`{"param": "implementation", "values": [...]}`) names items measuring code no change of this project
+touches: shown, never judged; where they moved beyond their rule's threshold, the gated items of their benchmark and
+parameters are `environment drift` (verdicts.py). The file's "targets" and "own_checks" are the report's; the gate
+ignores them.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def params_of(text: str) -> dict[str, str]:
     return {name: value.strip("'\"") for name, value in pairs}
 
 
-def _with_drift(rows: list[Row], thresholds: Thresholds) -> list[Row]:
+def with_drift(rows: list[Row], thresholds: Thresholds) -> list[Row]:
     """Control rows become `control`. Rows are grouped by benchmark and every parameter but the controls' (e.g. one
     batch size of one latency benchmark: a slow spell can fall on some batch sizes of a run and not others); where
     a group's controls moved (median ratio) beyond the threshold their rule allows, its judged rows become
@@ -167,7 +167,7 @@ def compare(base: ResultSet, head: ResultSet, thresholds: Thresholds) -> list[Ro
         if bver and hver and bver != hver:
             note = "; ".join(filter(None, [note, "benchmark code changed since base"]))
         rows.append(Row(**cell, ratio=ratio, threshold=threshold, verdict=verdict, metric=metric, note=note))
-    return _with_drift(rows, thresholds)
+    return with_drift(rows, thresholds)
 
 
 def exit_status(rows: list[Row]) -> int:

@@ -8,5 +8,5 @@ Face Llama; `all` adds the closed-form tractable ToyLlama). A property needing a
 implementation does not claim (`Capabilities`, `Implementation.contracts`) is reported "not applicable" with the
 reason; an implementation or model that cannot run here is "unavailable" with the reason. The properties (their table
 names, `subjects.PROPERTIES`) are in test_replay.py, test_padding.py, test_addresses.py, test_memory.py and
-test_compile_cache.py. `python -m pieceworks.harness.conformance_table PATH` turns the JSON into the table.
+test_compile_cache.py. `python -m pieceworks.conformance.table PATH` turns the JSON into the table.
 """

@@ -1,4 +1,4 @@
-"""Parametrisation, order and builds of the conformance suite (its options are registered by the pieceworks plugin).
+"""Parametrisation, order and builds of the conformance suite (its options and results: plugin.py).
 
 - Every test taking `subject` runs once per selected implementation x model (`--impl`, `--conformance-model`).
 - Tests run subject by subject (model, then implementation, then property), so each subject is built once
@@ -7,7 +7,7 @@
 - The device is `--conformance-device`: auto (the default) is cuda where the machine has CUDA, else cpu. On cuda
   every subject test is a gpu test with a timeout of 300 s (its build included); cuda asked for on a machine
   without CUDA is a usage error. On cpu the properties that need a CUDA graph are "not applicable"; a run in which
-  no test ran at all fails (the plugin's `nothing_ran`).
+  no test ran at all fails (`plugin.nothing_ran`).
 - No Dynamo reset between tests (it would invalidate torch.compile-based builds); calls run under no_grad; one
   pieceworks cache directory for the session (what the warm-start property's fresh process reads).
 """
@@ -20,13 +20,15 @@ import os
 import pytest
 import torch
 
-from pieceworks.harness import pytest_plugin
 from pieceworks.harness.strategies import register_profiles
 
 from .checks import BATCHES, CAPTURE_SIZES
 from .subjects import (PROPERTIES, Builds, Subject, impl_unavailable, not_applicable, not_observable, select,
                        unavailable)
 
+# `pytest path/to/conformance` loads the plugin here; `--pyargs` runs need `-p pieceworks.conformance.plugin`, since
+# the options must exist before pytest reads the arguments.
+pytest_plugins = ["pieceworks.conformance.plugin"]
 register_profiles()
 
 _SUBJECTS = pytest.StashKey[list]()
@@ -71,6 +73,8 @@ def _property_of(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from pieceworks.conformance.plugin import CONFORMANCE_KEY, CONFORMANCE_META  # imported once pytest_plugins has it
+
     subjects = config.stash.get(_SUBJECTS, [])
     rank = {s.id: i for i, s in enumerate(subjects)}
     models = list(dict.fromkeys(s.case.name for s in subjects))
@@ -88,7 +92,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         subject = getattr(item, "callspec", None) and item.callspec.params.get("subject")
         if subject is None:
             continue
-        item.user_properties.append((pytest_plugin.CONFORMANCE_KEY, {
+        item.user_properties.append((CONFORMANCE_KEY, {
             "impl": subject.impl.name, "model": subject.case.name, "property": _property_of(item),
             "fixtures": list(item.fixturenames)}))
         if gpu:
@@ -96,7 +100,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(300))
     items.sort(key=key)
-    config.stash[pytest_plugin.CONFORMANCE_META] = _describe(config, subjects)
+    config.stash[CONFORMANCE_META] = _describe(config, subjects)
 
 
 def _describe(config: pytest.Config, subjects: list[Subject]) -> dict:

@@ -1,17 +1,17 @@
 """The conformance table, from a run's JSON (`pytest --pyargs pieceworks.conformance --conformance-json PATH`).
 
-`python -m pieceworks.harness.conformance_table PATH [--out results/conformance/<machine>.md]` writes Markdown: per
-model, a table of implementation x property with pass, FAIL, error, n/a or skipped in each cell; an implementation or
-model unavailable here is one line with the reason. Every n/a and skipped cell points to a numbered note with its
-reason (a contract of the implementation, or what its adapter does not expose); every failure is listed with its
-message and minimal example (hypothesis' falsifying example and seed where there is one). Deterministic: the same
-JSON gives the same bytes.
+`python -m pieceworks.conformance.table PATH [--out FILE]` writes Markdown: per model, implementation x
+property, each cell pass, FAIL, error, n/a or skipped (n/a and skipped with a numbered note giving the reason); an
+implementation unavailable here is one line with the reason; each failure with its message and minimal example.
+Deterministic: the same JSON gives the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import os
 import sys
 from typing import Any
 
@@ -39,22 +39,15 @@ def render(document: dict[str, Any]) -> str:
         return f"[{notes.setdefault(reason, len(notes) + 1)}]"
 
     device = meta.get("gpu") or meta.get("device", "?")
-    lines = [
-        f"# Conformance: {device}, torch {meta.get('torch', '?')}",
-        "",
-        f"Run {document.get('created', '?')}: `{' '.join(document.get('argv', []))}`; capture sizes "
-        f"{meta.get('capture_sizes')}, batches served {meta.get('batches')}. Regenerate: `python -m "
-        f"pieceworks.harness.conformance_table <json> --out <this file>`.",
-        "",
-        "Cells: pass; **FAIL** (listed below with its example); n/a [k]: the property needs what the implementation "
-        "does not claim or expose, note k says why (a contract, not a bug); skipped [k]: not run here, note k says "
-        "why.",
-        "",
-    ]
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    lines += ["Totals: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), ""]
+    counts = collections.Counter(r["outcome"] for r in results)
+    lines = [f"# Conformance: {device}, torch {meta.get('torch', '?')}", "",
+             f"Run {document.get('created', '?')}: `{' '.join(document.get('argv', []))}`; capture sizes "
+             f"{meta.get('capture_sizes')}, batches served {meta.get('batches')}. Regenerate: `python -m "
+             f"pieceworks.conformance.table <json> --out <this file>`.", "",
+             "Cells: pass; **FAIL** (listed below with its example); n/a [k]: the property needs what the "
+             "implementation does not claim or expose, note k says why (a contract, not a bug); skipped [k]: not run "
+             "here, note k says why.", "",
+             "Totals: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), ""]
     for model in models:
         lines += [f"## {model}", "", "| implementation | " + " | ".join(properties) + " |",
                   "|---|" + "---|" * len(properties)]
@@ -66,24 +59,15 @@ def render(document: dict[str, Any]) -> str:
             if all(r["outcome"] == "unavailable" for r in present) and len({r["reason"] for r in present}) == 1:
                 lines.append(f"| {impl} | unavailable {note(present[0]['reason'])} |" + " |" * (len(properties) - 1))
                 continue
-            shown = []
-            for r in row:
-                if r is None:
-                    shown.append("")
-                elif r["outcome"] in ("n/a", "skipped", "unavailable") and r.get("reason"):
-                    shown.append(f"{_CELL[r['outcome']]} {note(r['reason'])}")
-                else:
-                    shown.append(_CELL.get(r["outcome"], r["outcome"]))
+            shown = ["" if r is None else f"{_CELL[r['outcome']]} {note(r['reason'])}"
+                     if r["outcome"] in ("n/a", "skipped", "unavailable") and r.get("reason")
+                     else _CELL.get(r["outcome"], r["outcome"]) for r in row]
             lines.append(f"| {impl} | " + " | ".join(shown) + " |")
         lines.append("")
     if notes:
-        lines += ["## Notes", ""]
-        lines += [f"{k}. {reason}" for reason, k in notes.items()]
-        lines.append("")
+        lines += ["## Notes", "", *(f"{k}. {reason}" for reason, k in notes.items()), ""]
     failures = [r for r in results if r["outcome"] in ("fail", "error")]
-    lines += ["## Failures", ""]
-    if not failures:
-        lines += ["None.", ""]
+    lines += ["## Failures", "", *([] if failures else ["None.", ""])]
     for r in failures:
         lines += [f"### {r['impl']} / {r['model']} / {r['property']} ({r['outcome']})", "", f"{r.get('reason') or ''}",
                   "", f"`{r.get('nodeid', '')}`", ""]
@@ -109,8 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         sys.stdout.write(text)
         return 0
-    import os
-
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(text)

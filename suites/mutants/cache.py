@@ -1,0 +1,203 @@
+"""Mutants of the compile cache: its index, entries, locks, key and fingerprints."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+
+import pytest
+import torch
+
+import pieceworks.backend as backend
+import pieceworks.cache as cache
+import pieceworks.compiler as compiler
+import pieceworks.key as key
+from pieceworks.counters import counters
+
+from . import mutant
+
+_CACHE = "suites/test_cache.py::"
+_FAULTS = "suites/test_cache_faults.py::"
+_ATOMIC = "suites/test_cache_atomicity.py::"
+_KEY = "suites/test_cache_key.py::test_every_code_factor_moves_the_key_and_nothing_per_run_does"
+
+
+def _load_with(mp: pytest.MonkeyPatch, read) -> None:
+    """`CompileCache.load` with `read(path, entry, loader)` in place of its checks; any error: no entry."""
+
+    def load(self, name, loader, claim=None, skip=None):
+        entry = self.read_index().get(name)
+        if entry is None or entry == skip:
+            return None, entry
+        try:
+            return read(os.path.join(self.artifact_dir, entry["file"]), entry, loader), entry
+        except Exception:  # noqa: BLE001
+            return None, entry
+
+    mp.setattr(cache.CompileCache, "load", load)
+
+
+@mutant("the index's SHA-256 is not checked (property 3)",
+        cpu="suites/test_properties.py::test_damaged_index_is_a_clear_error_never_a_wrong_entry")
+def index_without_checksum(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(cache, "entries_digest", lambda entries: "unchecked")
+
+
+@mutant("artifacts load without their SHA-256 check (properties 3, 7)", cpu="suites/test_cache_machine.py")
+def load_without_checking(mp: pytest.MonkeyPatch) -> None:
+    _load_with(mp, lambda path, entry, loader: loader(path))
+
+
+@mutant("an entry loads whatever piece it claims and whatever file it names",
+        cpu=_FAULTS + "test_entries_moved_between_names_never_load_for_the_wrong_piece")
+def load_ignores_claims(mp: pytest.MonkeyPatch) -> None:
+    def checked(path, entry, loader):  # the SHA-256 check only, as before entries carried claims
+        with open(path, "rb") as f:
+            data = f.read()
+        return loader(path) if (hashlib.sha256(data).hexdigest(), len(data)) == (entry["sha256"], entry["bytes"]) \
+            else None
+
+    _load_with(mp, checked)
+
+
+@mutant("an unusable cache directory raises instead of warning once",
+        cpu=_FAULTS + "test_unusable_cache_directory_warns_once_and_runs_uncached")
+def unusable_cache_raises(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(cache.CompileCache, "open", classmethod(lambda cls, root, key, factors=None: cls(root, key, factors)))
+
+
+@mutant("a read-only cache raises instead of loading what is valid",
+        cpu=_FAULTS + "test_read_only_cache_loads_what_is_valid_and_compiles_the_rest_in_memory")
+def read_only_cache_raises(mp: pytest.MonkeyPatch) -> None:
+    def read_only(self, exc):
+        raise exc
+
+    mp.setattr(cache.CompileCache, "mark_read_only", read_only)
+
+
+@mutant("a folder where the cache expects a file (or the reverse) is left in place",
+        cpu=_FAULTS + "test_wrong_type_inside_the_key_directory_is_replaced")
+def wrong_types_not_replaced(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(cache.CompileCache, "replace_corrupt", lambda self, path, what: None)
+
+
+@mutant("an unreadable cache index warns at every read (once per piece)",
+        cpu=_CACHE + "test_unreadable_index_is_logged_and_rebuilt")
+def index_warns_every_read(mp: pytest.MonkeyPatch) -> None:
+    def read_index(self):
+        try:
+            with open(self.index_path, "rb") as f:
+                return cache.parse_index(f.read())
+        except FileNotFoundError:
+            return {}
+        except (OSError, cache.CacheIndexError) as exc:
+            cache.log.warning("pieceworks cache index %s is unreadable (%s)", self.index_path, exc)
+            return {}
+
+    mp.setattr(cache.CompileCache, "read_index", read_index)
+
+
+@mutant("prune keeps key folders of other torch builds",
+        cpu=_FAULTS + "test_prune_removes_key_folders_unused_for_days_or_of_another_build")
+def prune_by_age_only(mp: pytest.MonkeyPatch) -> None:
+    original = cache.prune
+    mp.setattr(cache, "prune", lambda root, older_than_days=None, environment=None: original(root, older_than_days))
+
+
+@mutant("cold processes do not take turns on an entry: each compiles everything",
+        cpu=_CACHE + "test_concurrent_cold_processes_share_the_work")
+def no_entry_lock(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(cache.CompileCache, "entry_lock", lambda self, name: contextlib.nullcontext())
+
+
+@mutant("writers merge the index without its lock",
+        cpu=_ATOMIC + "test_concurrent_writers_of_different_entries_lose_nothing")
+def store_without_index_lock(mp: pytest.MonkeyPatch) -> None:
+    original = cache.CompileCache.index_lock
+    mp.setattr(cache.CompileCache, "index_lock",
+               lambda self, exclusive: contextlib.nullcontext() if exclusive else original(self, exclusive))
+
+
+@mutant("the index is rewritten in place, not via a temporary file and a rename",
+        cpu=_ATOMIC + "test_a_writer_failing_anywhere_leaves_no_torn_file")
+def index_written_in_place(mp: pytest.MonkeyPatch) -> None:
+    def write(path, data):
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as f:
+            f.write(data)
+
+    mp.setattr(cache, "atomic_write", write)
+
+
+def _change_cache_factors(mp: pytest.MonkeyPatch, change) -> None:
+    """`change(factors)` applied to the cache factors, where the backend computes them and where tests do."""
+    original = key.cache_factors
+    for module in (key, backend):
+        mp.setattr(module, "cache_factors", lambda *args: change(original(*args)))
+
+
+@mutant("the cache key leaves out the config (property 4)", cpu=_KEY)
+def key_ignores_config(mp: pytest.MonkeyPatch) -> None:
+    _change_cache_factors(mp, lambda found: {k: v for k, v in found.items() if k != "config"})
+
+
+@mutant("the key leaves out the global Inductor/functorch config", cpu=_KEY)
+def key_ignores_inductor_config(mp: pytest.MonkeyPatch) -> None:
+    _change_cache_factors(mp, lambda found: {k: v for k, v in found.items() if k != "inductor"})
+
+
+@mutant("the key includes the working directory, a per-run value", cpu=_KEY)
+def key_includes_working_directory(mp: pytest.MonkeyPatch) -> None:
+    _change_cache_factors(mp, lambda found: {**found, "cwd": os.getcwd()})
+
+
+@mutant("the key leaves out torch's git hash", cpu=_KEY)
+def key_ignores_torch_git(mp: pytest.MonkeyPatch) -> None:
+    original = key.software_factors
+    mp.setattr(key, "software_factors", lambda: {k: v for k, v in original().items() if k != "git"})
+
+
+@mutant("graph fingerprints leave out input strides", cpu=_KEY)
+def fingerprint_ignores_strides(mp: pytest.MonkeyPatch) -> None:
+    original = key.describe_value
+
+    def describe(value):
+        if isinstance(value, torch.Tensor):
+            return f"T({tuple(map(str, value.shape))},{value.dtype},{value.device.type})"
+        return original(value)
+
+    mp.setattr(key, "describe_value", describe)
+
+
+@mutant("fingerprints see x*2 and x*3 as one piece",
+        cpu="suites/test_cache_dedupe.py::test_pieces_differing_in_a_constant_never_share_code")
+def fingerprint_ignores_constants(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(key, "constant_text", lambda value: "number" if isinstance(value, (int, float)) else repr(value))
+
+
+@mutant("Inductor's cache stays outside the pieceworks cache: a new host rebuilds kernels",
+        cpu=_CACHE + "test_warm_start_on_a_new_host_compiles_and_builds_nothing")
+def inductor_cache_not_carried(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(cache.CompileCache, "inductor_dir", property(lambda self: None))
+
+
+@mutant("num_backend_compilations counts fresh distinct compiles, not vLLM's pieces x targets",
+        cpu=_CACHE + "test_warm_start_on_a_new_host_compiles_and_builds_nothing")
+def backend_compilations_count_fresh_compiles(mp: pytest.MonkeyPatch) -> None:
+    get = compiler.PieceCompiler.get
+
+    def counted_get(self, *args):  # the old meaning: only fresh compiles count
+        before, compiled = counters.num_backend_compilations, self.compiled
+        fn = get(self, *args)
+        counters.num_backend_compilations = before + self.compiled - compiled
+        return fn
+
+    mp.setattr(compiler.PieceCompiler, "get", counted_get)
+
+
+@mutant("inductor_compile_config enters the key but never reaches Inductor",
+        cpu=_CACHE + "test_inductor_compile_config_reaches_the_generated_code")
+def inductor_options_ignored(mp: pytest.MonkeyPatch) -> None:
+    original = compiler.compile_inductor
+    mp.setattr(compiler, "compile_inductor",
+               lambda gm, args, *, static, inductor_config: original(gm, args, static=static, inductor_config={}))

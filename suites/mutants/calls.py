@@ -1,0 +1,179 @@
+"""Mutants of a compiled model's calls: dispatch and padding, argument checks, direct calls and their bindings,
+the first call, replay plans, and cutting outputs back to the batch."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import types
+
+import pytest
+import torch
+
+import pieceworks.api as api
+import pieceworks.binding as binding
+import pieceworks.dispatch as dispatch
+import pieceworks.padding as padding
+import pieceworks.plan as plan
+
+from . import mutant
+
+_PROPS = "suites/test_properties.py::"
+_PROPS_GPU = "suites/test_properties_gpu.py::"
+_RUNTIME = "suites/test_runtime.py::"
+_FAULTS = "suites/test_user_faults.py::"
+
+
+@mutant("padding picks the captured size below the batch (properties 5, 6)",
+        cpu=_PROPS + "test_padding_picks_the_smallest_captured_size_at_least_the_batch",
+        gpu=_PROPS_GPU + "test_replay_matches_eager_for_any_batch_sequence")
+def pad_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
+    def padded(sizes, batch):
+        i = bisect.bisect_right(sizes, batch)
+        return sizes[i - 1] if i > 0 and sizes[i - 1] >= batch else (sizes[i] if i < len(sizes) else None)
+
+    def wrong(sizes, batch):  # one size too far: correct only when the batch is exactly a captured size
+        i = bisect.bisect_left(sizes, batch)
+        return sizes[i] if i < len(sizes) and sizes[i] == batch else (sizes[i - 1] if i > 0 else padded(sizes, batch))
+
+    for module in (dispatch, api):  # where it is defined and where CompiledModel calls it
+        mp.setattr(module, "padded_size", wrong)
+
+
+@mutant("the last real row is not copied into the static buffer (property 6)",
+        cpu="suites/test_dispatch.py::test_static_inputs_hold_each_call_in_place_and_keep_earlier_rows_as_padding",
+        gpu=_PROPS_GPU + "test_toy_llama_replay_matches_eager_for_any_batch_sequence")
+def static_copy_misses_last_row(mp: pytest.MonkeyPatch) -> None:
+    original = padding.StaticInputs.load
+
+    def load(self, args, batch):
+        if batch > 1:  # the real rows but the last
+            original(self, [a[: batch - 1] if hasattr(a, "shape") else a for a in args], batch - 1)
+
+    mp.setattr(padding.StaticInputs, "load", load)
+
+
+@mutant("call-time argument checks ignore dtypes (property 10)",
+        cpu=_PROPS + "test_any_argument_mismatch_is_an_input_error_naming_the_argument")
+def arg_check_skips_dtype(mp: pytest.MonkeyPatch) -> None:
+    original = api.signature
+    # a tensor's dtype is never compared: any dtype passes as the first call's
+    mp.setattr(api, "signature", lambda a: (None, *original(a)[1:]) if isinstance(a, torch.Tensor) else original(a))
+
+
+@mutant("argument checks compare plain values with == only: 2 passes for 2.0",
+        cpu=_PROPS + "test_a_plain_value_of_another_type_is_an_input_error")
+def value_check_ignores_type(mp: pytest.MonkeyPatch) -> None:
+    original = api.signature
+    mp.setattr(api, "signature", lambda a: ("value", object, a) if original(a)[0] == "value" else original(a))
+
+
+@mutant("non-contiguous arguments reach pieces compiled for contiguous ones",
+        cpu=_FAULTS + "test_any_input_layout_is_served_right")
+def layout_passed_through(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(api, "contiguous", list)
+
+
+def _rebinding(mp: pytest.MonkeyPatch, change) -> None:
+    """Direct calls' bindings with each source `(kind, value)` replaced by `change(kind, value, call_args)`."""
+    original = binding.bind
+
+    def bind(model, placeholders, example_inputs, call_args, *rest):
+        found = original(model, placeholders, example_inputs, call_args, *rest)
+        if isinstance(found, binding.Binder):
+            found.sources = [change(kind, value, call_args) for kind, value in found.sources]
+        return found
+
+    mp.setattr(api, "bind", bind)
+
+
+@mutant("direct calls bind copies of the parameters",
+        cpu=_RUNTIME + "test_parameter_data_swaps_are_seen_by_direct_calls")
+def parameters_bound_by_value(mp: pytest.MonkeyPatch) -> None:
+    _rebinding(mp, lambda kind, value, args: (kind, value.detach().clone()) if kind == 2 else (kind, value))
+
+
+@mutant("direct calls pass the tracing call's batch size for SymInt inputs",
+        cpu=_RUNTIME + "test_symbolic_batch_inputs_get_each_calls_batch_size")
+def batch_size_from_the_trace(mp: pytest.MonkeyPatch) -> None:
+    def change(kind, value, args):
+        return (2, next(a.shape[0] for a in args if hasattr(a, "shape"))) if kind == 1 else (kind, value)
+
+    _rebinding(mp, change)
+
+
+@mutant("every call goes through Dynamo", cpu="suites/test_compile.py::test_after_the_first_call_no_call_enters_dynamo")
+def always_through_dynamo(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(api, "bind", lambda *args: "mutant: never bound")
+
+
+@mutant("direct calls return the graph's flat outputs",
+        cpu=_RUNTIME + "test_direct_calls_return_the_models_output_structure")
+def outputs_flat(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(binding.Binder, "outputs", lambda self, flat: flat)
+
+
+@mutant("the first call runs the model twice: the tracing run, then the call",
+        cpu=_PROPS + "test_first_call_writes_model_state_once")
+def first_call_runs_twice(mp: pytest.MonkeyPatch) -> None:
+    original = api.CompiledModel.__call__
+
+    def call(self, *args):
+        if self.runtime is None:
+            original(self, *args)  # the tracing run, then the call again
+        return original(self, *args)
+
+    mp.setattr(api.CompiledModel, "__call__", call)
+
+
+@mutant("what the batch-1 tracing run on copies wrote into model state stays",
+        cpu=_PROPS + "test_first_call_writes_model_state_once[1]")  # batch 1 traces on copies
+def trace_writes_not_restored(mp: pytest.MonkeyPatch) -> None:
+    original = api.compile_graph
+    # the graph's in-place writes are not known, so nothing is saved before a tracing run on copies, nor put back
+    mp.setattr(api, "compile_graph", lambda gm, config: dataclasses.replace(original(gm, config), mutated_inputs=()))
+
+
+@mutant("a replaced parameter goes unnoticed: the graphs keep the old tensor",
+        cpu=_FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix",
+        gpu=_FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix")
+def replaced_state_served(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(api, "StateWatch", lambda model, owner: types.SimpleNamespace(replaced=None))
+
+
+@mutant("model.to() that reallocates the weights goes unnoticed",
+        cpu=_FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix")
+def reallocation_unseen(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(binding, "after_apply", lambda module, callback: None)
+
+
+@mutant("a replay plan never copies a splitting op's fresh output to the captured address",
+        cpu=_RUNTIME + "test_plan_replays_equal_eager_for_new_values_in_the_static_buffers[fresh_split_outputs]")
+def plan_ignores_moved_inputs(mp: pytest.MonkeyPatch) -> None:
+    original = plan.replay_step
+    mp.setattr(plan, "replay_step", lambda graph, moved: original(graph, []))
+
+
+@mutant("a replay plan checks no caller-owned input address",
+        cpu=_RUNTIME + "test_plan_checks_caller_inputs_that_moved_but_not_parameters")
+def plan_checks_no_caller_inputs(mp: pytest.MonkeyPatch) -> None:
+    original = plan.ReplayPlan.__init__
+
+    def init(self, batch, steps, num_slots, output, cheap_checks, *rest):
+        original(self, batch, steps, num_slots, output, [], *rest)
+
+    mp.setattr(plan.ReplayPlan, "__init__", init)
+
+
+@mutant("outputs are cut wherever dim 0 equals the padded size, not where the trace has the batch",
+        cpu=_PROPS + "test_padded_outputs_are_cut_back_exactly_where_the_trace_has_the_batch")
+def unpad_cuts_every_n_rows(mp: pytest.MonkeyPatch) -> None:
+    # no marks from the trace: every tensor whose dim 0 equals the padded size is cut, a [n] weight included
+    mp.setattr(api, "batched_outputs", lambda output, is_batched: None)
+
+
+@mutant("padded outputs inside a namedtuple are not cut back",
+        cpu=_PROPS + "test_padded_outputs_are_cut_back_exactly_where_the_trace_has_the_batch")
+def unpad_skips_namedtuples(mp: pytest.MonkeyPatch) -> None:
+    original = padding.container_items
+    mp.setattr(padding, "container_items", lambda value: None if hasattr(value, "_fields") else original(value))

@@ -1,0 +1,96 @@
+"""Mutants of the harness's tools: the implementation registry and adapters, the host-overhead breakdown, the
+hypothesis strategies and the conformance suite's plugin."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import importlib
+import types
+
+import pytest
+from hypothesis import strategies as st
+
+import pieceworks
+import pieceworks.conformance.plugin as conformance
+import pieceworks.harness.breakdown as breakdown
+import pieceworks.harness.implementations as impls
+import pieceworks.harness.strategies as strategies
+
+from . import mutant
+
+_IMPLS = "suites/test_implementations.py::"
+
+
+@mutant("resolve('module:Subclass') returns the class, not an instance", cpu=_IMPLS + "test_resolve_by_dotted_path")
+def resolve_returns_the_class(mp: pytest.MonkeyPatch) -> None:
+    original = impls.resolve
+
+    def resolve(spec):
+        if spec not in impls.IMPLEMENTATIONS and ":" in spec:
+            module, _, attr = spec.partition(":")
+            return getattr(importlib.import_module(module), attr)  # a subclass comes back uninstantiated
+        return original(spec)
+
+    mp.setattr(impls, "resolve", resolve)
+
+
+@mutant("load_user_implementations resolves but registers nothing",
+        cpu=_IMPLS + "test_user_implementations_from_the_environment")
+def user_implementations_not_registered(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(impls, "register", lambda impl: impl)
+
+
+@mutant("Meta pcg's adapter claims to be available without the package", cpu=_IMPLS + "test_unavailable_reasons")
+def pcg_always_available(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(impls.MetaPCG, "unavailable_reason", impls.Implementation.unavailable_reason)
+
+
+@mutant("Meta pcg's adapter replays the captured size below the batch",
+        gpu=_IMPLS + "test_meta_pcg_pads_and_serves_like_eager")
+def pcg_pads_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
+    below = types.SimpleNamespace(bisect_left=lambda a, x: max(bisect.bisect_left(a, x) - 1, 0))
+    mp.setattr(impls, "bisect", below)
+
+
+@mutant("an adapter's compile count includes earlier builds' compiles",
+        cpu=_IMPLS + "test_the_adapters_compile_count_is_what_the_build_compiled")
+def adapter_counts_the_session(mp: pytest.MonkeyPatch) -> None:
+    original = impls.Pieceworks.build
+
+    def build(self, *args, **kwargs):
+        before = pieceworks.counters.num_inductor_compiles + pieceworks.counters.num_eager_compiles
+        built = original(self, *args, **kwargs)
+        return dataclasses.replace(built, compiles=built.compiles + before)
+
+    mp.setattr(impls.Pieceworks, "build", build)
+
+
+@mutant("the host-overhead breakdown leaves the splitting pieces out",
+        cpu="suites/test_host_overhead.py::test_host_overhead_cpu")
+def breakdown_drops_splitting_ops(mp: pytest.MonkeyPatch) -> None:
+    original = breakdown.record
+
+    def record(compiled, args):
+        out, work = original(compiled, args)
+        return out, [w for w in work if not w.splitting]
+
+    mp.setattr(breakdown, "record", record)
+
+
+@mutant("capture-size draws never include size 1", cpu="suites/test_strategies.py::test_sizes_reach")
+def capture_sizes_skip_one(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(strategies, "capture_sizes", lambda max_size=64, max_count=12: st.lists(
+        st.integers(2, max_size), min_size=1, max_size=max_count, unique=True).map(sorted))
+
+
+@mutant("batch sequences never go above the largest capture size", cpu="suites/test_strategies.py::test_sizes_reach")
+def batches_never_beyond(mp: pytest.MonkeyPatch) -> None:
+    original = strategies.batch_sequences
+    mp.setattr(strategies, "batch_sequences", lambda max_size=64, beyond=16, max_len=12: original(max_size, 0, max_len))
+
+
+@mutant("a conformance run in which every test was skipped exits 0",
+        cpu="suites/test_conformance_suite.py::test_a_run_in_which_nothing_ran_fails_saying_why")
+def conformance_nothing_ran_passes(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(conformance, "nothing_ran", lambda results: None)

@@ -1,0 +1,155 @@
+"""Mutants of capture and replay (CUDA graphs: their tests run on a GPU): capture order and memory, the address
+checks, the outputs a replay returns, static input buffers and in-place writes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pieceworks.api as api
+import pieceworks.cudagraph as cudagraph
+import pieceworks.padding as padding
+import pieceworks.plan as plan
+import pieceworks.runtime as runtime
+from pieceworks.values import tensors_in, tree_map
+
+from . import mutant
+
+_POOL = "suites/test_pool_gpu.py::"
+_SAFETY = "suites/test_replay_safety_gpu.py::"
+_WRITES = "suites/test_writes_gpu.py::"
+
+
+@mutant("the capture phase captures the smallest size first", gpu=_POOL + "test_capture_order_is_largest_first")
+def capture_smallest_first(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(runtime, "capture_order", lambda sizes: sorted(set(sizes)))
+
+
+@mutant("graph runners keep owning references to each size's capture outputs",
+        gpu=_POOL + "test_one_pool_for_all_sizes_costs_no_more_than_the_largest_alone")
+def capture_keeps_outputs(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(plan, "non_owning_alias", lambda value: value)  # FULL graphs and plans own each size's outputs
+
+
+@mutant("captured graphs read copies of the parameters taken at capture",
+        gpu="suites/test_replay_state_gpu.py::test_weights_loaded_in_place_reach_every_captured_size")
+def capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
+    original = cudagraph.CapturePool.capture
+
+    def capture(self, fn, args, mutated):
+        snapshot = [a.clone() if isinstance(a, torch.nn.Parameter) else a for a in args]
+        self.__dict__.setdefault("_snapshots", []).append(snapshot)  # graphs read these copies from now on
+        return original(self, fn, snapshot, mutated)
+
+    mp.setattr(cudagraph.CapturePool, "capture", capture)
+
+
+@mutant("inputs written in place are not restored after the warm-ups",
+        gpu=_WRITES + "test_inplace_writes_happen_once_per_call")
+def warmup_writes_twice(mp: pytest.MonkeyPatch) -> None:
+    original = cudagraph.CapturePool.capture
+    # nothing saved before the warm-ups, nothing put back before the capture
+    mp.setattr(cudagraph.CapturePool, "capture", lambda self, fn, args, mutated: original(self, fn, args, []))
+
+
+@mutant("PIECEWISE on a graph with no splitting op captures nothing",
+        gpu="suites/test_user_faults.py::test_piecewise_without_a_splitting_op_captures_the_one_piece_per_size")
+def unsplit_piecewise_runs_without_graphs(mp: pytest.MonkeyPatch) -> None:
+    original = runtime.effective_mode
+
+    def effective(config, graph):
+        chosen = original(config, graph)
+        split = any(p.is_splitting_graph for p in graph.pieces)
+        return runtime.CUDAGraphMode.NONE if chosen is runtime.CUDAGraphMode.PIECEWISE and not split else chosen
+
+    mp.setattr(runtime, "effective_mode", effective)
+
+
+@mutant("the replay address check reads parameters instead of caller inputs and splitting-op outputs",
+        gpu=f"{_SAFETY}test_fresh_split_outputs_raise_or_are_right_never_stale "
+            f"{_SAFETY}test_caller_inputs_that_move_raise_or_are_right_never_stale")
+def checks_parameters_not_split_outputs(mp: pytest.MonkeyPatch) -> None:
+    original = plan.ReplayPlan.__init__
+
+    def init(self, batch, steps, num_slots, output, cheap_checks, all_checks, *rest):
+        # check what only debug mode checks (parameters), not what can move
+        original(self, batch, steps, num_slots, output, [c for c in all_checks if c not in cheap_checks], all_checks,
+                 *rest)
+
+    mp.setattr(plan.ReplayPlan, "__init__", init)
+    replay = plan.replay_step
+    mp.setattr(plan, "replay_step", lambda graph, moved: replay(graph, []))  # fresh split outputs: unchecked
+
+
+def _wrap_replays(mp: pytest.MonkeyPatch, wrap) -> None:
+    """`wrap(outputs, owner)` applied to what every replay (FULL graph or PIECEWISE plan) returns."""
+    original = plan.ReplayPlan.run
+    mp.setattr(plan.ReplayPlan, "run", lambda self, args, checks=(): wrap(original(self, args, checks), self))
+
+
+@mutant("every replay keeps a copy of its outputs", gpu=_POOL + "test_thousands_of_replays_grow_no_memory")
+def replay_leaks_outputs(mp: pytest.MonkeyPatch) -> None:
+    def leak(out, owner):
+        owner.__dict__.setdefault("_history", []).append([t.clone() for t in tensors_in(out)])
+        return out
+
+    _wrap_replays(mp, leak)
+
+
+@mutant("replays return copies of the graph's outputs",
+        gpu=_WRITES + "test_outputs_are_valid_until_the_next_call_and_overwritten_by_it")
+def replay_copies_outputs(mp: pytest.MonkeyPatch) -> None:
+    _wrap_replays(mp, lambda out, owner: tree_map(lambda v: v.clone() if hasattr(v, "clone") else v, out))
+
+
+def _unpad_with(mp: pytest.MonkeyPatch, cut, nested: bool = True) -> None:
+    """Outputs cut back by the shape rule (dim 0 equal to the padded size, ignoring the trace's marks) with
+    `cut(tensor, batch, n)`; in nested tuples and lists, or only at the top level."""
+
+    def unpad(value, batch, n, batched=None, depth=0):
+        if isinstance(value, torch.Tensor):
+            return cut(value, batch, n) if value.dim() > 0 and value.shape[0] == n else value
+        if isinstance(value, (tuple, list)) and (nested or depth == 0):
+            return type(value)(unpad(v, batch, n, depth=depth + 1) for v in value)
+        return value
+
+    mp.setattr(api, "unpad", unpad)
+
+
+@mutant("padded outputs are cut back only at the top level, not in nested structures",
+        gpu=_SAFETY + "test_padded_outputs_are_cut_back_in_nested_tuples_and_lists")
+def unpad_top_level_only(mp: pytest.MonkeyPatch) -> None:
+    _unpad_with(mp, lambda t, batch, n: t[:batch], nested=False)
+
+
+@mutant("padded outputs are cut back to their last rows instead of their first",
+        gpu=_SAFETY + "test_poisoned_rows_never_reach_the_rows_of_later_calls")
+def unpad_keeps_the_tail(mp: pytest.MonkeyPatch) -> None:
+    _unpad_with(mp, lambda t, batch, n: t[n - batch:])
+
+
+@mutant("outputs view a freed copy instead of graph memory",
+        gpu=_WRITES + "test_outputs_are_valid_until_the_next_call_and_overwritten_by_it")
+def outputs_alias_freed_memory(mp: pytest.MonkeyPatch) -> None:
+    _unpad_with(mp, lambda t, batch, n: cudagraph.non_owning_alias(t[:batch].clone()))
+
+
+@mutant("static input buffers come from torch.empty: padded rows hold garbage",
+        gpu=_SAFETY + "test_padded_rows_never_hold_uninitialised_values")
+def static_buffers_uninitialised(mp: pytest.MonkeyPatch) -> None:
+    original = padding.StaticInputs.__init__
+
+    def init(self, example_args, max_size):
+        original(self, example_args, max_size)
+        for buffer, a in zip(self.buffers, example_args):
+            if isinstance(a, torch.Tensor):
+                buffer.view(torch.uint8).fill_(0x7F)  # what a reused block may hold: huge ids and floats
+                buffer[: a.shape[0]].copy_(a)
+
+    mp.setattr(padding.StaticInputs, "__init__", init)
+
+
+@mutant("in-place writes to arguments are not copied back from the static buffers",
+        gpu=_WRITES + "test_inplace_writes_happen_once_per_call")
+def no_copy_back_of_inplace_writes(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(padding.StaticInputs, "copy_back", lambda self, args, batch, positions: None)
