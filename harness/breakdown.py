@@ -2,13 +2,10 @@
 
 `record` returns one forward's pieces as `PieceWork` callables that redo only their own work; `measure` times the
 forward and that work (the difference: host overhead); `replay_run` is the replay alone, the baseline of
-`CompiledModel.__call__`. `python -m pieceworks.harness.breakdown [--batches 1,8,64,256] [--dtypes
-float32,bfloat16] [--rounds 10] [--only pieceworks,meta-pcg,reduce-overhead] [--kernel-profiles] [--out FILE]`
-(CUDA) times ToyLlama side by side in rotating rounds, each dtype in a process of its own (a crash costs that dtype
-only): PIECEWISE's `compiled call`, `plan run`, `graph replays` and `splitting ops`, `FULL`, `FULL unsplit`
-(`splitting_ops=[]`) and the harness implementations `--only` names; it writes per batch the `RATIOS`, host
-overhead per piece and errors against eager, a `call_profile` (cProfile), and with `--kernel-profiles` each
-variant's kernel profile. A variant that fails is left out, its error recorded.
+`CompiledModel.__call__`. `python -m pieceworks.harness.breakdown` (CUDA) times ToyLlama's PIECEWISE call and parts,
+FULL, FULL unsplit and the peers `--only` names side by side in rotating rounds, each dtype in a process of its own
+(a crash costs that dtype only); docs/benchmarks.md says what it writes. A variant that fails is left out, its error
+recorded.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ import argparse
 import dataclasses
 import datetime
 import faulthandler
+import functools
 import json
 import multiprocessing
 import operator
@@ -38,7 +36,7 @@ from pieceworks.plan import FullGraph
 from pieceworks.runtime import Phase
 
 from . import models
-from .profile import host_profile, kernel_profile
+from .profile import host_profile
 from .provenance import code_commit
 from .timing import interleaved_cuda_time_us, ratio_over_rounds
 
@@ -72,11 +70,6 @@ def _splitting_work(gm: torch.fx.GraphModule, args: tuple) -> Callable[[], Any]:
     target, call_args, call_kwargs = ops[0].target, *(torch.fx.node.map_arg(a, env.__getitem__)
                                                         for a in (ops[0].args, ops[0].kwargs))
     return lambda: target(*call_args, **call_kwargs)
-
-
-def _compiled_work(piece: Any, args: tuple) -> Callable[[], Any]:
-    code = piece.runnable_for(args)  # the code compiled for this batch size, without dispatch
-    return lambda: code(*args)
 
 
 class _RecordPieceCalls(torch.fx.Interpreter):
@@ -117,8 +110,9 @@ def record(compiled: Any, args: Sequence[Any]) -> tuple[Any, list[PieceWork]]:
         recorder.run(*flat)
         for tensor, before in saved:
             tensor.copy_(before)
-    return out, [PieceWork(piece.submod_name, piece.is_splitting_graph, False,
-                           _splitting_work(piece.graph, a) if piece.is_splitting_graph else _compiled_work(piece, a))
+    # a compiled piece's work: the code compiled for this batch size, called without dispatch
+    return out, [PieceWork(piece.submod_name, piece.is_splitting_graph, False, _splitting_work(piece.graph, a)
+                           if piece.is_splitting_graph else functools.partial(piece.runnable_for(a), *a))
                  for piece, a in recorder.calls]
 
 
@@ -264,40 +258,28 @@ def _row(built: dict[str, Any], model: Any, inputs: tuple, batch: int, rounds: i
         us[name]["max_abs_error_vs_eager"] = error
     row = {"us": us, "pieces": pieces, "ratios": {label: ratio_over_rounds(us[a], us[b]) if a in us and b in us
                                                   else None for label, (a, b) in RATIOS.items()}}
-    if pieces and all(k in us for k in ("compiled call", "graph replays", "splitting ops")):
-        median = {k: v["median_us"] for k, v in us.items()}
-        row["host_overhead_per_piece_us"] = (median["compiled call"] - median["graph replays"]
-                                             - median["splitting ops"]) / pieces
     return row, variants
 
 
 def _measure_dtype(dtype: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One dtype's part of the report: builds, skips, errors, a row per batch, call and kernel profiles."""
+    """One dtype's part of the report: builds, skips, errors, a row per batch and the call profile."""
     torch.manual_seed(0)
     config = models.ToyLlamaConfig(num_layers=LAYERS)
     model = models.ToyLlama(config).cuda().to(getattr(torch, dtype))
     batches = [int(b) for b in args.batches.split(",")]
     make = lambda b: models.toy_llama_inputs(b, config, "cuda", seed=b)  # noqa: E731
     report: dict[str, Any] = {"skipped": {}, "errors": {}, "build_s": {}, "batches": {}}
-    timed: dict[int, dict[str, Any]] = {}
     with torch.no_grad():
         built = _build_all(model, make, batches, args.only.split(","), report)
-        report["direct_calls"] = "PIECEWISE" in built and built["PIECEWISE"].fn.binder is not None
         for batch in batches:
             row, variants = _row(built, model, make(batch), batch, args.rounds, report)
             if row is None:
                 continue
-            report["batches"][str(batch)], timed[batch] = row, variants
+            report["batches"][str(batch)] = row
             print(f"  batch {batch:>4}: " + "  ".join(f"{k} {v['median_us']:.1f} us" for k, v in row["us"].items()),
                   flush=True)
             if {"compiled call", "plan run"} <= row["us"].keys() and "call_profile" not in report:
                 report["call_profile"] = _call_profile(batch, variants["compiled call"], variants["plan run"])
-        if args.kernel_profiles:  # after every timing: a profiler session leaves CUPTI loaded in the process
-            try:
-                report["kernel_profiles"] = {f"{name}|{batch}": kernel_profile(fn, calls=3)
-                                             for batch, variants in timed.items() for name, fn in variants.items()}
-            except Exception as exc:  # noqa: BLE001 - a profiler failure must not lose the timings
-                report["errors"]["kernel profiles"] = _error(exc)
     return report
 
 
@@ -328,17 +310,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=10, help="rounds of interleaved timing (order rotated)")
     parser.add_argument("--only", default="pieceworks,meta-pcg,reduce-overhead",
                         help="comma-separated: pieceworks (PIECEWISE, FULL, FULL unsplit) and harness implementations")
-    parser.add_argument("--kernel-profiles", action="store_true", help="kernel profiles of every variant, after timing")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("the side-by-side run needs CUDA: torch sees no CUDA device")
-    report: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": f"ToyLlama layers={LAYERS}", "reps": REPS, "rounds": args.rounds, "commit": code_commit(),
-        "dtypes": {},
-    }
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                              "model": f"ToyLlama layers={LAYERS}", "reps": REPS, "rounds": args.rounds,
+                              "commit": code_commit(), "dtypes": {}}
     print(f"{report['device']} | torch {report['torch']} | {report['model']} | {report['date']}", flush=True)
     with tempfile.TemporaryDirectory(prefix="pieceworks-breakdown-", ignore_cleanup_errors=True) as work, \
             mock.patch.dict(os.environ, {"PIECEWORKS_CACHE_DIR": os.path.join(work, "cache")}):  # cold, shared

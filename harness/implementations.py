@@ -177,12 +177,16 @@ class Inductor(Implementation):
     options: dict[str, Any] = {}
     calls = 1
 
+    def compile_options(self, splitting_ops: Sequence[str]) -> dict[str, Any]:
+        """The keyword arguments of `torch.compile` for a model split at `splitting_ops`."""
+        return self.options
+
     def build(self, model, make_inputs, capture_sizes, splitting_ops):
         torch._dynamo.reset()  # an earlier build of the same model with another backend must not serve this one
         sizes = sorted(set(capture_sizes), reverse=True)
         config = torch._dynamo.config  # dynamic=False compiles once per size: let Dynamo keep them all
         config.recompile_limit = max(config.recompile_limit, len(sizes) + 8)
-        compiled = torch.compile(model, **self.options)
+        compiled = torch.compile(model, **self.compile_options(splitting_ops))
         with torch.no_grad():
             for n in sizes:
                 inputs = make_inputs(n)
@@ -211,6 +215,25 @@ class ReduceOverhead(_PerSizeRecording):
 
     name = "reduce-overhead"
     options = {"mode": "reduce-overhead", "dynamic": False}
+
+
+class InductorPartition(_PerSizeRecording):
+    """`torch.compile(model, dynamic=False)` with CUDA-graph trees (reduce-overhead's `triton.cudagraphs`) and
+    Inductor's graph partition told to keep the splitting ops out of the graphs (`graph_partition`,
+    `custom_should_partition_ops`): stock torch.compile as a piecewise runtime, one recording per batch size."""
+
+    name = "inductor-partition"
+    capabilities = Capabilities(cuda_graphs=True, piecewise=True, shared_pool=True, needs_cuda=True)
+
+    def unavailable_reason(self) -> str | None:
+        if not hasattr(torch._inductor.config, "custom_should_partition_ops"):
+            return (f"inductor-partition needs Inductor's custom_should_partition_ops, which torch {torch.__version__} "
+                    "lacks. Fix: use a torch with it (2.10 or later)")
+        return super().unavailable_reason()
+
+    def compile_options(self, splitting_ops):
+        return {"dynamic": False, "options": {"triton.cudagraphs": True, "graph_partition": True,
+                                              "custom_should_partition_ops": list(splitting_ops)}}
 
 
 class DynamoCudagraphs(_PerSizeRecording):
@@ -260,22 +283,29 @@ class _NoGraphBreaks(torch.overrides.TorchFunctionMode):
 
 
 class MetaPCG(Implementation):
-    """Meta's `piecewise-cuda-graphs` (PyPI): the eager model captured per batch size as a sequence of CUDA graphs
-    with the splitting ops run eagerly between them (its `no_graph`), all sizes in one pool, largest first, on one
-    side stream after a warm-up there; served by `_padded_server`. The splitting ops must write into buffers they
-    are given and return no CUDA tensor (pcg's rule); non-tensor arguments must equal the example's."""
+    """Meta's compiler-free piecewise CUDA graphs, `breakable-cuda-graphs` ("breakable") or its predecessor
+    `piecewise-cuda-graphs` ("meta-pcg"), both on PyPI with one API under two sets of names: the eager model captured
+    per batch size as a sequence of CUDA graphs with the splitting ops run eagerly between them (its `no_graph`), all
+    sizes in one pool, largest first, on one side stream after a warm-up there; served by `_padded_server`. The
+    splitting ops must write into buffers they are given and return no CUDA tensor (the package's rule); non-tensor
+    arguments must equal the example's."""
 
-    name = "meta-pcg"
     capabilities = Capabilities(cuda_graphs=True, padding=True, piecewise=True, shared_pool=True, needs_cuda=True)
 
+    def __init__(self, name: str = "meta-pcg", module: str = "piecewise_cuda_graphs",
+                 sequence: str = "CUDAGraphSequence", capture: str = "piecewise_graph") -> None:
+        self.name, self.module, self.sequence, self.capture = name, module, sequence, capture
+
     def unavailable_reason(self) -> str | None:
-        if _missing("piecewise_cuda_graphs"):
-            return ("meta-pcg needs Meta's piecewise-cuda-graphs (PyPI, pure Python), which is not installed. Fix: "
-                    "pip install 'pieceworks[pcg]' (or pip install piecewise-cuda-graphs)")
+        if _missing(self.module):
+            package = self.module.replace("_", "-")
+            return (f"{self.name} needs Meta's {package} (PyPI, pure Python), which is not installed. Fix: "
+                    f"pip install 'pieceworks[pcg]' (or pip install {package})")
         return super().unavailable_reason()
 
     def build(self, model, make_inputs, capture_sizes, splitting_ops):
-        import piecewise_cuda_graphs as pcg
+        pcg = importlib.import_module(self.module)
+        new_sequence, capture = getattr(pcg, self.sequence), getattr(pcg, self.capture)
 
         sizes = sorted(set(capture_sizes), reverse=True)
         static = [a.clone() if isinstance(a, torch.Tensor) else a for a in make_inputs(sizes[0])]
@@ -297,11 +327,11 @@ class MetaPCG(Implementation):
                     model(*views(n))
             torch.cuda.current_stream().wait_stream(stream)
             for n in sizes:
-                seq, breaks = pcg.CUDAGraphSequence(pool=pool), _NoGraphBreaks(splitting_ops, pcg.no_graph)
-                with pcg.piecewise_graph(seq, stream=stream), breaks:
+                seq, breaks = new_sequence(pool=pool), _NoGraphBreaks(splitting_ops, pcg.no_graph)
+                with capture(seq, stream=stream), breaks:
                     out = model(*views(n))
                 if not breaks.breaks and splitting_ops:
-                    raise RuntimeError(f"meta-pcg: no call of {list(splitting_ops)} seen while capturing batch {n}")
+                    raise RuntimeError(f"{self.name}: no call of {list(splitting_ops)} seen while capturing batch {n}")
                 captured[n] = (seq, out)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
@@ -393,8 +423,9 @@ def register(impl: Implementation) -> Implementation:
     return impl
 
 
-for _impl in [Eager(), Inductor(), ReduceOverhead(), DynamoCudagraphs(), GraphedCallables(),
-              *(Pieceworks(m) for m in ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")), MetaPCG(), VLLM()]:
+for _impl in [Eager(), Inductor(), ReduceOverhead(), InductorPartition(), DynamoCudagraphs(), GraphedCallables(),
+              *(Pieceworks(m) for m in ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")), MetaPCG(),
+              MetaPCG("breakable", "breakable_cuda_graphs", "BreakableCUDAGraph", "breakable_graph"), VLLM()]:
     register(_impl)
 
 

@@ -51,17 +51,12 @@ def nvml_status(device: int | None = None) -> str:
     """What the NVML reading covers on this machine, or why there is none."""
     if not torch.cuda.is_available():
         return "no CUDA device: no NVML reading"
-    handle = _nvml_handle(torch.cuda.current_device() if device is None else device)
-    if handle is None:
+    if _nvml_handle(torch.cuda.current_device() if device is None else device) is None:
         return _nvml["reason"]
     import pynvml
 
-    try:
-        others = str(len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle)))
-    except pynvml.NVMLError:
-        others = "?"
-    return (f"NVML device-wide used bytes (driver {pynvml.nvmlSystemGetDriverVersion()}): every process on the GPU "
-            f"({others} compute processes listed now), the CUDA context and driver-side graph memory; snapshots only")
+    return (f"NVML device-wide used bytes (driver {pynvml.nvmlSystemGetDriverVersion()}): every process on the GPU, "
+            "the CUDA context and driver-side graph memory; snapshots only")
 
 
 def _nvml_used() -> int | None:

@@ -1,10 +1,8 @@
 """Preflight of a GPU benchmark run: record what the numbers depend on, refuse a GPU that would skew them.
 
 `python -m pieceworks.harness.preflight [--out FILE] [--allow-busy] [--expect-sm-mhz MHZ]` records the GPU, driver,
-CUDA, torch, Triton and Python versions, the compile-cache key factors and the environment variables that change
-compiled code. Through NVML, before this process touches CUDA, it checks that no other process holds memory or SM
-time on the GPU; then, under a short launch-bound load of its own, that the SM clock reaches its maximum (or the
-locked clock given) with no thermal, power-brake or hardware slowdown (the policy: docs/ci.md).
+versions, compile-cache key factors and the environment variables that change compiled code, and checks the GPU
+through NVML, idle and under a short load of its own, against the policy of docs/ci.md.
 
 Exit status: 0 ready; 1 no usable GPU (no CUDA device, NVML missing); 75 (EX_TEMPFAIL, try later) busy or
 throttled, with one line per finding. --allow-busy records the findings, warns and exits 0 (humans only; CI never

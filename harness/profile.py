@@ -14,35 +14,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["kernel_profile", "kernel_kind", "kernels_only_in", "host_profile"]
+__all__ = ["kernel_profile", "kernels_only_in", "host_profile"]
 
-_LIBRARY = re.compile(r"gemm|gemv|xmma|cublas|cutlass|nvjet|splitk", re.IGNORECASE)
-
-
-def kernel_kind(name: str) -> str:
-    """"library" (cuBLAS, cuBLASLt, CUTLASS GEMMs/GEMVs), "triton", "aten" or "other", from a kernel's name."""
-    if _LIBRARY.search(name):
-        return "library"
-    if name.startswith("triton") or "triton_" in name:
-        return "triton"
-    if "at::" in name:
-        return "aten"
-    return "other"
+_LIBRARY = re.compile(r"gemm|gemv|xmma|cublas|cutlass|nvjet|splitk", re.IGNORECASE)  # cuBLAS(Lt), CUTLASS kernels
 
 
-def _device_us(event: Any) -> float:
-    for attr in ("self_device_time_total", "self_cuda_time_total", "device_time_total", "cuda_time_total"):
-        value = getattr(event, attr, None)
-        if value:
-            return float(value)
-    return 0.0
-
-
-def kernel_profile(fn: Callable[[], Any], calls: int = 5, top: int = 5) -> dict[str, Any]:
+def kernel_profile(fn: Callable[[], Any], calls: int = 5) -> dict[str, Any]:
     """Profile `calls` calls of `fn()` (CUDA, after one warm-up call; kernels of graph replays where CUPTI reports
-    them). Returns `{"device_us_per_call", "library_share", "top": [{"name" (cut to 120 characters), "kind",
-    "us_per_call", "calls_per_call", "share" (of all kernel time)}], "kernels": {name: [us_per_call,
-    calls_per_call]}}`, `top` holding the `top` kernels by time and `kernels` every kernel.
+    them). Returns `{"device_us_per_call", "library_share" (of kernel time: cuBLAS, cuBLASLt, CUTLASS GEMMs and
+    GEMVs), "kernels": {name: [us_per_call, calls_per_call]}}`, every kernel, most time first.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -54,25 +34,17 @@ def kernel_profile(fn: Callable[[], Any], calls: int = 5, top: int = 5) -> dict[
         torch.cuda.synchronize()
     kernels: dict[str, list[float]] = {}
     for event in prof.key_averages():
-        us = _device_us(event)
+        us = event.self_device_time_total
         if us <= 0 or event.key.startswith(("Memcpy", "Memset", "cudaGraph")):
             continue
         entry = kernels.setdefault(event.key, [0.0, 0.0])
         entry[0] += us
         entry[1] += event.count
     total = sum(us for us, _ in kernels.values())
-    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
-    library = sum(us for name, (us, _) in kernels.items() if kernel_kind(name) == "library")
-    return {
-        "device_us_per_call": total / calls,
-        "library_share": library / total if total else 0.0,
-        "top": [
-            {"name": name[:120], "kind": kernel_kind(name), "us_per_call": us / calls,
-             "calls_per_call": count / calls, "share": us / total if total else 0.0}
-            for name, (us, count) in ranked[:top]
-        ],
-        "kernels": {name: [us / calls, count / calls] for name, (us, count) in ranked},
-    }
+    library = sum(us for name, (us, _) in kernels.items() if _LIBRARY.search(name))
+    return {"device_us_per_call": total / calls, "library_share": library / total if total else 0.0,
+            "kernels": {name: [us / calls, count / calls] for name, (us, count) in
+                        sorted(kernels.items(), key=lambda kv: -kv[1][0])}}
 
 
 def kernels_only_in(first: dict[str, Any], second: dict[str, Any], limit: int = 3) -> list[tuple[str, float, float]]:

@@ -1,11 +1,7 @@
-"""pytest plugin, opt-in (`-p pieceworks.harness.pytest_plugin`, or `pytest_plugins = [...]` in a root conftest, as
-the project's suites do): the `gpu` marker and gpu test timeouts.
-
-- A test marked `gpu` is skipped, with the reason, when CUDA is absent (checked at collection, and only when a gpu
-  test was collected: importing this module does not import torch).
-- Timeouts are pytest-timeout's (in the `test` extra): a gpu test without a `timeout` marker gets
-  `timeout(--pieceworks-gpu-timeout)`, default 120 s. Without pytest-timeout, one warning: gpu tests have no timeout.
-"""
+"""pytest plugin, opt-in (`-p pieceworks.harness.pytest_plugin`): a test marked `gpu` is skipped, with the reason,
+where CUDA is absent (torch is imported only once a gpu test is collected), and gets pytest-timeout's
+`timeout(--pieceworks-gpu-timeout)`, default 120 s, unless it has a `timeout` marker; without pytest-timeout, one
+warning says gpu tests have no timeout."""
 
 from __future__ import annotations
 

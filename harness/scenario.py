@@ -11,11 +11,10 @@ when set: a test session prepares its child processes there as it prepared itsel
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import importlib.util
 import json
 import os
+import pkgutil
 import subprocess
 import sys
 import time
@@ -30,12 +29,11 @@ _RESULT_MARK = "pieceworks-case-result: "
 def _function(target: str) -> Any:
     """The function "path/to/file.py:function" or "package.module:function" names."""
     where, _, name = target.rpartition(":")
-    if where.endswith(".py"):
-        spec = importlib.util.spec_from_file_location(f"pieceworks_case_{os.path.basename(where)[:-3]}", where)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
+    if not where.endswith(".py"):
+        return pkgutil.resolve_name(target)
+    spec = importlib.util.spec_from_file_location(f"pieceworks_case_{os.path.basename(where)[:-3]}", where)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return getattr(module, name)
 
 
@@ -51,10 +49,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--batches", default="1,7,64")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--profile", default=None, help="write a cProfile of the first call here")
     args = parser.parse_args(argv)
-    import cProfile
-
     import torch
 
     import pieceworks
@@ -75,15 +70,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with torch.no_grad():
         for batch in [int(b) for b in args.batches.split(",")]:
             inputs = make_inputs(batch)
-            profiling = first_call_s is None and args.profile  # the first call: trace and compile
             start = time.perf_counter()
-            with cProfile.Profile() if profiling else contextlib.nullcontext() as profiler:
-                out = compiled(*inputs)
-                if args.device != "cpu":
-                    torch.cuda.synchronize()
-            first_call_s = time.perf_counter() - start if first_call_s is None else first_call_s
-            if profiling:
-                profiler.dump_stats(args.profile)
+            out = compiled(*inputs)
+            if args.device != "cpu":
+                torch.cuda.synchronize()
+            first_call_s = time.perf_counter() - start if first_call_s is None else first_call_s  # trace and compile
             ref = model(*inputs)
             if not bool(torch.isfinite(ref).all()):
                 raise RuntimeError(f"the eager model gave non-finite values at batch {batch}: nothing to compare")
@@ -91,16 +82,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             worst = max(worst, error if error == error else float("inf"))  # NaN counts as the worst
     after = pieceworks.counters.snapshot()
     graph = compiled.runtime.graph if compiled.runtime is not None else None
-    report = {
-        "counters": {k: after[k] - before[k] for k in after},
-        "first_call_s": first_call_s,
-        "max_rel_error": worst,
-        "torch": torch.__version__,
-        "cache_dir": graph.cache_dir if graph is not None else None,
-        # where the first call's backend time went (split, compile or load); the rest is Dynamo's trace, its
-        # guards and one run of the model
-        "build_seconds": dict(graph.build_seconds) if graph is not None else {},
-    }
+    # build_seconds: where the first call's backend time went (split, compile or load); the rest is Dynamo's trace,
+    # its guards and one run of the model
+    report = {"counters": {k: after[k] - before[k] for k in after}, "first_call_s": first_call_s,
+              "max_rel_error": worst, "torch": torch.__version__, "cache_dir": graph.cache_dir if graph else None,
+              "build_seconds": dict(graph.build_seconds) if graph else {}}
     print(json.dumps(report))
     return report
 

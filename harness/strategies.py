@@ -1,16 +1,9 @@
-"""Hypothesis strategies for piecewise compilation, reusable for other backends.
+"""Hypothesis strategies for piecewise compilation, reusable for other backends (docs/testing.md lists them).
 
-- `programs()`: random straight-line models over a palette of ops (elementwise, matmul, views, several-output ops,
-  size-dependent ops, in-place writes to inputs and intermediates) with splitting ops (`silly::attention`, writing
-  into a buffer; `silly::pair`, returning two fresh tensors) anywhere: first, last, back to back, feeding each other.
-  A program is a tuple of plain tuples, so a failure prints (and shrinks to) a readable list of instructions, and
-  `ProgramModule(program)` is an `nn.Module` that Dynamo traces into one graph with a symbolic batch dimension.
-- `capture_sizes()`, `compile_ranges()`, `batch_sequences()`: size sets and serving sequences.
-- `index_entries()`, `corruptions()`: cache index contents and byte-level damage.
-- `signatures()`, `mismatches()`: call signatures (tensors of any dtype, rank and trailing sizes; plain values) and
-  one way to break each, for argument-check properties.
-- `output_structures()`: nested tuples, lists and dicts of a program's values, for output-unpadding properties.
-- `register_profiles()`: the `ci`, `dev` and `nightly` profiles; `gpu_settings()`: a GPU property's settings.
+A `programs()` draw is a tuple of plain tuples, so a failure prints (and shrinks to) a readable list of instructions;
+`ProgramModule(program)` is an `nn.Module` that Dynamo traces into one graph with a symbolic batch dimension, its
+splitting ops (`silly::attention`, writing into a buffer; `silly::pair`, returning two fresh tensors) anywhere.
+`register_profiles()` registers the `ci`, `dev`, `nightly` and `find-only` profiles; `gpu_settings()` a GPU property's.
 """
 
 from __future__ import annotations
@@ -27,8 +20,7 @@ from . import models  # noqa: F401 - registers the silly ops
 
 __all__ = ["HIDDEN", "ProgramModule", "programs", "program_inputs", "capture_sizes", "compile_ranges",
            "batch_sequences", "index_entries", "corruptions", "corrupt", "register_profiles", "gpu_settings",
-           "signatures", "signature_args", "mismatches", "apply_mismatch", "SignatureModule", "output_structures",
-           "StructureModule", "value_count", "with_extra_output"]
+           "output_structures", "StructureModule", "value_count", "with_extra_output"]
 
 HIDDEN = 4
 _UNARY = {"sin": torch.sin, "tanh": torch.tanh, "relu": torch.relu, "neg": torch.neg, "half": lambda v: v * 0.5,
@@ -201,104 +193,6 @@ def gpu_settings(fraction: int = 3, **overrides: Any) -> settings:
     base = dict(max_examples=max(3, settings.default.max_examples // fraction), phases=phases, deadline=None,
                 report_multiple_bugs=False)
     return settings(settings.default, **{**base, **overrides})
-
-
-# ---- call signatures, for argument checks ---------------------------------------------------------------------
-_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool)
-_values = st.one_of(st.integers(-3, 3), st.floats(-2, 2, allow_nan=False, width=32), st.booleans(),
-                    st.sampled_from(["mean", "sum"]), st.none())
-
-
-def signatures(max_args: int = 4) -> st.SearchStrategy[tuple]:
-    """A call signature: a tuple of ("tensor", dtype name, trailing sizes) and ("value", v); at least one tensor."""
-    tensor = st.tuples(st.just("tensor"), st.sampled_from([str(d).removeprefix("torch.") for d in _DTYPES]),
-                       st.lists(st.integers(1, 3), max_size=2).map(tuple))
-    value = st.tuples(st.just("value"), _values)
-    return st.lists(st.one_of(tensor, value), min_size=1, max_size=max_args).filter(
-        lambda sig: any(spec[0] == "tensor" for spec in sig)).map(tuple)
-
-
-def signature_args(signature: tuple, batch: int, seed: int = 0) -> list[Any]:
-    """Arguments of `signature` at batch size `batch` (dim 0 of every tensor), values from `seed`."""
-    gen = torch.Generator().manual_seed(seed)
-    args = []
-    for spec in signature:
-        if spec[0] == "value":
-            args.append(spec[1])
-        else:
-            data = torch.randn(batch, *spec[2], generator=gen) * 3
-            args.append(data > 0 if spec[1] == "bool" else data.to(getattr(torch, spec[1])))
-    return args
-
-
-class SignatureModule(nn.Module):
-    """Takes any `signatures()` call: the row sums of every tensor, scaled by the numeric values. Output [B]."""
-
-    def forward(self, *args: Any) -> torch.Tensor:
-        total = None
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                rows = a.to(torch.float32).reshape(a.shape[0], -1).sum(-1)
-                total = rows if total is None else total + rows
-        for a in args:
-            if isinstance(a, (int, float)) and not isinstance(a, bool):
-                total = total * (1 + a)
-            elif a is True:
-                total = total.neg()
-        return total
-
-
-def mismatches(signature: tuple) -> st.SearchStrategy[tuple]:
-    """One way a call can differ from `signature` other than its batch size: (kind, argument index, detail).
-
-    kinds: "trailing" (a trailing size), "rank" (one more or one fewer dimension), "dtype", "device" (meta),
-    "count" (one argument fewer or more), "value" (a plain value changed), "kind" (a tensor where a value was, or the
-    reverse), "batch" (one tensor's dim 0 differs from the others').
-    """
-    tensors = [i for i, spec in enumerate(signature) if spec[0] == "tensor"]
-    values = [i for i, spec in enumerate(signature) if spec[0] == "value"]
-    options = [st.tuples(st.just("dtype"), st.sampled_from(tensors), st.sampled_from(_DTYPES)),
-               st.tuples(st.just("device"), st.sampled_from(tensors), st.just("meta")),
-               st.tuples(st.just("rank"), st.sampled_from(tensors), st.booleans()),
-               st.tuples(st.just("count"), st.just(len(signature)), st.booleans()),
-               st.tuples(st.just("kind"), st.integers(0, len(signature) - 1), st.just(None))]
-    with_trailing = [i for i in tensors if signature[i][2]]
-    if with_trailing:
-        options.append(st.tuples(st.just("trailing"), st.sampled_from(with_trailing), st.integers(1, 2)))
-    if values:
-        options.append(st.tuples(st.just("value"), st.sampled_from(values), _values))
-    if len(tensors) > 1:
-        options.append(st.tuples(st.just("batch"), st.sampled_from(tensors[1:]), st.integers(1, 2)))
-    return st.one_of(options)
-
-
-def apply_mismatch(args: list[Any], mismatch: tuple) -> list[Any] | None:
-    """`args` changed by `mismatch`; None when the draw changes nothing (same dtype, same value)."""
-    kind, i, detail = mismatch
-    args = list(args)
-    if kind == "count":
-        return args[:-1] if detail and len(args) > 1 else args + [args[0]] if detail else args + [1]
-    a = args[i] if i < len(args) else None
-    if kind == "dtype":
-        if a.dtype == detail:
-            return None
-        args[i] = a.to(detail)
-    elif kind == "device":
-        args[i] = a.to("meta")
-    elif kind == "rank":
-        args[i] = a.unsqueeze(-1) if detail or a.dim() == 1 else a.sum(-1)
-    elif kind == "trailing":
-        args[i] = torch.cat([a] * (detail + 1), dim=-1)
-    elif kind == "value":
-        if detail == a:  # the same value, or an equal one of another type (1 vs 1.0 vs True): a case of its own
-            return None
-        args[i] = detail
-    elif kind == "kind":
-        batch = next(t.shape[0] for t in args if isinstance(t, torch.Tensor))
-        args[i] = 1 if isinstance(a, torch.Tensor) else torch.ones(batch)
-    elif kind == "batch":
-        args[i] = torch.cat([a] * (detail + 1), dim=0)
-    return args
 
 
 # ---- output structures, for unpadding -------------------------------------------------------------------------

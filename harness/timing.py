@@ -1,8 +1,7 @@
 """Timing, the one set of primitives every benchmark uses: CUDA events for GPU work, a clock for host work.
 
 Never a bare host clock around asynchronous GPU work. Results are medians with quartiles (`summary_us`); several
-callables are timed side by side in rotating rounds (`interleaved_cuda_time_us`, `ratio_over_rounds`). Where the
-time goes: `profile` (kernel and cProfile profiles), `breakdown` (a forward's pieces timed alone).
+callables are timed side by side in rotating rounds (`interleaved_cuda_time_us`, `ratio_over_rounds`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,22 @@
 """Cold, warm, and warm on a new host: ToyLlama compiled in fresh processes, where each first call's time goes.
 
-`python -m pieceworks.harness.warm_start [--device cuda] [--layers 12] [--again] [--profile DIR] [--out F.json]`;
-the compile benchmark (`suites/benchmarks/compile.py`) runs the same `measure`. Each start is one
-`pieceworks.harness.scenario` process (Inductor, mode NONE, batches 1, 7, 64, 300), all with one pieceworks cache:
+`python -m pieceworks.harness.warm_start [--device cuda] [--layers 12] [--again] [--out F.json]`; the compile
+benchmark runs the same `measure`. Each start is one `pieceworks.harness.scenario` process (Inductor, mode NONE,
+batches 1, 7, 64, 300), all with one pieceworks cache:
 - cold: empty pieceworks cache, empty Inductor cache;
 - warm: the cold run's pieceworks cache and Inductor cache (a restart on the same host);
 - warm_new_host: the cold run's pieceworks cache, an empty Inductor cache (the cache copied to a new host);
 - warm_again (`--again`): a second warm start on the first host, for the spread.
 A host is a temporary folder (`TMPDIR`, under which Inductor keeps its default cache) and `TORCHINDUCTOR_CACHE_DIR`
 is unset, as on a machine nobody configured: pieceworks then keeps Inductor's cache inside its own, which is what a
-new host inherits. Every folder is removed at exit. `--profile DIR` writes a cProfile of each first call
-(`DIR/<start>.prof`); `--out` writes the starts with the device, torch and the commit (the report reads
-`results/bench/<machine>/warm_start_<commit>.json`). Exit status 1 when a warm start compiled anything, else 0.
+new host inherits. Every folder is removed at exit. Exit status 1 when a warm start compiled anything, else 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import sys
@@ -33,12 +32,8 @@ __all__ = ["STARTS", "measure", "main"]
 STARTS = ("cold", "warm", "warm_new_host")
 
 
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def measure(device: str, layers: int = 12, again: bool = False, progress: Callable[[str], None] = _stderr,
-            profile_dir: str | None = None) -> dict:
+def measure(device: str, layers: int = 12, again: bool = False,
+            progress: Callable[[str], None] = functools.partial(print, file=sys.stderr, flush=True)) -> dict:
     """`{start: {first_call_seconds, process_seconds, inductor_compiles, artifacts_loaded, max_rel_error,
     backend_seconds, compile_or_load_seconds}}` for each start, in order (see the module doc)."""
     with tempfile.TemporaryDirectory(prefix="pieceworks-warm-start-", ignore_cleanup_errors=True) as work:
@@ -48,11 +43,10 @@ def measure(device: str, layers: int = 12, again: bool = False, progress: Callab
         for start in (*STARTS, "warm_again") if again else STARTS:
             host = os.path.join(work, hosts[start])
             os.makedirs(host, exist_ok=True)
-            profile = ["--profile", os.path.join(profile_dir, f"{start}.prof")] if profile_dir else []
             progress(f"compile {start} on {device} (a fresh process)")
             began = time.perf_counter()
             report = run_scenario("--model", "toy_llama", "--layers", str(layers), "--cache-dir", cache,
-                                  "--device", device, "--batches", "1,7,64,300", *profile,
+                                  "--device", device, "--batches", "1,7,64,300",
                                   env={"TMPDIR": host}, unset=("TORCHINDUCTOR_CACHE_DIR",), timeout=500)
             counters, build = report["counters"], report["build_seconds"]
             results[start] = {
@@ -69,15 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="cuda where torch sees one, else cpu")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--again", action="store_true", help="a second warm start on the first host")
-    parser.add_argument("--profile", default=None, help="folder for a cProfile of each first call")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.profile:
-        os.makedirs(args.profile, exist_ok=True)
-    starts = measure(device, args.layers, args.again, profile_dir=args.profile)
+    starts = measure(device, args.layers, args.again)
     doc = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": code_commit(),
            "model": f"ToyLlama layers={args.layers}", "starts": starts}

@@ -20,7 +20,7 @@ from pieceworks.harness import implementations, models
 from pieceworks.harness.implementations import Capabilities, Implementation, load_user_implementations, resolve
 
 BUILT_IN = ["eager", "inductor", "reduce-overhead", "pieceworks-none", "pieceworks-piecewise", "pieceworks-full",
-            "pieceworks-full_and_piecewise", "meta-pcg"]
+            "pieceworks-full_and_piecewise", "meta-pcg", "breakable", "inductor-partition"]
 
 
 def test_built_in_names_and_capabilities():
@@ -31,7 +31,9 @@ def test_built_in_names_and_capabilities():
         assert isinstance(impl, Implementation) and impl.name == name
         caps = impl.capabilities
         assert not (caps.padding or caps.piecewise or caps.shared_pool) or caps.cuda_graphs, name
-    assert registry["meta-pcg"].capabilities.piecewise and registry["meta-pcg"].capabilities.padding
+    for name in ["meta-pcg", "breakable", "inductor-partition"]:
+        assert registry[name].capabilities.piecewise, name
+    assert registry["meta-pcg"].capabilities.padding and registry["breakable"].capabilities.padding
     assert not registry["reduce-overhead"].capabilities.padding  # it records per size instead
     assert registry["pieceworks-piecewise"].capabilities.compile_cache
 
@@ -91,11 +93,11 @@ def test_user_implementations_from_the_environment(user_module, monkeypatch):
 
 
 def test_unavailable_reasons(monkeypatch):
-    pcg = implementations.IMPLEMENTATIONS["meta-pcg"]
-    monkeypatch.setitem(sys.modules, "piecewise_cuda_graphs", None)  # import fails as if not installed
-    reason = pcg.unavailable_reason()
-    assert reason is not None and "piecewise-cuda-graphs" in reason and "pip install" in reason
-    monkeypatch.delitem(sys.modules, "piecewise_cuda_graphs")
+    for name, module in [("meta-pcg", "piecewise_cuda_graphs"), ("breakable", "breakable_cuda_graphs")]:
+        monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+        reason = implementations.IMPLEMENTATIONS[name].unavailable_reason()
+        assert reason is not None and module.replace("_", "-") in reason and "pip install" in reason
+        monkeypatch.delitem(sys.modules, module)
 
     class NeedsCuda(Implementation):
         name = "needs-cuda"
@@ -157,9 +159,10 @@ def _cuda_llama(dtype=torch.float32):
 
 @pytest.mark.gpu
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", ["meta-pcg", "breakable"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_meta_pcg_pads_and_serves_like_eager(dtype):
-    impl = implementations.IMPLEMENTATIONS["meta-pcg"]
+def test_compiler_free_peers_pad_and_serve_like_eager(name, dtype):
+    impl = implementations.IMPLEMENTATIONS[name]
     reason = impl.unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -178,7 +181,8 @@ def test_meta_pcg_pads_and_serves_like_eager(dtype):
 @pytest.mark.gpu
 @pytest.mark.inductor
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", ["inductor", "reduce-overhead", "pieceworks-piecewise", "pieceworks-full"])
+@pytest.mark.parametrize("name", ["inductor", "reduce-overhead", "inductor-partition", "pieceworks-piecewise",
+                                  "pieceworks-full"])
 def test_compiled_adapters_serve_like_eager(name, tmp_path):
     """(Inductor's adapter is tested here, on a GPU, to keep Inductor compiles out of the CPU suite.)"""
     impl = implementations.IMPLEMENTATIONS[name]

@@ -14,7 +14,7 @@ from pieceworks import CompilationConfig, CUDAGraphMode, counters
 from pieceworks.piece import moving_inputs, mutated_inputs, uncapturable_reason
 from pieceworks.harness import models
 from pieceworks.harness.checked import CheckedModel, OutputOverwrittenError
-from pieceworks.harness.tracing import dynamo_graph
+from suites.helpers import dynamo_graph
 from pieceworks.padding import StaticInputs, unpad
 from pieceworks.split import split_graph
 

@@ -24,7 +24,7 @@ from pieceworks.key import cache_key
 from pieceworks.dispatch import BatchSizeError, compile_target, padded_size
 from pieceworks.padding import unpad
 from pieceworks.harness import strategies as S
-from pieceworks.harness.tracing import dynamo_graph
+from suites.helpers import SignatureModule, apply_mismatch, dynamo_graph, mismatches, signature_args, signatures
 from pieceworks.split import is_splitting_op, split_graph
 
 SPLIT = ["silly::attention", "silly::pair"]
@@ -238,20 +238,20 @@ def test_compile_dispatch_exact_size_then_range_else_clear_error(ends, sizes, ba
 
 # ---- 10. argument checks --------------------------------------------------------------------------------------
 @settings(max_examples=max(5, settings.default.max_examples // 2))
-@given(signature=S.signatures(), data=st.data())
+@given(signature=signatures(), data=st.data())
 def test_any_argument_mismatch_is_an_input_error_naming_the_argument(signature, data):
     """Compiled for one call, a call differing only in batch size runs and equals eager; a call differing in
     anything else (trailing sizes, rank, dtype, device, count, plain values, tensor vs value, disagreeing batch
     sizes) raises InputError naming what differs. One compile, several mismatches."""
     torch._dynamo.reset()
-    module = S.SignatureModule()
+    module = SignatureModule()
     compiled = pieceworks.compile(module, CompilationConfig(compiler="eager", cudagraph_mode=CUDAGraphMode.NONE))
-    compiled(*S.signature_args(signature, 3))
-    args = S.signature_args(signature, data.draw(st.integers(1, 9), label="batch"), seed=1)
+    compiled(*signature_args(signature, 3))
+    args = signature_args(signature, data.draw(st.integers(1, 9), label="batch"), seed=1)
     torch.testing.assert_close(compiled(*args), module(*args))
     for _ in range(3):
-        mismatch = data.draw(S.mismatches(signature), label="mismatch")
-        bad = S.apply_mismatch(args, mismatch)
+        mismatch = data.draw(mismatches(signature), label="mismatch")
+        bad = apply_mismatch(args, mismatch)
         if bad is None:
             continue
         kind, i, _ = mismatch
@@ -273,7 +273,7 @@ def test_a_plain_value_of_another_type_is_an_input_error(compiled_with, called_w
     """`2 == 2.0 == True` in Python, but the trace baked in the type: a model compiled with `2` and called with `2.0`
     would return int64 where eager gives float32. The argument check compares type and value."""
     torch._dynamo.reset()
-    module = S.SignatureModule()
+    module = SignatureModule()
     compiled = pieceworks.compile(module, CompilationConfig(compiler="eager", cudagraph_mode=CUDAGraphMode.NONE))
     x = torch.randn(3, 2)
     torch.testing.assert_close(compiled(x, compiled_with), module(x, compiled_with))

@@ -6,9 +6,9 @@
   sections) says "not measured here" and why, never a method text over no table; the project's own checks (the
   core's size) stand apart from the product targets.
 - A missed ratio is explained by both of its sides: their kernel time, GPU busy share and the kernels only the
-  slower side runs, from the latency run's own profiles; where that run profiled one side only (older runs), from a
-  side-by-side profile (`python -m pieceworks.harness.profile --out results/bench/<machine>/profile_*.json`); with
-  neither, from what the latency run profiled.
+  slower side runs, from the latency run's own profiles; where that run did not profile both, the note says so.
+- Of the runtime breakdowns and warm-start runs, only the newest by its recorded date is read; the targets, their
+  limits and labels are those of the thresholds file.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def _scale_asv(results: Path, scale: dict[tuple[str, tuple], float]) -> None:
 def _regenerate(tmp_path: Path, drop: tuple[str, ...] = (), one_side: bool = False,
                 scale: dict[tuple[str, tuple], float] | None = None, plots: bool = False) -> str:
     """The report of a copy of the committed results, without the files matching `drop`; `one_side`: the latency
-    runs' profiles of reduce-overhead removed (as older runs profiled eager, pcg and PIECEWISE only); `scale`: asv
-    values multiplied (see `_scale_asv`), to force a target's verdict whatever the committed run measured."""
+    runs' profiles of reduce-overhead removed (one side of the FULL ratio unprofiled); `scale`: asv values multiplied
+    (see `_scale_asv`), to force a target's verdict whatever the committed run measured."""
     results = tmp_path / "results"
     shutil.copytree(REPO / "results" / "asv", results / "asv")
     shutil.copytree(REPO / "results" / "bench" / MACHINE, results / "bench" / MACHINE,
@@ -63,8 +63,8 @@ def _regenerate(tmp_path: Path, drop: tuple[str, ...] = (), one_side: bool = Fal
     return (results / "bench" / MACHINE / "REPORT.md").read_text()
 
 
-# FULL made 2x slower at bfloat16 batch 64, a size the committed side-by-side profile covers: the worst miss, whatever
-# the committed run measured.
+# FULL made 2x slower at bfloat16 batch 64, a size whose both sides the committed latency run profiled: the worst miss,
+# whatever the committed run measured.
 FULL_MISS = {("latency.ToyLlamaBfloat16.track_median_us", ("pieceworks-full", 64)): 2.0}
 
 
@@ -107,21 +107,14 @@ def _full_target(text: str) -> str:
 
 
 def test_a_miss_is_explained_by_both_sides_and_the_kernels_only_one_runs(tmp_path):
-    row = _full_target(_regenerate(tmp_path, drop=("profile_*.json",), scale=FULL_MISS))
+    row = _full_target(_regenerate(tmp_path, scale=FULL_MISS))
     assert "**missed**" in row
-    assert "bfloat16 b64: pieceworks-full " in row and " vs reduce-overhead " in row and "side-by-side" not in row
+    assert "bfloat16 b64: pieceworks-full " in row and " vs reduce-overhead " in row
     assert row.count("% busy") >= 2 and "kernels only in pieceworks-full: `" in row
 
-
-def test_a_side_by_side_profile_explains_a_miss_the_latency_run_profiled_one_side_of(tmp_path):
-    row = _full_target(_regenerate(tmp_path, one_side=True, scale=FULL_MISS))
-    assert "**missed**" in row
-    assert "bfloat16 b64 (side-by-side profile): pieceworks-full" in row and " vs reduce-overhead " in row
-    assert row.count("% busy") >= 2 and row.count("kernels") >= 2
-
-    without = _full_target(_regenerate(tmp_path / "without", drop=("profile_*.json",), one_side=True,
-                                       scale=FULL_MISS))
-    assert "side-by-side" not in without and " vs reduce-overhead " not in without and "**missed**" in without
+    one_side = _full_target(_regenerate(tmp_path / "one_side", one_side=True, scale=FULL_MISS))
+    assert "**missed**" in one_side and "bfloat16 b64: no kernel profile of both sides recorded" in one_side
+    assert " vs reduce-overhead " not in one_side
 
 
 def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
@@ -156,11 +149,12 @@ def test_a_warm_start_miss_says_where_the_first_call_went(tmp_path):
     assert "**missed**" in row
     assert f"warm: {warm:.2f} s = {0.75 * warm:.2f} s outside the backend" in row
     assert f"+ {0.25 * warm:.2f} s in it, {0.2 * warm:.2f} s of which loading the pieces" in row
-    assert f"| {0.25 * warm:.2f} | {0.2 * warm:.2f} | {0.75 * warm:.2f} |" in _line(text, "| warm |")
+    assert f"| {0.25 * warm:.2f} | {0.2 * warm:.2f} | {0.75 * warm:.2f} |" in _line(text, "| asv | warm |")
 
     text, warm = _warm_start_report(tmp_path / "without", breakdown=False)
     assert "**missed**" in _line(text, "| warm start:") and "outside the backend" not in _line(text, "| warm start:")
-    assert f"| {warm:.2f} | " in _line(text, "| warm |") and "| n/a | n/a | n/a |" in _line(text, "| warm |")
+    row = _line(text, "| asv | warm |")
+    assert f"| {warm:.2f} | " in row and "| n/a | n/a | n/a |" in row
 
 
 def test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost(tmp_path):
@@ -188,48 +182,55 @@ def test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost(tmp
             "objects>` 0.90 s in 663 calls") in row
 
 
-def _side_by_side_run(folder: Path, commit: str, full: float, unsplit: float, pcg: float) -> None:
-    """A runtime_breakdown result with one dtype and one batch: the given ratios, each over 3 rounds."""
+SIDE_BY_SIDE = ["compiled call", "plan run", "graph replays", "splitting ops", "FULL", "FULL unsplit", "meta-pcg",
+                "reduce-overhead"]  # the variants of a runtime breakdown, in the order it times them
+
+
+def _side_by_side_run(folder: Path, commit: str, full: float, unsplit: float, pcg: float,
+                      date: str = "2026-11-23T00:00:00+00:00") -> Path:
+    """A runtime_breakdown result of `date` with one dtype and one batch: the given ratios, each over 3 rounds."""
     ratio = lambda m: {"median": m, "min": m - 0.01, "max": m + 0.02, "rounds": 3}  # noqa: E731
-    us = {name: {"median_us": 100.0, "p25_us": 99.0, "p75_us": 101.0} for name in report.SIDE_BY_SIDE}
-    doc = {"device": "GPU", "torch": "2.x", "date": "2026-11-23T00:00:00+00:00", "model": "ToyLlama", "reps": 30,
+    us = {name: {"median_us": 100.0, "p25_us": 99.0, "p75_us": 101.0} for name in SIDE_BY_SIDE}
+    doc = {"device": "GPU", "torch": "2.x", "date": date, "model": "ToyLlama", "reps": 30, "commit": commit,
            "dtypes": {"bfloat16": {"batches": {"64": {"us": us, "ratios": {
                "PIECEWISE / meta-pcg": ratio(pcg), "FULL / reduce-overhead": ratio(full),
                "FULL unsplit / reduce-overhead": ratio(unsplit), "compiled call / plan run": ratio(1.01)}}}}}}
-    (folder / f"runtime_breakdown_{commit}.json").write_text(json.dumps(doc))
+    (path := folder / f"runtime_breakdown_{commit}.json").write_text(json.dumps(doc))
+    return path
 
 
-def test_side_by_side_runs_give_target_rows_and_say_what_the_split_costs(tmp_path):
-    """Rotating-round runs (`runtime_breakdown_<commit>.json`) get a table and target rows of their own: a met ratio
-    is met, a missed one is missed with its per-round range, and a FULL miss names what FULL without the split
-    measured in the same run."""
+def _side_by_side_row(text: str, batch: int) -> str:
+    return _line(text[text.index("## Side by side"):], f"| {batch} |")
+
+
+def test_the_newest_side_by_side_run_gets_a_table_of_its_rounds_and_the_call_over_plan_row(tmp_path):
+    """The newest runtime breakdown (`runtime_breakdown_<commit>.json`, by its recorded date) gets a table of its
+    variants and of every ratio it timed, each the median of its per-round ratios with their range (FULL unsplit
+    beside FULL: what the split costs); of those ratios only the call over its plan run is a target row of its own,
+    PIECEWISE / pcg and FULL being the latency rows'."""
     text = _regenerate(tmp_path, drop=("runtime_breakdown_*",))
     assert "side by side (rounds)" not in text
-    _side_by_side_run(tmp_path / "results" / "bench" / MACHINE, "abc1234", full=1.12, unsplit=1.0, pcg=0.8)
-    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE, "--no-plots"]) == 0
-    text = (tmp_path / "results" / "bench" / MACHINE / "REPORT.md").read_text()
-    assert "### bfloat16, commit abc1234" in text
-    pcg = _line(text, "| PIECEWISE ≤ 0.9× Meta pcg, side by side")
-    assert "abc1234 bf16 0.80× (b64)" in pcg and "| met |" in pcg
-    full = _line(text, "| FULL ≤ 1.02× reduce-overhead, side by side")
-    assert "**missed**" in full and "abc1234 bf16 b64 1.12× (1.11-1.14), with splitting_ops=[] 1.00×" in full
-    assert "the cost is the split's piece boundaries" in full
-    # FULL without the split misses too (another run): the report then claims nothing about the split
-    _side_by_side_run(tmp_path / "results" / "bench" / MACHINE, "def5678", full=1.12, unsplit=1.10, pcg=0.8)
-    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE, "--no-plots"]) == 0
-    full = _line((tmp_path / "results" / "bench" / MACHINE / "REPORT.md").read_text(),
-                 "| FULL ≤ 1.02× reduce-overhead, side by side")
-    assert "def5678 bf16 b64 1.12× (1.11-1.14), with splitting_ops=[] 1.10×" in full
-    assert "the split's piece boundaries" not in full
+    folder = tmp_path / "results" / "bench" / MACHINE
+    _side_by_side_run(folder, "abc1234", full=1.12, unsplit=1.0, pcg=0.8)
+    text = _report(tmp_path / "results")
+    assert "commit abc1234, 2026-11-23" in text and "### bfloat16" in text
+    row = _side_by_side_row(text, 64)
+    assert "| 0.800× (0.790-0.820) | 1.120× (1.110-1.140) | 1.000× (0.990-1.020) | 1.010× (1.000-1.030) |" in row
+    call = _line(text, "| CompiledModel call ≤ 1.03× its plan run, side by side (rounds)")
+    assert "| bfloat16 b64: 1.01× (1.00-1.03) | met |" in call
+    assert "Meta pcg, side by side" not in text and "reduce-overhead, side by side" not in text
+    # a later run: only it is read
+    _side_by_side_run(folder, "0def567", full=1.12, unsplit=1.10, pcg=0.8, date="2026-11-24T00:00:00+00:00")
+    text = _report(tmp_path / "results")
+    assert "commit 0def567" in text and "abc1234" not in text
+    assert "| 1.120× (1.110-1.140) | 1.100× (1.090-1.120) |" in _side_by_side_row(text, 64)
 
 
 def test_a_call_over_plan_miss_names_what_the_call_adds_under_cprofile(tmp_path):
-    """A runtime_breakdown run whose compiled call misses its plan run, with a `call_profile`, gets the functions
-    whose own time the call adds in the target row's note."""
+    """A runtime breakdown whose compiled call misses its plan run, with a `call_profile`, gets the functions whose
+    own time the call adds in the target row's note."""
     _regenerate(tmp_path, drop=("runtime_breakdown_*",))
-    folder = tmp_path / "results" / "bench" / MACHINE
-    _side_by_side_run(folder, "abc1234", full=1.0, unsplit=1.0, pcg=0.8)
-    path = folder / "runtime_breakdown_abc1234.json"
+    path = _side_by_side_run(tmp_path / "results" / "bench" / MACHINE, "abc1234", full=1.0, unsplit=1.0, pcg=0.8)
     doc = json.loads(path.read_text())
     result = doc["dtypes"]["bfloat16"]
     result["batches"]["64"]["ratios"]["compiled call / plan run"] = {"median": 1.2, "min": 1.1, "max": 1.3, "rounds": 3}
@@ -237,31 +238,38 @@ def test_a_call_over_plan_miss_names_what_the_call_adds_under_cprofile(tmp_path)
                               "added": [{"function": "reference/api.py:200(_check)", "us_per_call": 12.5,
                                          "calls_per_call": 1.0}]}
     path.write_text(json.dumps(doc))
-    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE, "--no-plots"]) == 0
-    row = _line((folder / "REPORT.md").read_text(), "| CompiledModel call ≤ 1.03× its plan run, side by side")
-    assert "**missed**" in row and "abc1234 bf16 b64 1.20× (1.10-1.30)" in row
-    assert ("abc1234 bfloat16 b1 under cProfile (100 calls each, profiler overhead included): call 61 ms vs plan "
-            "48 ms, own time the call adds per forward: `reference/api.py:200(_check)` 12.5 µs in 1 calls") in row
+    row = _line(_report(tmp_path / "results"), "| CompiledModel call ≤ 1.03× its plan run, side by side")
+    assert "| bfloat16 b64: 1.20× (1.10-1.30) | **missed** |" in row
+    assert ("bfloat16 b1 under cProfile (100 calls each, profiler overhead included): call 61 ms vs plan 48 ms, own "
+            "time the call adds per forward: `reference/api.py:200(_check)` 12.5 µs in 1 calls") in row
 
 
-def test_warm_start_runs_get_a_table_and_say_where_their_first_call_went(tmp_path):
-    """`warm_start_<label>.json` runs (`python -m pieceworks.harness.warm_start`) get rows in the compile section,
-    count in the warm-start target, and split each warm first call into Dynamo's side and the backend's."""
-    text = _regenerate(tmp_path, drop=("warm_start_*",))
-    assert "| abc1234 | warm |" not in text
-    starts = {"cold": (10.0, 8.0, 7.5, 3), "warm": (0.5, 0.3, 0.25, 0)}  # first call, backend, loads, compiles
-    doc = {"device": "GPU", "torch": "2.x", "date": "2026-11-23", "commit": "abc1234", "model": "ToyLlama",
+def _warm_start_run(folder: Path, label: str, date: str, warm: float) -> None:
+    """A `warm_start_<label>.json` run of `date` (`python -m pieceworks.harness.warm_start`): cold 10 s, the warm
+    first call `warm` s, 60% of it in the backend and 50% loading the pieces."""
+    starts = {"cold": (10.0, 8.0, 7.5, 3), "warm": (warm, 0.6 * warm, 0.5 * warm, 0)}  # first, backend, loads, compiles
+    doc = {"device": "GPU", "torch": "2.x", "date": date, "commit": label, "model": "ToyLlama",
            "starts": {name: {"first_call_seconds": first, "process_seconds": 20.0, "inductor_compiles": compiles,
                              "artifacts_loaded": 3 - compiles, "max_rel_error": 0.0, "backend_seconds": backend,
                              "compile_or_load_seconds": loads}
                       for name, (first, backend, loads, compiles) in starts.items()}}
-    (tmp_path / "results" / "bench" / MACHINE / "warm_start_abc1234.json").write_text(json.dumps(doc))
-    assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE, "--no-plots"]) == 0
-    text = (tmp_path / "results" / "bench" / MACHINE / "REPORT.md").read_text()
-    assert "| abc1234 | warm | 0.50 | 0.05 | 0.30 | 0.25 | 0.20 | 20.0 | 0 | 3 |" in text
+    (folder / f"warm_start_{label}.json").write_text(json.dumps(doc))
+
+
+def test_the_newest_warm_start_run_gets_rows_and_says_where_its_first_call_went(tmp_path):
+    """The newest `warm_start_<label>.json` by its recorded date (not by its name) gets rows in the compile table,
+    counts in the warm-start target against its own cold start, and a missed warm first call is split into Dynamo's
+    side and the backend's."""
+    text = _regenerate(tmp_path, drop=("warm_start_*",))
+    assert "| abc1234 | warm |" not in text
+    folder = tmp_path / "results" / "bench" / MACHINE
+    _warm_start_run(folder, "abc1234", "2026-11-24T10:00:00+00:00", warm=5.0)
+    _warm_start_run(folder, "zzz9999", "2026-11-23", warm=0.5)  # older, though its name sorts last
+    text = _report(tmp_path / "results")
+    assert "| abc1234 | warm | 5.00 | 0.50 | 3.00 | 2.50 | 2.00 | 20.0 | 0 | 3 |" in text and "zzz9999" not in text
     row = _line(text, "| warm start:")
-    assert "abc1234 warm: 0.05×" in row
-    assert "abc1234 warm: 0.50 s = 0.20 s outside the backend + 0.30 s in it, 0.25 s of which loading the pieces" in row
+    assert "abc1234 warm: 0.50× cold, 0 compiles" in row and "**missed**" in row
+    assert "abc1234 warm: 5.00 s = 2.00 s outside the backend + 3.00 s in it, 2.50 s of which loading the pieces" in row
 
 
 def test_latency_ratios_come_from_the_rounds_where_the_run_timed_side_by_side(tmp_path):
@@ -285,6 +293,19 @@ def test_latency_ratios_come_from_the_rounds_where_the_run_timed_side_by_side(tm
     row = _full_target(text)
     assert "bfloat16 b64: 1.50× (1.40-1.60)" in row and "bfloat16 b512: 0.50× (0.45-0.55)" in row
     assert "**missed**" in row and "bfloat16 b64:" in row.split("|")[4]
+
+
+def test_an_implementation_not_timed_is_named_with_its_reason_under_its_table(tmp_path):
+    """A latency run's entry that was skipped, or failed against eager, is n/a in its table, and the line under the
+    table names the implementation and why."""
+    _regenerate(tmp_path)
+    results = tmp_path / "results"
+    details = results / "bench" / MACHINE / "latency_silly_float32.json"
+    doc = json.loads(details.read_text())
+    doc["entries"].update({"meta-pcg|1": {"skip": "needs the pcg extra"}, "inductor|2": {"error": "boom"}})
+    details.write_text(json.dumps(doc))
+    line = _line(_report(results).split("### silly, float32")[1], "Not timed (n/a): ")
+    assert "meta-pcg: needs the pcg extra" in line and "inductor: error: boom" in line
 
 
 CPU_BENCHMARKS = ("compile", "host_overhead", "dispatch", "code_size")  # what ci/main.sh runs without CUDA
@@ -324,7 +345,7 @@ def test_a_cpu_run_says_not_measured_here_for_every_gpu_section(tmp_path):
     for section in GPU_SECTIONS:
         assert f"## {section}\n\nNot measured here (needs CUDA" in text, section
     assert "Median µs per forward" not in text  # no method text over no table
-    assert "GPU (pytest-benchmark, `suites/test_host_overhead.py -m gpu`): not measured here (needs CUDA" in text
+    assert "GPU (pytest-benchmark): not measured here (needs CUDA" in text
     for target in GPU_TARGETS:
         row = _line(text, f"| {target}")
         assert row.endswith("| needs CUDA: this machine has no CUDA device | not measured |  |"), row
@@ -385,7 +406,7 @@ def test_committed_only_where_git_tracks_the_result_files_unmodified(tmp_path):
     details.write_text(details.read_text().replace('"layers": 12', '"layers": 13'))
     assert "from the committed" not in _report(results, "cpu-box")
     _git(results, "checkout", "--", ".")
-    (results / "bench" / "cpu-box" / "profile_new.json").write_text("{}")
+    (results / "bench" / "cpu-box" / "new.json").write_text("{}")
     assert "from the committed" not in _report(results, "cpu-box")
 
 
@@ -397,3 +418,15 @@ def test_the_projects_own_checks_stand_apart_from_the_product_targets(tmp_path):
     row = _line(own, "| reference core ≤ about 1,600 lines")
     assert "| over |" in row or "| within |" in row
     assert "**missed**" not in row and "| met |" not in row
+
+
+def test_targets_their_limits_and_labels_come_from_the_thresholds_file(tmp_path):
+    """A limit or label changed in the thresholds file changes the report's row and verdict: the report keeps no
+    copy of its own."""
+    table = json.loads((REPO / "ci" / "thresholds.json").read_text())
+    table["targets"]["pool_51_vs_largest"].update(limit=0.5, label="pool probe ≤ {limit:g}×")
+    table["own_checks"]["core_lines"].update(limit=10**6, label="core probe ≤ {limit:,}")
+    (path := tmp_path / "thresholds.json").write_text(json.dumps(table))
+    text, _ = report.render(report.load_results(str(REPO / "results"), MACHINE, targets=str(path)), MACHINE, "probe")
+    assert _line(text, "| pool probe ≤ 0.5× |").endswith("| PIECEWISE: 1.000×, FULL: 1.000× | **missed** |  |")
+    assert "| within |" in _line(text, "| core probe ≤ 1,000,000 |")

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from pieceworks import split_graph
 from pieceworks.harness import models
-from pieceworks.harness.tracing import dynamo_graph
+from suites.helpers import dynamo_graph
 
 ATTN = ["silly::attention"]
 

@@ -1,4 +1,5 @@
-"""Every hypothesis strategy of `pieceworks.harness.strategies` reaches its boundary cases.
+"""Every hypothesis strategy of `pieceworks.harness.strategies` (and the suites' own, `suites.helpers`) reaches its
+boundary cases.
 
 A strategy that never draws batch 1, the largest capture size, a size above it, an empty index or a splitting op
 at either end of a program would let every property pass while testing less than it claims. Each case asks
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import Phase, find, settings
 
 from pieceworks.harness import strategies
+from suites.helpers import mismatches, signatures
 
 SETTINGS = settings(max_examples=3000, database=None, deadline=None, phases=[Phase.generate])  # found, not shrunk
 
@@ -88,15 +90,15 @@ SIGNATURE = (("tensor", "float32", (2, 3)), ("tensor", "int64", ()), ("value", 2
 
 @pytest.mark.parametrize("kind", ["trailing", "rank", "dtype", "device", "count", "value", "kind", "batch"])
 def test_mismatches_reach_every_kind(kind):
-    reaches(strategies.mismatches(SIGNATURE), lambda m: m[0] == kind)
+    reaches(mismatches(SIGNATURE), lambda m: m[0] == kind)
 
 
 CALL_BOUNDARIES = {
-    "one tensor and nothing else": (strategies.signatures, lambda s: len(s) == 1),
-    "most arguments": (lambda: strategies.signatures(max_args=4), lambda s: len(s) == 4),
-    "a bool tensor": (strategies.signatures, lambda s: any(a[0] == "tensor" and a[1] == "bool" for a in s)),
-    "a 0-trailing-dim tensor": (strategies.signatures, lambda s: any(a[0] == "tensor" and a[2] == () for a in s)),
-    "a plain True": (strategies.signatures, lambda s: any(a[0] == "value" and a[1] is True for a in s)),
+    "one tensor and nothing else": (signatures, lambda s: len(s) == 1),
+    "most arguments": (lambda: signatures(max_args=4), lambda s: len(s) == 4),
+    "a bool tensor": (signatures, lambda s: any(a[0] == "tensor" and a[1] == "bool" for a in s)),
+    "a 0-trailing-dim tensor": (signatures, lambda s: any(a[0] == "tensor" and a[2] == () for a in s)),
+    "a plain True": (signatures, lambda s: any(a[0] == "value" and a[1] is True for a in s)),
     "a bare output leaf": (strategies.output_structures, lambda o: o[0] == "value" if isinstance(o, tuple) and o
                            and isinstance(o[0], str) else False),
     "outputs nested three deep": (strategies.output_structures,

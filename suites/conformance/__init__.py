@@ -1,7 +1,8 @@
 """The conformance suite: one specification, any piecewise CUDA-graph implementation.
 
-Run from anywhere: `pytest --pyargs pieceworks.conformance [--impl NAME ...] [--conformance-json PATH]`. Each property
-runs for every selected implementation (an adapter of `pieceworks.harness.implementations`: a registered name, or your
+Run from anywhere:
+`pytest -p pieceworks.conformance.plugin --pyargs pieceworks.conformance [--impl NAME ...] [--conformance-json PATH]`.
+Each property runs for every selected implementation (an adapter of `pieceworks.harness.implementations`: a registered name, or your
 own as `package.module:Adapter` or `path/to/file.py:Adapter`) and every selected model of `cases.py`
 (`--conformance-model`; default `subjects.DEFAULT_MODELS`: SillyModel, ToyLlama and a tiny random-weight Hugging
 Face Llama; `all` adds the closed-form tractable ToyLlama). A property needing a capability the

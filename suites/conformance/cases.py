@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from pieceworks.harness import hf_llama as hf
+from pieceworks.harness import llama
 from pieceworks.harness import models
 
 __all__ = ["ModelCase", "CASES", "POISONS"]
@@ -84,6 +85,34 @@ def _tractable_closed_form(args: tuple) -> torch.Tensor:
     return models.tractable_expected(args[1], _TOY).to(args[1].device, torch.float32)
 
 
+# ---- Llama (TINY) with paged-KV attention: every row a decode token of its own sequence ------------------------------
+# Row i is always the next token of sequence i, at position `_llama_positions[i]`: its context (the positions before)
+# is prefilled once by `make` and never written again, and each call writes only its own slot before reading it, so a
+# row depends on its token alone, not on earlier calls (poisoned ones included). The metadata of every row is filled
+# once (`decode_batch` of max_tokens rows) and stays current: a call of b rows reads the first b rows (pad rows too).
+_LLAMA = llama.TINY
+_LLAMA_POISON = _LLAMA.vocab_size - 1
+_llama_positions = torch.arange(_LLAMA.max_tokens) * 7 % _LLAMA.max_context
+
+
+def _llama(device: torch.device) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = llama.Llama(_LLAMA)
+    with torch.no_grad():
+        model.tok_embeddings.weight[_LLAMA_POISON] = float("nan")
+        model.to(device)
+        for seq, position in enumerate(_llama_positions.tolist()):
+            if position:
+                model(*llama.prefill_batch(model, position, device, seed=seq, seq=seq))
+    llama.decode_batch(model, _LLAMA.max_tokens, device, positions=_llama_positions)
+    return model
+
+
+def _llama_inputs(batch: int, seed: int, device: torch.device) -> tuple:
+    ids = torch.randint(0, _LLAMA_POISON, (batch,), generator=torch.Generator().manual_seed(seed))
+    return ids.to(device), _llama_positions[:batch].to(device)
+
+
 CASES: dict[str, ModelCase] = {case.name: case for case in [
     ModelCase("silly", tuple(models.SPLITTING_OPS), lambda device: models.SillyModel().to(device), _silly_inputs,
               _poison_floats, closed_form=lambda args: models.silly_model_expected(args[0])),
@@ -93,4 +122,5 @@ CASES: dict[str, ModelCase] = {case.name: case for case in [
     ModelCase("hf-llama", tuple(hf.SPLITTING_OPS), lambda device: hf.hf_llama(device),
               lambda batch, seed, device: hf.hf_llama_inputs(batch, seed, device), _poison_tokens(hf.POISON_TOKEN),
               unavailable=hf.unavailable_reason),
+    ModelCase("llama", tuple(llama.SPLITTING_OPS), _llama, _llama_inputs, _poison_tokens(_LLAMA_POISON)),
 ]}

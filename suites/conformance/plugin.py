@@ -33,7 +33,7 @@ _RANK = {"pass": 0, "n/a": 1, "unavailable": 1, "skipped": 1, "fail": 2, "error"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("pieceworks conformance", "the conformance suite (pytest --pyargs pieceworks.conformance)")
+    group = parser.getgroup("pieceworks conformance", "the conformance suite (pieceworks.conformance)")
     group.addoption("--impl", action="append", default=[], metavar="NAME",
                     help="a registered implementation, package.module:Adapter or path/to/file.py:Adapter (repeatable; "
                          "default: every registered one)")

@@ -1,4 +1,4 @@
-"""The conformance table, from a run's JSON (`pytest --pyargs pieceworks.conformance --conformance-json PATH`).
+"""The conformance table, from a run's JSON (the conformance suite's `--conformance-json PATH`).
 
 `python -m pieceworks.conformance.table PATH [--out FILE]` writes Markdown: per model, implementation x
 property, each cell pass, FAIL, error, n/a or skipped (n/a and skipped with a numbered note giving the reason); an

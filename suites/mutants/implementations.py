@@ -47,7 +47,7 @@ def pcg_always_available(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant("Meta pcg's adapter replays the captured size below the batch",
-        gpu=_IMPLS + "test_meta_pcg_pads_and_serves_like_eager")
+        gpu=_IMPLS + "test_compiler_free_peers_pad_and_serve_like_eager")
 def pcg_pads_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
     below = types.SimpleNamespace(bisect_left=lambda a, x: max(bisect.bisect_left(a, x) - 1, 0))
     mp.setattr(impls, "bisect", below)

@@ -18,22 +18,34 @@ from . import mutant
 _REPORT = "suites/test_report.py::"
 
 
-@mutant("a FULL miss in the side-by-side runs never says what FULL without the split measured",
-        cpu=_REPORT + "test_side_by_side_runs_give_target_rows_and_say_what_the_split_costs")
-def report_hides_what_the_split_costs(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(report, "UNSPLIT", "not timed")
+@mutant("a call-over-plan miss in the side-by-side runs never says what the call adds under cProfile",
+        cpu=_REPORT + "test_a_call_over_plan_miss_names_what_the_call_adds_under_cprofile")
+def report_hides_what_the_call_adds(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(report, "call_profile_note", lambda dtype, result: "")
 
 
-@mutant("the report leaves out warm_start runs: a warm-start miss of an older asv run stays unexplained",
-        cpu=_REPORT + "test_warm_start_runs_get_a_table_and_say_where_their_first_call_went")
+@mutant("the report leaves out the warm_start run: its starts count in no table and no target",
+        cpu=_REPORT + "test_the_newest_warm_start_run_gets_rows_and_says_where_its_first_call_went")
 def report_hides_later_warm_starts(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(report, "warm_start_runs", lambda r: ([], [], []))
+    mp.setattr(report, "NEWEST", ("runtime_breakdown",))
 
 
-@mutant("the report explains a missed target only from the latency run's own profiles, never both sides",
-        cpu=_REPORT + "test_a_side_by_side_profile_explains_a_miss_the_latency_run_profiled_one_side_of")
-def report_ignores_side_by_side_profiles(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(report, "side_by_side_profile", lambda r, dtype, batch, impls: None)
+@mutant("of the warm_start and runtime_breakdown runs, the report reads the last by file name, not the newest by date",
+        cpu=_REPORT + "test_the_newest_warm_start_run_gets_rows_and_says_where_its_first_call_went "
+        + _REPORT + "test_the_newest_side_by_side_run_gets_a_table_of_its_rounds_and_the_call_over_plan_row")
+def report_reads_the_last_name_not_the_newest_run(mp: pytest.MonkeyPatch) -> None:
+    def last_by_name(details: dict, kind: str) -> dict | None:
+        runs = {name[len(kind) + 1:]: details.pop(name) for name in sorted(details) if name.startswith(kind + "_")}
+        return {"commit": max(runs), **runs[max(runs)]} if runs else None
+
+    mp.setattr(report, "newest", last_by_name)
+
+
+@mutant("the report judges the targets by limits of its own, not the thresholds file's",
+        cpu=_REPORT + "test_targets_their_limits_and_labels_come_from_the_thresholds_file")
+def report_keeps_its_own_limits(mp: pytest.MonkeyPatch) -> None:
+    own = {"pool_51_vs_largest": 1.05, "core_lines": 1600}
+    mp.setattr(report.Results, "limit", lambda self, key: own.get(key, 1.0))
 
 
 @mutant("the compile table and the warm-start miss never split the first call into the backend's time and Dynamo's",
@@ -60,6 +72,19 @@ def report_hides_the_kernel_difference(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(profile, "kernels_only_in", lambda first, second, limit=3: [])
 
 
+@mutant("a latency table's implementations that were skipped or failed go unnamed, their n/a cells unexplained",
+        cpu=_REPORT + "test_an_implementation_not_timed_is_named_with_its_reason_under_its_table")
+def report_hides_what_was_not_timed(mp: pytest.MonkeyPatch) -> None:
+    original = report.latency_table
+
+    def latency_table(r, model, dtype, worst):
+        part = original(r, model, dtype, worst)
+        part.lines = [line for line in part.lines if not line.startswith("Not timed")]
+        return part
+
+    mp.setattr(report, "latency_table", latency_table)
+
+
 @mutant("the report says 'committed' for result files git does not track",
         cpu=_REPORT + "test_committed_only_where_git_tracks_the_result_files_unmodified")
 def report_always_committed(mp: pytest.MonkeyPatch) -> None:
@@ -69,8 +94,8 @@ def report_always_committed(mp: pytest.MonkeyPatch) -> None:
 @mutant("a section with no numbers shows its method text, not 'not measured here'",
         cpu=_REPORT + "test_a_cpu_run_says_not_measured_here_for_every_gpu_section")
 def report_unmeasured_as_method_text(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(report, "not_measured", lambda title, reason: report.Part(
-        [f"## {title}", "", "Median µs per forward, CUDA events.", ""]))
+    mp.setattr(report, "not_measured", lambda what, reason, heading=True, targets=(): report.Part(
+        [f"## {what}", "", "Median µs per forward, CUDA events.", ""]))
 
 
 @mutant("the reference core's code lines include docstrings (the core's size target)",

@@ -1,0 +1,209 @@
+"""A Llama-shaped model (random weights, no download) whose splitting op is a real paged-KV attention.
+
+- Presets: `LLAMA_1B` (Llama-3.2-1B), `LLAMA_8B` (Llama-3.1-8B; `dataclasses.replace(LLAMA_8B, num_layers=4)`),
+  `TINY` (CPU tests); RoPE without Llama 3.1's long-context scaling (other values, same cost). No lm_head:
+  `forward(input_ids [B], positions [B])` returns the final-normed hidden states [B, hidden].
+- KV cache: per layer, buffers [num_blocks, block_size, kv_heads, head_dim], allocated once, written in place only.
+  Sequence s owns blocks 1 + s * max_blocks_per_seq + j. Reserved block 0: slot 0 always holds zeros (masked
+  positions read it), padding rows write slot 1 (scratch) and attend to slot 0 alone.
+- Metadata reaches the op as vLLM's forward context does: the op reads the current `AttentionMetadata` (static
+  buffers, filled in place), set by `with attention_context(md):` or by `decode_batch` / `prefill_batch`, which fill
+  the model's own (`Llama.attn_metadata`) and leave it current: a driver then only calls `model(*args)`.
+- Capture-safe: no host sync, no data-dependent shape (cost O(batch x max_context)), fixed addresses: a FULL graph
+  reads the metadata current at its capture, so refill that one in place (the helpers refill the model's own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["LlamaConfig", "LLAMA_1B", "LLAMA_8B", "TINY", "SPLITTING_OPS", "AttentionMetadata", "Llama",
+           "attention_context", "serve_tokens", "decode_batch", "prefill_batch"]
+
+SPLITTING_OPS = ["llama::paged_attention"]
+ZERO_SLOT, SCRATCH_SLOT = 0, 1  # both in the reserved block 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    """Model shape, then KV-cache sizing: `max_tokens` is both the largest batch and the number of sequences."""
+    num_layers: int = 16
+    hidden_size: int = 2048
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 64
+    intermediate_size: int = 8192
+    vocab_size: int = 128256
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    block_size: int = 16
+    max_blocks_per_seq: int = 16
+    max_tokens: int = 512
+
+    @property
+    def num_blocks(self) -> int:
+        return 1 + self.max_tokens * self.max_blocks_per_seq
+
+    @property
+    def max_context(self) -> int:  # positions per sequence
+        return self.block_size * self.max_blocks_per_seq
+
+
+LLAMA_1B = LlamaConfig()
+LLAMA_8B = LlamaConfig(num_layers=32, hidden_size=4096, head_dim=128, intermediate_size=14336)
+TINY = LlamaConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+                   vocab_size=256, block_size=4, max_blocks_per_seq=8, max_tokens=64)
+
+
+class AttentionMetadata(nn.Module):
+    """Static buffers, row i for the batch's token i, allocated once, filled in place once per step (every layer
+    reads them): `slot_mapping` (where its k, v go), `block_tables` (its sequence's blocks), `seq_lens` (positions it
+    attends to, itself included: causal), and from these `key_slots` (the cache slot of each position it may read;
+    masked positions: the zero slot) and `key_mask` (position < seq_len)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config, rows = config, config.max_tokens
+        self.register_buffer("slot_mapping", torch.full((rows,), SCRATCH_SLOT), persistent=False)
+        self.register_buffer("block_tables", torch.zeros(rows, config.max_blocks_per_seq, dtype=torch.long), False)
+        self.register_buffer("seq_lens", torch.ones(rows, dtype=torch.long), persistent=False)
+        self.register_buffer("key_slots", torch.zeros(rows, config.max_context, dtype=torch.long), False)
+        self.register_buffer("key_mask", torch.zeros(rows, config.max_context, dtype=torch.bool), False)
+        self.key_mask[:, 0] = True
+
+    def set_tokens(self, seq_ids: torch.Tensor, positions: torch.Tensor) -> None:
+        """Token i: position `positions[i]` of sequence `seq_ids[i]`; later rows: padding. No host sync, no checks."""
+        c, n, device = self.config, seq_ids.shape[0], seq_ids.device
+        blocks = 1 + seq_ids[:, None] * c.max_blocks_per_seq + torch.arange(c.max_blocks_per_seq, device=device)
+        slots = blocks.gather(1, (positions // c.block_size)[:, None])[:, 0] * c.block_size + positions % c.block_size
+        mask = torch.arange(c.max_context, device=device) < positions[:, None] + 1
+        keys = (blocks[:, :, None] * c.block_size + torch.arange(c.block_size, device=device)).flatten(1)
+        for buffer, rows, pad in [(self.block_tables, blocks, 0), (self.seq_lens, positions + 1, 1),
+                                  (self.slot_mapping, slots, SCRATCH_SLOT), (self.key_mask, mask, False),
+                                  (self.key_slots, torch.where(mask, keys, ZERO_SLOT), ZERO_SLOT)]:
+            buffer[:n], buffer[n:] = rows, pad  # in place
+        self.key_mask[n:, 0] = True  # padding rows attend to the zero slot alone
+
+
+_current: AttentionMetadata | None = None  # what llama::paged_attention reads
+
+
+@contextlib.contextmanager
+def attention_context(metadata: AttentionMetadata):
+    """`metadata` is current inside the block (as vLLM's `set_forward_context`), the previous one after it."""
+    global _current
+    previous, _current = _current, metadata
+    try:
+        yield metadata
+    finally:
+        _current = previous
+
+
+_lib = torch.library.Library("llama", "FRAGMENT")  # not @custom_op (see models.py): tens of µs less per eager call
+_lib.define("paged_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor(c!) out, "
+            "float scale) -> ()")
+
+
+def paged_attention(q, k, v, k_cache, v_cache, out, scale: float) -> None:
+    """q, out [T, heads, D]; k, v [T, kv_heads, D]; caches [num_blocks, block_size, kv_heads, D]. Writes k, v at the
+    current metadata's slots, then each token's attention (GQA) over its sequence's first seq_len positions, through
+    its block table, into `out`. Masked positions read the zero slot: stale or NaN cache never reaches a real row."""
+    if (md := _current) is None:
+        raise RuntimeError("llama::paged_attention: no metadata is current (decode_batch, attention_context set it)")
+    (n, heads, dim), kv_heads = q.shape, k_cache.shape[2]
+    k_flat, v_flat = k_cache.view(-1, kv_heads, dim), v_cache.view(-1, kv_heads, dim)
+    k_flat.index_copy_(0, md.slot_mapping[:n], k)
+    v_flat.index_copy_(0, md.slot_mapping[:n], v)
+    slots = md.key_slots[:n]
+    keys, values = k_flat[slots].transpose(1, 2), v_flat[slots].transpose(1, 2)  # [T, kv_heads, S, D]
+    # GQA as a query length: the heads sharing kv head j (j * group ... j * group + group - 1) are its queries.
+    grouped = q.view(n, kv_heads, heads // kv_heads, dim)
+    out.view(grouped.shape).copy_(F.scaled_dot_product_attention(grouped, keys, values, scale=scale,
+                                                                 attn_mask=md.key_mask[:n, None, None]))
+
+
+_lib.impl("paged_attention", paged_attention, "CompositeExplicitAutograd")
+torch.library.register_fake("llama::paged_attention")(lambda *args: None)  # writes only into its mutable arguments
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+
+
+class Block(nn.Module):
+    """Pre-norm decoder layer: fused-qkv GQA attention through its paged cache, then a SwiGLU MLP (fused gate/up)."""
+
+    def __init__(self, c: LlamaConfig) -> None:
+        super().__init__()
+        self.c, kv_shape = c, (c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim)
+        self.attention_norm, self.ffn_norm = (nn.Parameter(torch.ones(c.hidden_size)) for _ in range(2))
+        self.wqkv = nn.Linear(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=False)
+        self.wo = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.w13 = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        self.w2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.register_buffer("k_cache", torch.zeros(kv_shape), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(kv_shape), persistent=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        c, heads = self.c, self.c.num_heads + self.c.num_kv_heads
+        qkv = self.wqkv(rms_norm(x, self.attention_norm, c.norm_eps)).view(-1, heads + c.num_kv_heads, c.head_dim)
+        x1, x2 = qkv[:, :heads].chunk(2, dim=-1)  # RoPE on q and k, rotate-half layout (Hugging Face's Llama)
+        qk = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
+        q, k, out = qk[:, :c.num_heads], qk[:, c.num_heads:], qk.new_empty(qk.shape[0], c.num_heads, c.head_dim)
+        torch.ops.llama.paged_attention(q, k, qkv[:, heads:], self.k_cache, self.v_cache, out, c.head_dim ** -0.5)
+        h = x + self.wo(out.flatten(1))
+        gate, up = self.w13(rms_norm(h, self.ffn_norm, c.norm_eps)).chunk(2, dim=-1)
+        return h + self.w2(F.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    """Embedding, blocks, final RMSNorm; weights N(0, 0.02). L layers split into 2L+1 pieces, L+1 compiled."""
+
+    def __init__(self, config: LlamaConfig = TINY) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.norm = nn.Parameter(torch.ones(config.hidden_size))
+        self.attn_metadata = AttentionMetadata(config)
+        for weight in [m.weight for m in self.modules() if isinstance(m, (nn.Linear, nn.Embedding))]:
+            nn.init.normal_(weight, std=0.02)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        d = self.config.head_dim
+        inv_freq = self.config.rope_theta ** (-torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d)
+        freqs = (positions[:, None].float() * inv_freq)[:, None]  # [T, 1, D/2]
+        x, cos, sin = self.tok_embeddings(input_ids), freqs.cos(), freqs.sin()
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return rms_norm(x, self.norm, self.config.norm_eps)
+
+
+def serve_tokens(model: Llama, seq_ids, positions, device="cpu", seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids < vocab_size - 1, positions) of tokens (seq_ids[i], positions[i]); fills and makes current the
+    model's metadata. The last token id is never drawn (free for a poison row)."""
+    global _current
+    c, seq_ids, positions = model.config, torch.as_tensor(seq_ids).cpu(), torch.as_tensor(positions).cpu()
+    if len(positions) > c.max_tokens or int(positions.max()) >= c.max_context or int(seq_ids.max()) >= c.max_tokens:
+        raise ValueError(f"at most {c.max_tokens} tokens, sequences < {c.max_tokens}, positions < {c.max_context}")
+    ids = torch.randint(0, c.vocab_size - 1, positions.shape, generator=torch.Generator().manual_seed(seed))
+    model.attn_metadata.set_tokens(seq_ids.to(device), positions.to(device))
+    _current = model.attn_metadata
+    return ids.to(device), positions.to(device)
+
+
+def decode_batch(model: Llama, batch: int, device="cpu", seed: int = 0, positions=None):
+    """`batch` decode tokens: token i continues sequence i at `positions[i]` (default: random), over earlier writes."""
+    if positions is None:
+        positions = torch.randint(model.config.max_context, (batch,), generator=torch.Generator().manual_seed(seed + 1))
+    return serve_tokens(model, torch.arange(batch), positions, device, seed)
+
+
+def prefill_batch(model: Llama, n: int, device="cpu", seed: int = 0, seq: int = 0, start: int = 0):
+    """`n` tokens of sequence `seq` at positions start..start+n-1 (token i attends to positions <= start+i)."""
+    return serve_tokens(model, torch.full((n,), seq), torch.arange(start, start + n), device, seed)
