@@ -20,6 +20,7 @@ after it, the graph is the model.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -90,16 +91,29 @@ class StateReplacedError(RuntimeError):
     """A parameter or buffer of a compiled model was replaced or reallocated after compiling."""
 
 
-_HOOKS = (torch.nn.modules.module.register_module_parameter_registration_hook,
-          torch.nn.modules.module.register_module_buffer_registration_hook,
-          torch.nn.modules.module.register_module_module_registration_hook)
+_WATCHES: set[StateWatch] = set()  # the live watches; the process-wide registration hooks below call each
+
+
+def _registered(module: torch.nn.Module, name: str, value: Any) -> None:
+    """A registration hook: `value` is about to become `module.name` (any module of the process)."""
+    for watch in list(_WATCHES):
+        watch._check(module, [(name, value)], "replaced")
+
+
+@functools.cache
+def _register_hooks_once() -> None:
+    """One hook per kind for the whole process, never removed: Dynamo guards on torch's dicts of global hooks, and a
+    hook removed while another model was being traced (a compiled model collected) broke that trace's guards."""
+    for register in (torch.nn.modules.module.register_module_parameter_registration_hook,
+                     torch.nn.modules.module.register_module_buffer_registration_hook,
+                     torch.nn.modules.module.register_module_module_registration_hook):
+        register(_registered)
 
 
 class StateWatch:
     """`replaced`: None, or the message naming the first parameter, buffer or submodule of `model` replaced, or
-    parameter or buffer reallocated, since the watch began. Global registration hooks (removed when `owner` is
-    collected) and a wrapper of each submodule's `_apply` update it when that happens; reading it is all a call
-    costs."""
+    parameter or buffer reallocated, since the watch began. The process-wide registration hooks (while `owner` lives)
+    and a wrapper of each submodule's `_apply` update it when that happens; reading it is all a call costs."""
 
     def __init__(self, model: torch.nn.Module, owner: object) -> None:
         self.replaced: str | None = None
@@ -110,12 +124,9 @@ class StateWatch:
             for name, value in _attributes(module):
                 self._watched[id(module), name] = (f"{prefix}.{name}" if prefix else name, value, _place(value))
             after_apply(module, self._applied)
-        for hook in _HOOKS:
-            weakref.finalize(owner, hook(self._registered).remove)
-
-    def _registered(self, module: torch.nn.Module, name: str, value: Any) -> None:
-        """A registration hook: `value` is about to become `module.name` (any module of the process)."""
-        self._check(module, [(name, value)], "replaced")
+        _register_hooks_once()
+        _WATCHES.add(self)
+        weakref.finalize(owner, _WATCHES.discard, self)
 
     def _applied(self, module: torch.nn.Module) -> None:
         """After `module._apply` (`.to()` and the like; a deep copy of a watched module reports here too)."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,77 @@ def cuda():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA: no CUDA device visible to torch")
     return torch.device("cuda")
+
+
+class EarlyProcesses:
+    """Child processes that slow tests of one module wait on, started when the module starts: they run beside the
+    module's in-process tests (and beside each other) on the machine's other core instead of one after another.
+
+    `start(test, args, env=..., cwd=...)` starts one for `test` (a test function of the module), only when the pytest
+    run includes that test (`selected(test)`). The test takes what its processes did with `results(test)`: a
+    `CompletedProcess` per process, in the order started, stdout and stderr as text (written to files, so that a
+    chatty child never blocks on a full pipe). Each process has `timeout` seconds from its start; one still running
+    then is killed and fails the test. Processes no test took are killed when the module ends.
+    """
+
+    def __init__(self, request: pytest.FixtureRequest, folder: Path) -> None:
+        self._selected = {item.originalname for item in request.session.items
+                          if getattr(item, "module", None) is request.module}
+        self._folder = folder
+        self._running: dict[str, list] = {}
+
+    def selected(self, test) -> bool:
+        """Whether the pytest run includes `test`."""
+        return test.__name__ in self._selected
+
+    def start(self, test, args: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
+              timeout: float = 600) -> None:
+        if not self.selected(test):
+            return
+        started = self._running.setdefault(test.__name__, [])
+        name = self._folder / f"{test.__name__}-{len(started)}"
+        out, err = (open(f"{name}.{kind}", "w+", errors="replace") for kind in ("stdout", "stderr"))
+        # a pieceworks cache of its own, as every test has (fresh_dynamo_and_cache)
+        env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PIECEWORKS_DISABLE_CACHE"}
+        env["PIECEWORKS_CACHE_DIR"] = f"{name}.pieceworks-cache"
+        proc = subprocess.Popen([str(a) for a in args], stdout=out, stderr=err, env=env, cwd=cwd)
+        started.append((proc, out, err, time.monotonic() + timeout))
+
+    def results(self, test) -> list[subprocess.CompletedProcess]:
+        assert test.__name__ in self._running, f"no process was started for {test.__name__}"
+        done, late = [], []
+        for proc, out, err, deadline in self._running.pop(test.__name__):
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                timed_out = True
+            with out, err:
+                out.seek(0)
+                err.seek(0)
+                done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read()))
+            if timed_out:
+                late.append(f"{' '.join(proc.args)} did not finish in time (killed); its output:\n"
+                            f"{done[-1].stderr[-3000:]}{done[-1].stdout[-1000:]}")
+        if late:
+            pytest.fail("\n".join(late))
+        return done
+
+    def close(self) -> None:
+        for started in self._running.values():
+            for proc, out, err, _ in started:
+                proc.kill()
+                proc.wait()
+                out.close()
+                err.close()
+        self._running.clear()
+
+
+@pytest.fixture(scope="module")
+def early_processes(request, tmp_path_factory):
+    """The module's `EarlyProcesses`; a module-scoped fixture of the module starts them, before its first test."""
+    processes = EarlyProcesses(request, tmp_path_factory.mktemp("early-processes"))
+    yield processes
+    processes.close()

@@ -43,33 +43,32 @@ def _compile_silly(cache_dir, **kwargs):
     return compiled
 
 
-def test_warm_start_on_a_new_host_compiles_and_builds_nothing(tmp_path):
-    """Cold in one process; then the cache directory copied elsewhere (another host) and a new process with an empty
-    Inductor cache of its own: nothing compiled, no kernel library built (the cache carries them), each distinct
-    piece loaded once and shared by its identical twins."""
-    tmp = tmp_path / "tmp"  # Inductor's default cache folder is below it: emptied, a new host's Inductor has nothing
+def _scenario(*args) -> list[str]:
+    """The command line of a compile-and-run scenario in a process of its own (pieceworks.harness.scenario)."""
+    return [sys.executable, "-m", "pieceworks.harness.scenario", *map(str, args)]
 
-    def run(root):  # TORCHINDUCTOR_CACHE_DIR left unset: pieceworks keeps Inductor's cache inside its own
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        return run_scenario("--model", "toy_llama", "--layers", "3", "--cache-dir", str(root), "--batches", "1,5,70",
-                            env={"TMPDIR": str(tmp)}, unset=("TORCHINDUCTOR_CACHE_DIR",))
 
-    cold = run(tmp_path / "cache")
-    shutil.copytree(tmp_path / "cache", tmp_path / "copied")
-    carried = _libraries(tmp_path / "copied")
-    warm = run(tmp_path / "copied")
-    c, w = cold["counters"], warm["counters"]
-    # 4 compiled pieces: first, 2 identical middle ones, last: 3 distinct
-    assert (c["num_inductor_compiles"], c["num_compiled_artifacts_saved"], c["num_shared_piece_compiles"]) == (3, 3, 1)
-    assert (w["num_inductor_compiles"], w["num_compiled_artifacts_loaded"], w["num_shared_piece_compiles"]) == (0, 3, 1)
-    # vLLM's meaning: one backend compilation per compiled piece and compile target, cold or warm
-    assert c["num_backend_compilations"] == w["num_backend_compilations"] == 4
-    assert os.path.basename(warm["cache_dir"]) == os.path.basename(cold["cache_dir"])
-    assert carried, "the cold run left no kernel library in the pieceworks cache"
-    assert _libraries(tmp_path / "copied") == carried, "the warm start rebuilt kernels the cache carries"
-    assert _libraries(tmp) == set(), "the warm start built libraries outside the cache"
-    assert cold["max_rel_error"] < 1e-5 and warm["max_rel_error"] < 1e-5
+def _report(proc) -> dict:
+    """The report a scenario process printed last, once it succeeded."""
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+WARM_START = ("--model", "toy_llama", "--layers", "3", "--batches", "1,5,70")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_start_root(early_processes, tmp_path_factory):
+    """The warm-start test's folder, its cold run started there before this module's first test (conftest's
+    EarlyProcesses): a cold Inductor builds its kernel libraries, most of this module's time, while the in-process
+    tests run."""
+    root = tmp_path_factory.mktemp("warm-start")
+    (root / "cold-tmp").mkdir()  # Inductor's default cache folder is below $TMPDIR: an empty one
+    # TORCHINDUCTOR_CACHE_DIR left unset: pieceworks keeps Inductor's cache inside its own
+    env = {**{k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}, "TMPDIR": str(root / "cold-tmp")}
+    early_processes.start(test_warm_start_on_a_new_host_compiles_and_builds_nothing,
+                          _scenario(*WARM_START, "--cache-dir", root / "cache"), env=env)
+    return root
 
 
 def _torch_key() -> bytes:
@@ -152,11 +151,8 @@ def test_cache_key_changes_with_config_not_with_path(tmp_path):
 def test_concurrent_cold_processes_share_the_work(tmp_path):
     """3 processes start one model on one empty cache at once: each entry is compiled by one of them (under that
     entry's lock) and loaded by the others; nothing is lost, torn or left behind."""
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "pieceworks.harness.scenario", "--model", "silly", "--cache-dir",
-                          str(tmp_path), "--batches", "4,9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(3)
-    ]
+    procs = [subprocess.Popen(_scenario("--model", "silly", "--cache-dir", tmp_path, "--batches", "4,9"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     reports = []
     for proc in procs:
         out, err = proc.communicate(timeout=600)
@@ -246,3 +242,29 @@ def test_artifacts_load_in_this_process(tmp_path, monkeypatch):
         assert config.compile_threads == 3
     assert counters.snapshot()["num_compiled_artifacts_loaded"] > before, "the second compile loaded nothing"
     assert seen and set(seen) == {1}, f"artifacts loaded with compile_threads {seen}"
+
+
+def test_warm_start_on_a_new_host_compiles_and_builds_nothing(warm_start_root, early_processes, request):
+    """Cold in one process; then the cache directory copied elsewhere (another host) and a new process with an empty
+    Inductor cache of its own: nothing compiled, no kernel library built (the cache carries them), each distinct
+    piece loaded once and shared by its identical twins."""
+    root = warm_start_root
+    (cold_run,) = early_processes.results(request.function)  # started by warm_start_root
+    cold = _report(cold_run)
+    shutil.copytree(root / "cache", root / "copied")
+    carried = _libraries(root / "copied")
+    tmp = root / "warm-tmp"  # the new host's $TMPDIR, empty: its Inductor has nothing
+    tmp.mkdir()
+    warm = run_scenario(*WARM_START, "--cache-dir", str(root / "copied"), env={"TMPDIR": str(tmp)},
+                        unset=("TORCHINDUCTOR_CACHE_DIR",))
+    c, w = cold["counters"], warm["counters"]
+    # 4 compiled pieces: first, 2 identical middle ones, last: 3 distinct
+    assert (c["num_inductor_compiles"], c["num_compiled_artifacts_saved"], c["num_shared_piece_compiles"]) == (3, 3, 1)
+    assert (w["num_inductor_compiles"], w["num_compiled_artifacts_loaded"], w["num_shared_piece_compiles"]) == (0, 3, 1)
+    # vLLM's meaning: one backend compilation per compiled piece and compile target, cold or warm
+    assert c["num_backend_compilations"] == w["num_backend_compilations"] == 4
+    assert os.path.basename(warm["cache_dir"]) == os.path.basename(cold["cache_dir"])
+    assert carried, "the cold run left no kernel library in the pieceworks cache"
+    assert _libraries(root / "copied") == carried, "the warm start rebuilt kernels the cache carries"
+    assert _libraries(tmp) == set(), "the warm start built libraries outside the cache"
+    assert cold["max_rel_error"] < 1e-5 and warm["max_rel_error"] < 1e-5

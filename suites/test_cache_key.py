@@ -21,6 +21,7 @@ import sys
 import types
 from unittest import mock
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,7 +30,7 @@ from pieceworks import CompilationConfig
 from pieceworks.key import cache_factors, cache_key
 from pieceworks.split import split_graph
 from pieceworks.harness import strategies as S
-from pieceworks.harness.tracing import dynamo_graph
+from suites.helpers import dynamo_graph
 
 SPLIT = ["silly::attention", "silly::pair"]
 
@@ -148,27 +149,59 @@ def test_every_code_factor_moves_the_key_and_nothing_per_run_does(program, induc
 
 
 CHILD = """
-import json, sys, torch
-from pieceworks.harness import strategies as S
-sys.path.insert(0, sys.argv[2])
+import json, os, sys, torch
+sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # suites/, and the repository root for suites.helpers
 from test_cache_key import _key, _trace
-out = []
-for program in json.loads(sys.argv[1]):
-    program = (tuple(tuple(i) for i in program[0]), tuple(program[1]))
-    with torch.no_grad():
-        out.append([_key(_trace(program)), _key(_trace(program, dtype=torch.float64))])
-print(json.dumps(out))
+for line in sys.stdin:  # a request per line: programs; a reply per line: the keys of each, float32 and float64
+    out = []
+    for program in json.loads(line):
+        program = (tuple(tuple(i) for i in program[0]), tuple(program[1]))
+        with torch.no_grad():
+            out.append([_key(_trace(program)), _key(_trace(program, dtype=torch.float64))])
+    print("keys: " + json.dumps(out), flush=True)
 """
+
+
+@pytest.fixture(scope="module", autouse=True)
+def keys_in_another_process(early_processes, tmp_path_factory):
+    """Another interpreter, with another working directory, temporary folder and hash seed and no Inductor cache
+    folder set, that computes the keys of the programs sent to it (`keys(programs)`). One for every example of the
+    module, started before its first test (it takes seconds to import torch), and only when the pytest run includes
+    the test that asks it."""
+    if not early_processes.selected(test_equal_factors_give_equal_keys_in_another_process):
+        yield None
+        return
+    elsewhere = tmp_path_factory.mktemp("child")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env.update(PYTHONHASHSEED="random", TMPDIR=str(elsewhere), TORCHINDUCTOR_COMPILE_THREADS="1",
+               PIECEWORKS_CACHE_DIR=str(elsewhere / "pieceworks-cache"))
+    with open(elsewhere / "stderr", "w+") as err:
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, os.path.dirname(__file__)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=elsewhere)
+
+        def keys(programs):
+            try:
+                proc.stdin.write(json.dumps(programs) + "\n")
+                proc.stdin.flush()
+            except BrokenPipeError:
+                pass  # it ended: said below
+            for line in proc.stdout:
+                if line.startswith("keys: "):
+                    return json.loads(line[len("keys: "):])
+            err.seek(0)
+            raise AssertionError(f"the other process ended (exit status {proc.wait()}):\n{err.read()[-3000:]}")
+
+        yield keys
+        try:
+            proc.stdin.close()  # its end of input: it exits
+            proc.wait(timeout=60)
+        except (BrokenPipeError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
 
 
 @settings(max_examples=2)
 @given(programs=st.lists(S.programs(max_len=5), min_size=2, max_size=2))
-def test_equal_factors_give_equal_keys_in_another_process(programs, tmp_path_factory):
+def test_equal_factors_give_equal_keys_in_another_process(programs, keys_in_another_process):
     here = [[_key(_trace(p)), _key(_trace(p, dtype=torch.float64))] for p in programs]
-    elsewhere = str(tmp_path_factory.mktemp("child"))
-    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
-    env.update(PYTHONHASHSEED="random", TMPDIR=elsewhere, TORCHINDUCTOR_COMPILE_THREADS="1")
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(programs), os.path.dirname(__file__)],
-                         capture_output=True, text=True, env=env, cwd=elsewhere)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == here
+    assert keys_in_another_process(programs) == here

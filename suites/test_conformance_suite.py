@@ -15,6 +15,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 from pieceworks.conformance import table as conformance_table
 
@@ -57,16 +60,56 @@ ADAPTERS = textwrap.dedent('''
 ''')
 
 
-def test_a_users_adapters_run_through_the_installed_suite_and_make_a_table(tmp_path):
-    (tmp_path / "my_adapters.py").write_text(ADAPTERS)
-    out = tmp_path / "run.json"
+def _start(early_processes, test, folder, *args, cuda_visible: str | None = None) -> None:
+    """Start `test`'s conformance run as a user types it (the installed suite, from `folder`), with `args`."""
     env = {**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "pieceworks.conformance.plugin", "--pyargs", "pieceworks.conformance",
-         "-q", "-p", "no:cacheprovider", "--conformance-device", "cpu", "--conformance-model", "silly", "--conformance-model", "toy-llama",
-         "--impl", "my_adapters.py:Padding", "--impl", f"{tmp_path / 'my_adapters.py'}:Uncut",
-         "--conformance-json", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    if cuda_visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible
+    early_processes.start(test, [sys.executable, "-m", "pytest", "-p", "pieceworks.conformance.plugin", "--pyargs",
+                                 "pieceworks.conformance", "-q", "-p", "no:cacheprovider", *args],
+                          env=env, cwd=folder, timeout=300)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def folders(early_processes, tmp_path_factory):
+    """Every test's conformance run (a pytest process of its own: seconds, mostly imports), each in a folder of its
+    own, all started together before the first test (conftest's EarlyProcesses). The folders, by test name."""
+    folder = {test.__name__: tmp_path_factory.mktemp(test.__name__[5:35]) for test in (
+        test_a_users_adapters_run_through_the_installed_suite_and_make_a_table,
+        test_the_device_defaults_to_what_the_machine_has, test_a_run_in_which_nothing_ran_fails_saying_why,
+        test_cuda_asked_for_without_cuda_is_a_usage_error_naming_the_fix)}
+
+    test = test_a_users_adapters_run_through_the_installed_suite_and_make_a_table
+    users = folder[test.__name__]
+    (users / "my_adapters.py").write_text(ADAPTERS)
+    _start(early_processes, test, users, "--conformance-device", "cpu", "--conformance-model", "silly",
+           "--conformance-model", "toy-llama", "--impl", "my_adapters.py:Padding",
+           "--impl", f"{users / 'my_adapters.py'}:Uncut", "--conformance-json", users / "run.json")
+
+    test = test_the_device_defaults_to_what_the_machine_has
+    _start(early_processes, test, folder[test.__name__], "--impl", "eager", "--conformance-model", "silly",
+           "--conformance-json", folder[test.__name__] / "run.json", cuda_visible="")
+
+    test = test_a_run_in_which_nothing_ran_fails_saying_why
+    _start(early_processes, test, folder[test.__name__], "--impl", "reduce-overhead", "--conformance-model", "silly",
+           "--conformance-device", "cpu")
+
+    test = test_cuda_asked_for_without_cuda_is_a_usage_error_naming_the_fix
+    _start(early_processes, test, folder[test.__name__], "--impl", "eager", "--conformance-model", "silly",
+           "--conformance-device", "cuda", cuda_visible="")
+    return folder
+
+
+@pytest.fixture
+def run(request, early_processes, folders) -> tuple[subprocess.CompletedProcess, Path]:
+    """This test's conformance run, finished: its process and its folder."""
+    (proc,) = early_processes.results(request.function)
+    return proc, folders[request.function.__name__]
+
+
+def test_a_users_adapters_run_through_the_installed_suite_and_make_a_table(run):
+    proc, folder = run
+    out = folder / "run.json"
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # Uncut fails, nothing else goes wrong
     assert "pieceworks conformance" in proc.stdout and "n/a: user-padding: does not claim" in proc.stdout
     document = json.loads(out.read_text())
@@ -86,38 +129,25 @@ def test_a_users_adapters_run_through_the_installed_suite_and_make_a_table(tmp_p
     assert "### user-uncut / toy-llama / outputs-cut-to-batch (fail)" in table
 
 
-def _conformance(tmp_path, *args, cuda_visible: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"}
-    if cuda_visible is not None:
-        env["CUDA_VISIBLE_DEVICES"] = cuda_visible
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "pieceworks.conformance.plugin", "--pyargs",
-                           "pieceworks.conformance", "-q", "-p", "no:cacheprovider", *map(str, args)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-
-
-def test_the_device_defaults_to_what_the_machine_has(tmp_path):
+def test_the_device_defaults_to_what_the_machine_has(run):
     """No --conformance-device on a machine without CUDA (hidden here): the CPU properties run, and the JSON and
     the table name the device they ran on."""
-    out = tmp_path / "run.json"
-    proc = _conformance(tmp_path, "--impl", "eager", "--conformance-model", "silly", "--conformance-json", out,
-                        cuda_visible="")
+    proc, folder = run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    document = json.loads(out.read_text())
+    document = json.loads((folder / "run.json").read_text())
     assert document["meta"]["device"] == "cpu"
     assert [r["outcome"] for r in document["results"]].count("pass") >= 1
     assert conformance_table.render(document).startswith("# Conformance: cpu")
 
 
-def test_a_run_in_which_nothing_ran_fails_saying_why(tmp_path):
+def test_a_run_in_which_nothing_ran_fails_saying_why(run):
     """Every selected test unavailable (reduce-overhead needs CUDA; the device is cpu): exit 1, not a green run."""
-    proc = _conformance(tmp_path, "--impl", "reduce-overhead", "--conformance-model", "silly",
-                        "--conformance-device", "cpu")
+    proc, _ = run
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "nothing was tested" in proc.stdout and "needs CUDA" in proc.stdout
 
 
-def test_cuda_asked_for_without_cuda_is_a_usage_error_naming_the_fix(tmp_path):
-    proc = _conformance(tmp_path, "--impl", "eager", "--conformance-model", "silly", "--conformance-device", "cuda",
-                        cuda_visible="")
+def test_cuda_asked_for_without_cuda_is_a_usage_error_naming_the_fix(run):
+    proc, _ = run
     assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]  # pytest's usage-error status
     assert "sees no CUDA device" in proc.stderr and "--conformance-device cpu" in proc.stderr

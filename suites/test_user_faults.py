@@ -8,6 +8,7 @@ padding to a captured size (GPU tests) cannot change the real rows.
 from __future__ import annotations
 
 import copy
+import gc
 import io
 import logging
 import sys
@@ -271,6 +272,20 @@ def test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix(how):
     with pytest.raises(pieceworks.StateReplacedError, match=rf"^{name} of the compiled model was") as info:
         compiled(x)
     assert "load_state_dict(state) without assign=True" in str(info.value)
+
+
+def test_compiled_models_coming_and_going_leave_torchs_global_hooks_alone():
+    """Dynamo guards on torch's dicts of global registration hooks: a hook removed while another model was being
+    traced (a compiled model collected) broke that trace's guards (KeyError). The watches share hooks registered
+    once per process and never removed."""
+    hooks = torch.nn.modules.module._global_module_registration_hooks
+    _, first, _ = _served_layered()
+    registered = dict(hooks)
+    _, second, _ = _served_layered()
+    assert dict(hooks) == registered, "a compiled model added global hooks of its own"
+    del first, second
+    gc.collect()
+    assert dict(hooks) == registered, "a collected compiled model removed global hooks"
 
 
 def test_in_place_loads_and_harmless_moves_keep_serving_the_new_values():

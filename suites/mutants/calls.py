@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import types
+import weakref
 
 import pytest
 import torch
@@ -139,6 +140,19 @@ def trace_writes_not_restored(mp: pytest.MonkeyPatch) -> None:
         gpu=_FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix")
 def replaced_state_served(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(api, "StateWatch", lambda model, owner: types.SimpleNamespace(replaced=None))
+
+
+@mutant("each compiled model registers global hooks of its own and removes them when it is collected",
+        cpu=_FAULTS + "test_compiled_models_coming_and_going_leave_torchs_global_hooks_alone")
+def global_hooks_per_model(mp: pytest.MonkeyPatch) -> None:
+    original = binding.StateWatch.__init__
+
+    def watch(self, model, owner) -> None:
+        original(self, model, owner)
+        handle = torch.nn.modules.module.register_module_module_registration_hook(lambda *args: None)
+        weakref.finalize(owner, handle.remove)
+
+    mp.setattr(binding.StateWatch, "__init__", watch)
 
 
 @mutant("model.to() that reallocates the weights goes unnoticed",
