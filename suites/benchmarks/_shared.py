@@ -76,14 +76,27 @@ def check(entry: Any) -> None:
             raise RuntimeError(entry["error"])
 
 
+LLAMA_MODELS = {"llama_1b": ("LLAMA_1B", None), "llama_8b_4l": ("LLAMA_8B", 4)}  # preset, layers (None: all)
+
+
 def model_and_inputs(model: str, dtype: str, device: str = "cuda") -> tuple[Any, Any, list[str]]:
-    """(model, make_inputs(batch), splitting ops): ToyLlama (12 layers) or SillyModel, weights/inputs in `dtype`."""
+    """(model, make_inputs(batch), splitting ops), weights/inputs in `dtype`: ToyLlama (12 layers), SillyModel, or
+    a `LLAMA_MODELS` preset (random weights, paged-KV attention; `make_inputs(b)`: b decode tokens, one per sequence,
+    the model's attention metadata filled for them and current)."""
+    import dataclasses
+
     import torch
 
-    from pieceworks.harness import models
+    from pieceworks.harness import llama, models
 
     torch.manual_seed(0)
     dt = getattr(torch, dtype)
+    if model in LLAMA_MODELS:
+        preset, layers = LLAMA_MODELS[model]
+        config = getattr(llama, preset)
+        config = dataclasses.replace(config, num_layers=layers or config.num_layers)
+        net = llama.Llama(config).to(device, dt)
+        return net, lambda b: llama.decode_batch(net, b, device=device, seed=b), llama.SPLITTING_OPS
     if model == "silly":
         return (models.SillyModel(),
                 lambda b: (torch.randn(b, generator=torch.Generator().manual_seed(b)).to(device, dt),),

@@ -1,4 +1,6 @@
-"""GPU latency per forward: implementation x batch size, one class per (model, dtype).
+"""GPU latency per forward: implementation x batch size, one class per (model, dtype): ToyLlama and SillyModel in
+bfloat16 and float32 (every registered implementation), and the realistic Llama models in bfloat16 (Llama-3.2-1B's
+shape and 4 layers of Llama-3.1-8B's, paged-KV attention as the splitting op; `LLAMA_IMPLEMENTATIONS`).
 
 Each class's `setup_cache` builds the implementations on one model (vLLM's 51 capture sizes up to 512 for those
 that pad; the timed sizes themselves for those that do not), checks every output against the eager model, and times
@@ -31,14 +33,20 @@ REPS = 200
 ROUNDS = 10
 WARMUP = 20
 SIDE_BY_SIDE = ["eager", "pieceworks-none", "pieceworks-piecewise", "pieceworks-full", "pieceworks-full_and_piecewise",
-                "meta-pcg", "reduce-overhead"]  # built in this order: reduce-overhead last (it resets Dynamo)
-PROFILED = ["eager", "pieceworks-piecewise", "meta-pcg", "pieceworks-full", "reduce-overhead"]
+                "meta-pcg", "breakable", "reduce-overhead"]  # built in this order: reduce-overhead last (it resets Dynamo)
+PROFILED = ["eager", "pieceworks-piecewise", "meta-pcg", "breakable", "pieceworks-full", "reduce-overhead"]
 RATIOS = {"PIECEWISE / meta-pcg": ("pieceworks-piecewise", "meta-pcg"),
+          "PIECEWISE / breakable": ("pieceworks-piecewise", "breakable"),
+          "PIECEWISE / FULL": ("pieceworks-piecewise", "pieceworks-full"),
           "FULL / reduce-overhead": ("pieceworks-full", "reduce-overhead")}
+# The realistic models: pieceworks' graph modes and the field's peers (compiler-free breakable graphs, Inductor's
+# graph partition, reduce-overhead), bf16.
+LLAMA_IMPLEMENTATIONS = ["eager", "inductor-partition", "pieceworks-piecewise", "pieceworks-full", "breakable",
+                         "reduce-overhead"]
 
 
-def measure(model_name: str, dtype: str) -> dict:
-    """All implementations x batch sizes for one model and dtype: `{(impl, batch): {...}}` or `{"skip": ...}`."""
+def measure(model_name: str, dtype: str, implementations: list[str] = IMPLEMENTATIONS) -> dict:
+    """`implementations` x batch sizes for one model and dtype: `{(impl, batch): {...}}` or `{"skip": ...}`."""
     reason = _shared.cuda_skip_reason()
     if reason is not None:
         _shared.write_details(f"latency_{model_name}_{dtype}", {"skip": reason})
@@ -94,8 +102,8 @@ def measure(model_name: str, dtype: str) -> dict:
         _shared.progress(f"latency {model_name} {dtype}: {name} " + " ".join(
             f"{b}:{results[(name, b)].get('median_us', float('nan')):.0f}us" for b in BATCHES))
 
-    alone = [n for n in IMPLEMENTATIONS if n not in SIDE_BY_SIDE]
-    together = [n for n in SIDE_BY_SIDE if n in IMPLEMENTATIONS]
+    alone = [n for n in implementations if n not in SIDE_BY_SIDE]
+    together = [n for n in SIDE_BY_SIDE if n in implementations]
     with torch.no_grad():
         for name in alone:  # one build alive at a time
             _shared.release()
@@ -127,7 +135,7 @@ def measure(model_name: str, dtype: str) -> dict:
                                             for label, (a, b) in RATIOS.items() if a in row and b in row}
         for name in group:
             said(name)
-        if model_name == "toy_llama":  # after all timings: a profiler session leaves CUPTI loaded in the process
+        if model_name != "silly":  # after all timings: a profiler session leaves CUPTI loaded in the process
             for name in PROFILED:
                 if name not in group:
                     continue
@@ -184,3 +192,17 @@ class SillyBfloat16(_Latency):
 class SillyFloat32(_Latency):
     def setup_cache(self):
         return measure("silly", "float32")
+
+
+class Llama1BBfloat16(_Latency):
+    params = [LLAMA_IMPLEMENTATIONS, BATCHES]
+
+    def setup_cache(self):
+        return measure("llama_1b", "bfloat16", LLAMA_IMPLEMENTATIONS)
+
+
+class Llama8B4LayersBfloat16(_Latency):
+    params = [LLAMA_IMPLEMENTATIONS, BATCHES]
+
+    def setup_cache(self):
+        return measure("llama_8b_4l", "bfloat16", LLAMA_IMPLEMENTATIONS)

@@ -1,4 +1,5 @@
-"""GPU memory and capture time vs the number of captured sizes, pieceworks PIECEWISE and FULL (ToyLlama, bf16).
+"""GPU memory and capture time vs the number of captured sizes, pieceworks PIECEWISE and FULL, bf16: ToyLlama
+(`CaptureMemory`) and the Llama-3.2-1B-shaped model (`CaptureMemoryLlama1B`).
 
 For 1, 8 and 51 captured sizes (the largest n of vLLM's 51 sizes up to 512, so n=1 is the largest size alone)
 one compiled model captures them all into its one pool. Readings around the capture phase:
@@ -56,29 +57,32 @@ def _settle() -> None:
     torch.cuda.empty_cache()
 
 
-def measure() -> dict:
+def measure(model_name: str = "toy_llama") -> dict:
+    """`{(mode, sizes): readings}` of `model_name` (a `_shared.model_and_inputs` name) and the NVML status, or
+    `{"skip": reason}`; the details file is `memory` for ToyLlama, `memory_<model_name>` for the others."""
+    detail = "memory" if model_name == "toy_llama" else f"memory_{model_name}"
     reason = _shared.cuda_skip_reason()
     if reason is not None:
-        _shared.write_details("memory", {"skip": reason})
+        _shared.write_details(detail, {"skip": reason})
         return {"skip": reason}
     _shared.run_dir()
     from pieceworks import default_capture_sizes
     from pieceworks.harness.memory import memory_state, nvml_status, pool_bytes
     from pieceworks.harness.profile import host_profile
 
-    model, make_inputs, splitting_ops = _shared.model_and_inputs("toy_llama", "bfloat16")
+    model, make_inputs, splitting_ops = _shared.model_and_inputs(model_name, "bfloat16")
     all_sizes = default_capture_sizes(_shared.MAX_CAPTURE)
     results: dict = {}
     capture_profiles: dict = {}
     for mode in MODES:
-        _shared.progress(f"memory {mode}: one trace and compile")
+        _shared.progress(f"memory {model_name} {mode}: one trace and compile")
         _shared.release()
         compiled = _compiled(model, make_inputs, splitting_ops, mode, all_sizes)
         runtime = compiled.runtime
         compiled.capture([all_sizes[0]])  # the capture stream and its warm-up MemPool: made once, outside readings
         for count in SIZE_COUNTS:
             sizes = all_sizes[-count:]
-            _shared.progress(f"memory {mode}: {count} sizes in one pool")
+            _shared.progress(f"memory {model_name} {mode}: {count} sizes in one pool")
             runtime.reset()
             _settle()
             before = memory_state()
@@ -94,9 +98,9 @@ def measure() -> dict:
             }
         runtime.reset()
         _settle()
-        _shared.progress(f"memory {mode}: the {len(all_sizes)}-size capture again, under cProfile")
+        _shared.progress(f"memory {model_name} {mode}: the {len(all_sizes)}-size capture again, under cProfile")
         capture_profiles[mode] = host_profile(lambda: compiled.capture(all_sizes))
-        _shared.progress(f"memory {mode}: unshared baseline, one pool per size, all kept alive")
+        _shared.progress(f"memory {model_name} {mode}: unshared baseline, one pool per size, all kept alive")
         runtime.reset()
         _settle()
         pools = []  # (pool handle, that size's graphs): kept alive together
@@ -114,7 +118,7 @@ def measure() -> dict:
                 )
         del pools, compiled, runtime
     _shared.release()
-    _shared.write_details("memory", {"model": "toy_llama", "dtype": "bfloat16", "capture_sizes": all_sizes,
+    _shared.write_details(detail, {"model": model_name, "dtype": "bfloat16", "capture_sizes": all_sizes,
                                      "nvml": nvml_status(), "capture_profiles": capture_profiles,
                                      "entries": {f"{m}|{n}": v for (m, n), v in results.items()}})
     return {**results, "nvml": nvml_status()}  # the NVML status: why a reading is missing, if one is
@@ -173,3 +177,8 @@ class CaptureMemory:
         return self._reading(cache, mode, sizes, "capture_seconds")
 
     track_capture_seconds.unit = "seconds"
+
+
+class CaptureMemoryLlama1B(CaptureMemory):
+    def setup_cache(self):
+        return measure("llama_1b")
