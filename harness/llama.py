@@ -44,14 +44,8 @@ class LlamaConfig:
     block_size: int = 16
     max_blocks_per_seq: int = 16
     max_tokens: int = 512
-
-    @property
-    def num_blocks(self) -> int:
-        return 1 + self.max_tokens * self.max_blocks_per_seq
-
-    @property
-    def max_context(self) -> int:  # positions per sequence
-        return self.block_size * self.max_blocks_per_seq
+    num_blocks = property(lambda self: 1 + self.max_tokens * self.max_blocks_per_seq)
+    max_context = property(lambda self: self.block_size * self.max_blocks_per_seq)  # positions per sequence
 
 
 LLAMA_1B = LlamaConfig()

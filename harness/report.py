@@ -29,8 +29,11 @@ __all__ = ["Part", "Results", "load_results", "main", "newest", "render", "resul
 
 DOCS = "../../../docs/benchmarks.md"  # how each number was measured, from results/bench/<machine>/REPORT.md
 NEWEST = ("runtime_breakdown", "warm_start")  # `<kind>_<label>.json` runs: only the newest of each kind is read
-LATENCY_TABLES = [("toy_llama", "bfloat16"), ("toy_llama", "float32"), ("silly", "bfloat16"), ("silly", "float32")]
-LATENCY_TARGETS = ("piecewise_vs_pcg", "full_vs_reduce_overhead")  # the ratios each latency table shows
+LATENCY_TABLES = {("toy_llama", "bfloat16"): "ToyLlamaBfloat16", ("toy_llama", "float32"): "ToyLlamaFloat32",
+                  ("silly", "bfloat16"): "SillyBfloat16", ("silly", "float32"): "SillyFloat32",
+                  ("llama_1b", "bfloat16"): "Llama1BBfloat16", ("llama_8b_4l", "bfloat16"): "Llama8B4LayersBfloat16"}
+LATENCY_TARGETS = ("piecewise_vs_pcg", "piecewise_vs_breakable", "piecewise_vs_full", "full_vs_reduce_overhead")
+MEMORY_RUNS = {"CaptureMemory": ("toy_llama", "ToyLlama 12 layers"), "CaptureMemoryLlama1B": ("llama_1b", "Llama 1B")}
 START_COLUMNS = ["first call s", "vs cold", "in the backend s", "compile or load s", "outside s", "process s",
                  "Inductor compiles", "artifacts loaded"]
 
@@ -158,9 +161,9 @@ def ratio_row(r: Results, key: str, found: list[tuple], reason: str, explain: Ca
 
 
 def latency(r: Results) -> Part:
-    """A table per model and dtype, ToyLlama's kernel profiles, and the target rows of ToyLlama's ratios, misses
-    explained by `profile_note`."""
-    worst: dict[str, list] = {key: [] for key in LATENCY_TARGETS}  # (dtype, batch, ratio, per-round spread)
+    """A table per model and dtype, the kernel profiles, and a row per target ratio judged on its "models" (batches
+    from its "min_batch"), misses explained by `profile_note`."""
+    worst: dict[str, list] = {key: [] for key in LATENCY_TARGETS}  # (model and dtype, batch, ratio, per-round spread)
     tables = {(m, d): latency_table(r, m, d, worst) for m, d in LATENCY_TABLES}
     reason = r.skip_reason("latency_toy_llama_bfloat16")
     if not any(t.lines for t in tables.values()):
@@ -170,30 +173,32 @@ def latency(r: Results) -> Part:
         for (m, d), table in tables.items():
             part.add(table if table.lines else not_measured(f"{m} {d}", r.skip_reason(f"latency_{m}_{d}"), False))
     for key, found in worst.items():
-        part.add(ratio_row(r, key, found, reason, lambda d, b, key=key: profile_note(r, d, b, r.targets[key]["sides"])))
+        part.add(ratio_row(r, key, found, reason, lambda w, b, key=key: profile_note(r, w, b, r.targets[key]["sides"])))
     return part.add(kernel_profiles(r))
 
 
 def latency_table(r: Results, model: str, dtype: str, worst: dict[str, list]) -> Part:
-    """One latency class's table, the implementations it could not time and why, and its plot (nothing where nothing
-    was measured); adds ToyLlama's ratios to `worst`."""
-    name = f"latency.{ {'toy_llama': 'ToyLlama', 'silly': 'Silly'}[model]}{dtype.capitalize()}.track_"
+    """One latency class's table with the target ratios whose sides it timed, the implementations it could not time
+    and why, and its plot (nothing where nothing was measured); adds the ratios its model is judged on to `worst`."""
+    name = f"latency.{LATENCY_TABLES[model, dtype]}.track_"
     found, iqr = r.asv.get(name + "median_us", {}), r.asv.get(name + "iqr_us", {})
     details = r.details.get(f"latency_{model}_{dtype}", {})
     batches = sorted({k[1] for k in found})
     present = [i for i in dict.fromkeys(k[0] for k in found) if any(found.get((i, b)) is not None for b in batches)]
     if not present:
         return Part()
+    targets = [k for k in LATENCY_TARGETS if set(r.targets[k]["sides"]) <= set(present)]
     rows = [[b, *("n/a" if found.get((i, b)) is None else f"{found[i, b]:.0f} ({_fmt(iqr.get((i, b)), 0)})"
                   for i in present)] for b in batches]
     for row, b in zip(rows, batches):
-        for key in LATENCY_TARGETS:
-            in_rounds = details.get("ratios", {}).get(str(b), {}).get(r.targets[key]["ratio"])
-            ratio, spread = latency_ratio(in_rounds, *(found.get((i, b)) for i in r.targets[key]["sides"]))
+        for key, t in ((k, r.targets[k]) for k in targets):
+            in_rounds = details.get("ratios", {}).get(str(b), {}).get(t["ratio"])
+            ratio, spread = latency_ratio(in_rounds, *(found.get((i, b)) for i in t["sides"]))
             row.append(_ratio(ratio, spread))
-            worst[key] += [(dtype, b, ratio, spread)] if model == "toy_llama" else []
-    lines = [f"### {model}, {dtype}", "", *_table(["batch", *present, "PIECEWISE / pcg", "FULL / reduce-overhead"],
-                                                   "r" * (len(present) + 3), rows)]
+            judged = model in t["models"] and b >= t.get("min_batch", 0)
+            worst[key] += [(f"{model} {dtype}", b, ratio, spread)] * judged
+    lines = [f"### {model}, {dtype}", "", *_table(["batch", *present, *(r.targets[k]["ratio"] for k in targets)],
+                                                   "r" * (len(present) + len(targets) + 1), rows)]
     if rounds := details.get("side_by_side"):
         lines += [f"Timed side by side in {details.get('rounds')} rotating rounds: {', '.join(rounds)}; the others "
                   "each alone, before them.", ""]
@@ -212,39 +217,40 @@ def latency_ratio(in_rounds: dict | None, top: float | None, bottom: float | Non
     return (top / bottom if top and bottom else None), None
 
 
-def profile_note(r: Results, dtype: str, batch: int, impls: list[str]) -> str:
-    """Where a missed ratio's time goes, from the latency run's kernel profiles of both sides: "A 255 µs, kernels
-    225 µs (88% busy) vs B ...; kernels only in A: ..."; a line saying so where it did not profile both."""
+def profile_note(r: Results, where: str, batch: int, impls: list[str]) -> str:
+    """Where a missed ratio's time goes, from the latency run (`where`: "<model> <dtype>") kernel profiles of both
+    sides: "A 255 µs, kernels 225 µs (88% busy) vs B ...; kernels only in A: ..."; a line saying so where it did not
+    profile both."""
     from pieceworks.harness.profile import kernels_only_in
 
-    run = r.details.get(f"latency_toy_llama_{dtype}", {})
+    run = r.details.get(f"latency_{where.replace(' ', '_')}", {})
     profiles = [run.get("profiles", {}).get(f"{i}|{batch}") for i in impls]
     if not all(profiles):
-        return f"{dtype} b{batch}: no kernel profile of both sides recorded"
+        return f"{where} b{batch}: no kernel profile of both sides recorded"
     medians = [run.get("entries", {}).get(f"{i}|{batch}", {}).get("median_us") for i in impls]
     only = ", ".join(f"`{name[:48]}` {us:.1f} µs in {calls:.0f} launches" for name, us, calls in
                      kernels_only_in(*profiles))
-    return f"{dtype} b{batch}: " + " vs ".join(
+    return f"{where} b{batch}: " + " vs ".join(
         f"{i} {_fmt(m, 0)} µs, kernels {p['device_us_per_call']:.0f} µs "
         f"({_fmt(m and 100 * p['device_us_per_call'] / m, 0)}% busy)" for i, m, p in zip(impls, medians, profiles)
     ) + (f"; kernels only in {impls[0]}: {only}" if only else "")
 
 
 def kernel_profiles(r: Results) -> Part:
-    """The latency runs' kernel profiles of ToyLlama: kernel µs per forward and the library kernels' share of them, a
-    row per dtype and batch, a column per implementation profiled."""
-    rows: dict[tuple[str, int], dict[str, str]] = {}
-    for dtype in ("bfloat16", "float32"):
-        for key, p in r.details.get(f"latency_toy_llama_{dtype}", {}).get("profiles", {}).items():
+    """The latency runs' kernel profiles: kernel µs per forward and the library kernels' share of them, a row per
+    model, dtype and batch, a column per implementation profiled."""
+    rows: dict[tuple[str, str, int], dict[str, str]] = {}
+    for model, dtype in LATENCY_TABLES:
+        for key, p in r.details.get(f"latency_{model}_{dtype}", {}).get("profiles", {}).items():
             if "device_us_per_call" in p:
                 impl, batch = key.split("|")
-                cell = f"{p['device_us_per_call']:.0f} ({p['library_share']:.0%})"
-                rows.setdefault((dtype, int(batch)), {})[impl] = cell
-    impls = sorted({i for row in rows.values() for i in row})
-    return Part(["### Kernel profiles (ToyLlama)", "", "Kernel µs per forward (library kernels' share).", "",
-                 *_table(["dtype", "batch", *impls], "lr" + "r" * len(impls),
-                         ([d, b, *(row.get(i, "n/a") for i in impls)] for (d, b), row in sorted(rows.items())))]
-                if rows else [])
+                rows.setdefault((model, dtype, int(batch)), {})[impl] = \
+                    f"{p['device_us_per_call']:.0f} ({p['library_share']:.0%})"
+    impls = list(dict.fromkeys(i for row in rows.values() for i in row))
+    return Part(["### Kernel profiles", "", "Kernel µs per forward (library kernels' share).", "",
+                 *_table(["model", "dtype", "batch", *impls], "llr" + "r" * len(impls),
+                         ([*k, *(row.get(i, "n/a") for i in impls)] for k, row in sorted(rows.items(), key=lambda kv: (
+                             list(LATENCY_TABLES).index(kv[0][:2]), kv[0][2]))))] if rows else [])
 
 
 MEMORY_COLUMNS = {"pool_mib": "pool", "reserved_delta_mib": "reserved Δ", "nvml_used_delta_mib": "NVML used Δ",
@@ -253,42 +259,47 @@ MEMORY_COLUMNS = {"pool_mib": "pool", "reserved_delta_mib": "reserved Δ", "nvml
 
 
 def memory(r: Results) -> Part:
-    """The memory table (1, 8 and 51 sizes, PIECEWISE and FULL), and the pool and capture targets, a capture miss
-    explained by `capture_note`."""
-    name, pool, capture = "memory.CaptureMemory.track_", "pool_51_vs_largest", "capture_51_s"
-    if r.value(name + "pool_mib", "PIECEWISE", 1) is None and r.value(name + "pool_mib", "FULL", 1) is None:
-        reason = r.skip_reason("memory")
-        return not_measured("Memory and capture", reason, targets=[r.label(pool), r.label(capture)])
-    runs = {m: {n: {k: r.value(name + k, m, n) for k in MEMORY_COLUMNS} for n in (1, 8, 51)}
-            for m in ("PIECEWISE", "FULL")}
-    part = Part(["## Memory and capture (ToyLlama 12 layers, bfloat16)", "", "MiB; unshared: a pool per size.", "",
-                 *_table(["mode", "sizes", *MEMORY_COLUMNS.values()], "lrrrrrrrr", (
-                     [m, n, *(_fmt(x, 2 if k == "capture_seconds" else 1) for k, x in v.items())]
-                     for m, by_n in runs.items() for n, v in by_n.items()))])
-    pools = {m: s[51]["pool_mib"] / s[1]["pool_mib"] if s[51]["pool_mib"] and s[1]["pool_mib"] else None
-             for m, s in runs.items()}
-    part.add(target_row(r.label(pool), [(f"{m}: {_fmt(x, 3)}×", x is not None and x <= r.limit(pool))
-                                        for m, x in pools.items()], ""))
-    captures = {m: s[51]["capture_seconds"] for m, s in runs.items()}
-    notes = [capture_note(r, m) for m, c in captures.items() if c is not None and c > r.limit(capture)]
-    return part.add(target_row(r.label(capture), [(f"{m}: {_fmt(c, 2)} s", c is not None and c <= r.limit(capture))
-                                                  for m, c in captures.items()], "", "; ".join(filter(None, notes))))
+    """A memory table per `MEMORY_RUNS` model (1, 8 and 51 sizes, PIECEWISE and FULL), and the pool and capture
+    targets judged on their "models", a capture miss explained by `capture_note`."""
+    part, found = Part(), {"pool_51_vs_largest": [], "capture_51_s": [], "capture_ms_per_size": []}
+    for benchmark, (model, title) in MEMORY_RUNS.items():
+        runs = {m: {n: {k: r.value(f"memory.{benchmark}.track_{k}", m, n) for k in MEMORY_COLUMNS} for n in (1, 8, 51)}
+                for m in ("PIECEWISE", "FULL")}
+        if all(s[1]["pool_mib"] is None for s in runs.values()):
+            continue
+        part.lines += [f"### {title}, bfloat16", "", *_table(["mode", "sizes", *MEMORY_COLUMNS.values()], "lrrrrrrrr", (
+            [m, n, *(_fmt(x, 2 if k == "capture_seconds" else 1) for k, x in v.items())]
+            for m, by_n in runs.items() for n, v in by_n.items()))]
+        for mode, s in runs.items():
+            pool, seconds = s[1]["pool_mib"] and s[51]["pool_mib"] and s[51]["pool_mib"] / s[1]["pool_mib"], \
+                s[51]["capture_seconds"]
+            for key, x, text in [("pool_51_vs_largest", pool, f"{_fmt(pool, 3)}×"), ("capture_51_s", seconds, (
+                    f"{_fmt(seconds, 2)} s")), ("capture_ms_per_size", seconds and 1e3 * seconds / 51, "")]:
+                if model in r.targets[key]["models"] and x is not None:
+                    note = "" if x <= r.limit(key) or key == "pool_51_vs_largest" else capture_note(r, model, mode)
+                    found[key].append((f"{title} {mode}: {text or f'{x:.1f} ms'}", x <= r.limit(key), note))
+    if not part.lines:
+        return not_measured("Memory and capture", r.skip_reason("memory"), targets=[r.label(key) for key in found])
+    part.lines[:0] = ["## Memory and capture", "", "MiB; unshared: a pool per size.", ""]
+    for key, rows in found.items():
+        part.add(target_row(r.label(key), [row[:2] for row in rows], "", "; ".join(n for *_, n in rows if n)))
+    return part
 
 
-def capture_note(r: Results, mode: str) -> str:
+def capture_note(r: Results, model: str, mode: str) -> str:
     """Where a capture's time goes: the first size (warm-up runs, first allocations) against each further graph,
-    e.g. "PIECEWISE: 663 graphs; 1 size (13 graphs) 0.27 s, then 1.37 ms a graph", and its cProfile if recorded."""
-    entries = r.details.get("memory", {}).get("entries", {})
-    one, all_ = entries.get(f"{mode}|1", {}), entries.get(f"{mode}|51", {})
+    e.g. "toy_llama PIECEWISE: 663 graphs; 1 size (13 graphs) 0.27 s, then 1.37 ms a graph", and its cProfile."""
+    details = r.details.get("memory" if model == "toy_llama" else f"memory_{model}", {})
+    one, all_ = details.get("entries", {}).get(f"{mode}|1", {}), details.get("entries", {}).get(f"{mode}|51", {})
     if not all(isinstance(e.get(k), (int, float)) for e in (one, all_) for k in ("capture_seconds", "graphs")) \
             or all_["graphs"] <= one["graphs"]:
         return ""
     per_graph = (all_["capture_seconds"] - one["capture_seconds"]) / (all_["graphs"] - one["graphs"])
-    profile = r.details.get("memory", {}).get("capture_profiles", {}).get(mode)
+    profile = details.get("capture_profiles", {}).get(mode)
     where = f"; under cProfile ({profile['seconds']:.2f} s), own time: {_own_time(profile['top'], 'tottime_s', 's')}" \
         if profile else ""
-    return (f"{mode}: {all_['graphs']} graphs; 1 size ({one['graphs']} graphs) {one['capture_seconds']:.2f} s, then "
-            f"{1e3 * per_graph:.2f} ms a graph{where}")
+    return (f"{details.get('model')} {mode}: {all_['graphs']} graphs; 1 size ({one['graphs']} graphs) "
+            f"{one['capture_seconds']:.2f} s, then {1e3 * per_graph:.2f} ms a graph{where}")
 
 
 def compile_starts(r: Results) -> Part:

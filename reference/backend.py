@@ -30,7 +30,7 @@ from .key import UnkeyableConfigError, cache_factors, cache_key
 from .piece import BatchPosition, Piece, batch_position, mutated_inputs, traced_args
 from .progress import progress
 from .runtime import Runtime
-from .split import absent_splitting_ops, batch_symbols, check_splitting_ops, split_graph
+from .split import absent_splitting_ops, batch_symbols, check_splitting_ops, is_splitting_op, split_graph
 
 log = logging.getLogger("pieceworks")
 
@@ -42,7 +42,8 @@ class CompiledGraph:
     `split_module`: the stitching module, compiled pieces installed (calling it runs the model without graphs);
     `pieces`: every piece in run order, splitting ones included; `inputs`: the graph inputs' trace values;
     `batch_symbols` / `batch`: the batch size's symbols, and where it sits among the inputs; `mutated_inputs`:
-    graph inputs some piece writes in place;
+    graph inputs some piece writes in place; `restored_inputs`: those a compiled piece writes, put back after a FULL
+    capture's warm-ups (a splitting op's writes are not: the warm-ups repeat them, as vLLM's dummy runs do);
     `output_values`: the trace value (FakeTensor) of each graph output; `build_seconds`: where the backend call
     went (`split`, `compile`: compiling or loading every piece, `backend`: all of it); `cache_dir`: the cache
     folder used, if any.
@@ -54,6 +55,7 @@ class CompiledGraph:
     batch_symbols: frozenset[str]
     batch: BatchPosition | None
     mutated_inputs: tuple[int, ...]
+    restored_inputs: tuple[int, ...]
     output_values: tuple
     build_seconds: Mapping[str, float]
     cache_dir: str | None
@@ -123,6 +125,7 @@ def compile_graph(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compil
         log.warning("pieceworks: splitting ops %s are registered but never called in the traced graph, so they split "
                     "nothing (the graph calls %s)", absent, called or "no custom op")
     written = tuple(sorted(mutated_inputs(gm)))
+    restored = tuple(sorted(mutated_inputs(gm, lambda node: is_splitting_op(node, set(config.splitting_ops)))))
 
     start = time.perf_counter()
     split_gm, pieces = split_graph(gm, config.splitting_ops)
@@ -150,4 +153,4 @@ def compile_graph(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compil
     symbols = batch_symbols(gm)
     seconds["backend"] = time.perf_counter() - build_start
     return CompiledGraph(split_gm, tuple(pieces), tuple(fakes), symbols, batch_position(fakes, symbols), written,
-                         outputs, seconds, cache.directory if cache is not None else None)
+                         restored, outputs, seconds, cache.directory if cache is not None else None)

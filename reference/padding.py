@@ -52,9 +52,7 @@ def container_items(value: Any) -> list[Any] | None:
     """The items of a container output (tuple, list, namedtuple, dict values), None for a leaf."""
     if type(value) in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
         return list(value)
-    if type(value) is dict:
-        return list(value.values())
-    return None
+    return list(value.values()) if type(value) is dict else None
 
 
 def _rebuild(like: Any, items: list[Any]) -> Any:

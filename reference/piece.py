@@ -170,10 +170,11 @@ def _source(node: Any, views: bool = False) -> Any:
     return node
 
 
-def mutated_inputs(gm: torch.fx.GraphModule) -> set[int]:
-    """Indices of `gm`'s placeholders that some node writes to in place (directly or through a view)."""
+def mutated_inputs(gm: torch.fx.GraphModule, skip: Callable[[torch.fx.Node], bool] = lambda node: False) -> set[int]:
+    """Indices of `gm`'s placeholders that some node (but those `skip` names) writes to in place (directly or through
+    a view)."""
     placeholders = {node: i for i, node in enumerate(gm.graph.find_nodes(op="placeholder"))}
-    bases = {_source(arg, views=True) for node in gm.graph.nodes for arg in _written_args(node)}
+    bases = {_source(arg, views=True) for node in gm.graph.nodes if not skip(node) for arg in _written_args(node)}
     return {placeholders[base] for base in bases if base in placeholders}
 
 

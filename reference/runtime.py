@@ -168,7 +168,7 @@ class Runtime:
         with self._capturing() if self.phase is Phase.SERVING else contextlib.nullcontext():
             if self.full_reason is None:
                 try:
-                    graph, out = self.pool.capture(split_gm, args, self.graph.mutated_inputs)
+                    graph, out = self.pool.capture(split_gm, args, self.graph.restored_inputs)
                 except Exception as exc:  # noqa: BLE001 - a refused capture falls back, it never crashes
                     self.full_reason = f"capture failed: {type(exc).__name__}: {exc}"
                     counters.num_cudagraph_uncapturable += 1

@@ -12,7 +12,7 @@ import torch.nn as nn
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
 from pieceworks.piece import moving_inputs, mutated_inputs, uncapturable_reason
-from pieceworks.harness import models
+from pieceworks.harness import llama, models
 from pieceworks.harness.checked import CheckedModel, OutputOverwrittenError
 from suites.helpers import dynamo_graph
 from pieceworks.padding import StaticInputs, unpad
@@ -120,6 +120,32 @@ def test_mutated_model_inputs_are_found():
     gm, inputs = dynamo_graph(AddsInPlace(), [torch.randn(3), torch.randn(3, 2)])
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     assert {placeholders[i].target for i in mutated_inputs(gm)} == {"L_x_", "L_y_"}
+
+
+def test_full_captures_put_back_what_compiled_pieces_write_not_what_splitting_ops_write():
+    """FULL's warm-ups re-run the whole graph: inputs a compiled piece writes (a call counter) are put back after them,
+    so a capture writes them once; those only a splitting op writes (attention's KV cache) are not, so a capture
+    copies no cache (a copy of every layer's cache is 4.3 GB for the 1B Llama)."""
+
+    class Counted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.llama = llama.Llama(llama.TINY)
+            self.register_buffer("calls", torch.zeros(1, dtype=torch.int64))
+
+        def forward(self, ids, positions):
+            self.calls.add_(1)
+            return self.llama(ids, positions)
+
+    model = Counted()
+    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=llama.SPLITTING_OPS, compiler="eager"))
+    with torch.no_grad():
+        compiled(*llama.decode_batch(model.llama, 4))
+    graph = compiled.runtime.graph
+    names = [n.target for n in graph.split_module.graph.nodes if n.op == "placeholder"]
+    caches = {i for i, name in enumerate(names) if name.endswith(("k_cache_", "v_cache_"))}
+    assert len(caches) == 2 * llama.TINY.num_layers and caches < set(graph.mutated_inputs)
+    assert [names[i] for i in graph.restored_inputs] == [next(n for n in names if n.endswith("calls_"))]
 
 
 def test_static_inputs_keep_addresses_and_pad_with_valid_rows():

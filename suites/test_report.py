@@ -295,6 +295,18 @@ def test_latency_ratios_come_from_the_rounds_where_the_run_timed_side_by_side(tm
     assert "**missed**" in row and "bfloat16 b64:" in row.split("|")[4]
 
 
+def test_a_latency_target_judges_its_models_from_its_smallest_batch(tmp_path):
+    """A table shows every target ratio whose two sides it timed; the target's row judges only its `models`, from its
+    `min_batch` on (thresholds file): the piecewise tax (PIECEWISE / FULL) on the Llama models at batch >= 8, not on
+    ToyLlama, whose table shows it too."""
+    text = _regenerate(tmp_path)
+    row = _line(text, "| PIECEWISE ≤ 1.1× FULL at batch ≥ 8")
+    assert "llama_1b bfloat16 b8: " in row and "llama_8b_4l bfloat16 b512: " in row
+    assert " b1: " not in row and " b2: " not in row and "toy_llama" not in row
+    assert "| PIECEWISE / meta-pcg | PIECEWISE / FULL | FULL / reduce-overhead |" in _line(text, "| batch | eager |")
+    assert "toy_llama" not in _line(text, "| PIECEWISE ≤ 0.9× breakable graphs")
+
+
 def test_an_implementation_not_timed_is_named_with_its_reason_under_its_table(tmp_path):
     """A latency run's entry that was skipped, or failed against eager, is n/a in its table, and the line under the
     table names the implementation and why."""
@@ -436,5 +448,7 @@ def test_targets_their_limits_and_labels_come_from_the_thresholds_file(tmp_path)
     table["own_checks"]["core_lines"].update(limit=10**6, label="core probe ≤ {limit:,}")
     (path := tmp_path / "thresholds.json").write_text(json.dumps(table))
     text, _ = report.render(report.load_results(str(REPO / "results"), MACHINE, targets=str(path)), MACHINE, "probe")
-    assert _line(text, "| pool probe ≤ 0.5× |").endswith("| PIECEWISE: 1.000×, FULL: 1.000× | **missed** |  |")
+    assert "| ToyLlama 12 layers PIECEWISE: 1.000×, ToyLlama 12 layers FULL: 1.000×, Llama 1B PIECEWISE: " in _line(
+        text, "| pool probe ≤ 0.5× |")
+    assert _line(text, "| pool probe ≤ 0.5× |").endswith("| **missed** |  |")
     assert "| within |" in _line(text, "| core probe ≤ 1,000,000 |")

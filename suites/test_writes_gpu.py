@@ -3,11 +3,15 @@
 - A model that counts its calls in place, in a buffer of its own and in a caller-owned argument, both inside a
   compiled (captured) piece: every call writes exactly once, warm-ups and captures included: a capture run counts
   one, a lazy capture serving a request counts one, the caller's argument is incremented once per call.
+- A FULL capture copies no input that only a splitting op writes (attention's KV cache): its warm-ups repeat those
+  writes instead of putting them back.
 - Outputs are valid until the next call (unrelated allocations and an eager run in between leave them intact) and
   are overwritten by it: they are graph memory, not copies (vLLM's contract, both ways).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -17,7 +21,7 @@ from hypothesis import strategies as st
 
 import pieceworks
 from pieceworks import CompilationConfig
-from pieceworks.harness import models
+from pieceworks.harness import llama, models
 from pieceworks.harness import strategies as S
 from pieceworks.harness.implementations import Pieceworks
 
@@ -96,3 +100,21 @@ def test_outputs_are_valid_until_the_next_call_and_overwritten_by_it(impl):
         assert following.data_ptr() == out.data_ptr(), f"batch {batch}: outputs are copies, not graph memory"
         torch.testing.assert_close(out, model(*second), rtol=1e-4, atol=1e-5,
                                    msg=f"batch {batch}: the next call of this size writes into the earlier output")
+
+
+def test_a_full_capture_copies_no_kv_cache():
+    config = dataclasses.replace(llama.TINY, max_blocks_per_seq=256)  # caches of 32 MiB, activations of a few
+    model = llama.Llama(config).cuda()
+    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=llama.SPLITTING_OPS, cudagraph_mode="FULL",
+                                                           cudagraph_capture_sizes=[4, 8]))
+    with torch.no_grad():
+        compiled(*llama.decode_batch(model, 3, device="cuda"))
+        compiled.capture([8])  # the capture stream and its cuBLAS workspace: made once, before the reading
+        compiled.runtime.reset()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        compiled.capture()
+    caches = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if n.endswith("_cache"))
+    assert compiled.runtime.replay_for(8) is not None  # a FULL graph was captured
+    assert torch.cuda.max_memory_allocated() - before < caches / 4

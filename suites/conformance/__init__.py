@@ -4,8 +4,8 @@ Run from anywhere:
 `pytest -p pieceworks.conformance.plugin --pyargs pieceworks.conformance [--impl NAME ...] [--conformance-json PATH]`.
 Each property runs for every selected implementation (an adapter of `pieceworks.harness.implementations`: a registered name, or your
 own as `package.module:Adapter` or `path/to/file.py:Adapter`) and every selected model of `cases.py`
-(`--conformance-model`; default `subjects.DEFAULT_MODELS`: SillyModel, ToyLlama and a tiny random-weight Hugging
-Face Llama; `all` adds the closed-form tractable ToyLlama). A property needing a capability the
+(`--conformance-model`; default `subjects.DEFAULT_MODELS`: SillyModel, ToyLlama, a tiny random-weight Hugging Face
+Llama and the paged-KV Llama; `all` adds the closed-form tractable ToyLlama). A property needing a capability the
 implementation does not claim (`Capabilities`, `Implementation.contracts`) is reported "not applicable" with the
 reason; an implementation or model that cannot run here is "unavailable" with the reason. The properties (their table
 names, `subjects.PROPERTIES`) are in test_replay.py, test_padding.py, test_addresses.py, test_memory.py and

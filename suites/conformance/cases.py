@@ -85,32 +85,41 @@ def _tractable_closed_form(args: tuple) -> torch.Tensor:
     return models.tractable_expected(args[1], _TOY).to(args[1].device, torch.float32)
 
 
-# ---- Llama (TINY) with paged-KV attention: every row a decode token of its own sequence ------------------------------
-# Row i is always the next token of sequence i, at position `_llama_positions[i]`: its context (the positions before)
+# ---- Llama with paged-KV attention: TINY on CPU; on CUDA Llama-3.2-1B's layer shapes (2 of its 16 layers) ----------
+# Row i is always the next token of sequence i, at position `_positions(config)[i]`: its context (the positions before)
 # is prefilled once by `make` and never written again, and each call writes only its own slot before reading it, so a
 # row depends on its token alone, not on earlier calls (poisoned ones included). The metadata of every row is filled
 # once (`decode_batch` of max_tokens rows) and stays current: a call of b rows reads the first b rows (pad rows too).
-_LLAMA = llama.TINY
-_LLAMA_POISON = _LLAMA.vocab_size - 1
-_llama_positions = torch.arange(_LLAMA.max_tokens) * 7 % _LLAMA.max_context
+def _llama_config(device: torch.device) -> llama.LlamaConfig:
+    return llama.TINY if torch.device(device).type == "cpu" else dataclasses.replace(
+        llama.LLAMA_1B, num_layers=2, max_tokens=16, max_blocks_per_seq=4)
+
+
+def _positions(config: llama.LlamaConfig) -> torch.Tensor:
+    return torch.arange(config.max_tokens) * 7 % config.max_context
 
 
 def _llama(device: torch.device) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = llama.Llama(_LLAMA)
+    model = llama.Llama(config := _llama_config(device))
     with torch.no_grad():
-        model.tok_embeddings.weight[_LLAMA_POISON] = float("nan")
+        model.tok_embeddings.weight[config.vocab_size - 1] = float("nan")
         model.to(device)
-        for seq, position in enumerate(_llama_positions.tolist()):
+        for seq, position in enumerate(_positions(config).tolist()):
             if position:
                 model(*llama.prefill_batch(model, position, device, seed=seq, seq=seq))
-    llama.decode_batch(model, _LLAMA.max_tokens, device, positions=_llama_positions)
+    llama.decode_batch(model, config.max_tokens, device, positions=_positions(config))
     return model
 
 
 def _llama_inputs(batch: int, seed: int, device: torch.device) -> tuple:
-    ids = torch.randint(0, _LLAMA_POISON, (batch,), generator=torch.Generator().manual_seed(seed))
-    return ids.to(device), _llama_positions[:batch].to(device)
+    config = _llama_config(device)
+    ids = torch.randint(0, config.vocab_size - 1, (batch,), generator=torch.Generator().manual_seed(seed))
+    return ids.to(device), _positions(config)[:batch].to(device)
+
+
+def _llama_poison(args: tuple, rows: Any, value: float) -> tuple:
+    return _poison_tokens(_llama_config(args[0].device).vocab_size - 1)(args, rows, value)
 
 
 CASES: dict[str, ModelCase] = {case.name: case for case in [
@@ -122,5 +131,5 @@ CASES: dict[str, ModelCase] = {case.name: case for case in [
     ModelCase("hf-llama", tuple(hf.SPLITTING_OPS), lambda device: hf.hf_llama(device),
               lambda batch, seed, device: hf.hf_llama_inputs(batch, seed, device), _poison_tokens(hf.POISON_TOKEN),
               unavailable=hf.unavailable_reason),
-    ModelCase("llama", tuple(llama.SPLITTING_OPS), _llama, _llama_inputs, _poison_tokens(_LLAMA_POISON)),
+    ModelCase("llama", tuple(llama.SPLITTING_OPS), _llama, _llama_inputs, _llama_poison),
 ]}

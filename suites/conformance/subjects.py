@@ -55,10 +55,10 @@ class Subject:
         return f"{self.impl.name}@{self.case.name}"
 
 
-# The default models: one of each kind (tiny, llama-shaped, Hugging Face), so that every registered implementation
-# on all three fits in 5 minutes on an H100. ToyLlama's closed-form variant (`toy-llama-tractable`) repeats
-# ToyLlama's pieces with an answer known in closed form: name it, or "all", to run it too.
-DEFAULT_MODELS = ("silly", "toy-llama", "hf-llama")
+# The default models: one of each kind (tiny, llama-shaped, Hugging Face, paged-KV attention). ToyLlama's
+# closed-form variant (`toy-llama-tractable`) repeats ToyLlama's pieces with an answer known in closed form: name it,
+# or "all", to run it too.
+DEFAULT_MODELS = ("silly", "toy-llama", "hf-llama", "llama")
 
 
 def select(impl_specs: list[str], model_names: list[str]) -> list[Subject]:

@@ -135,6 +135,21 @@ def trace_writes_not_restored(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(api, "compile_graph", lambda gm, config: dataclasses.replace(original(gm, config), mutated_inputs=()))
 
 
+@mutant("a FULL capture puts back every input the graph writes, the splitting op's KV cache too (a copy of every "
+        "layer's cache per captured size)",
+        cpu="suites/test_modes_cpu.py::test_full_captures_put_back_what_compiled_pieces_write_not_what_splitting_"
+            "ops_write",
+        gpu="suites/test_writes_gpu.py::test_a_full_capture_copies_no_kv_cache")
+def full_capture_restores_every_write(mp: pytest.MonkeyPatch) -> None:
+    original = api.compile_graph
+
+    def compile_graph(gm, config):
+        graph = original(gm, config)
+        return dataclasses.replace(graph, restored_inputs=graph.mutated_inputs)
+
+    mp.setattr(api, "compile_graph", compile_graph)
+
+
 @mutant("a replaced parameter goes unnoticed: the graphs keep the old tensor",
         cpu=_FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix",
         gpu=_FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix")

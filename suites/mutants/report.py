@@ -24,6 +24,21 @@ def report_hides_what_the_call_adds(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(report, "call_profile_note", lambda dtype, result: "")
 
 
+@mutant("a latency target is judged on every table that timed its sides, whatever its models and smallest batch",
+        cpu=_REPORT + "test_a_latency_target_judges_its_models_from_its_smallest_batch")
+def report_judges_every_table(mp: pytest.MonkeyPatch) -> None:
+    original = report.load_results
+
+    def load_results(*args, **kwargs):
+        results = original(*args, **kwargs)
+        for key in report.LATENCY_TARGETS:
+            results.targets[key] = {**results.targets[key], "models": [m for m, _ in report.LATENCY_TABLES],
+                                    "min_batch": 0}
+        return results
+
+    mp.setattr(report, "load_results", load_results)
+
+
 @mutant("the report leaves out the warm_start run: its starts count in no table and no target",
         cpu=_REPORT + "test_the_newest_warm_start_run_gets_rows_and_says_where_its_first_call_went")
 def report_hides_later_warm_starts(mp: pytest.MonkeyPatch) -> None:
