@@ -95,8 +95,9 @@ _WATCHES: set[StateWatch] = set()  # the live watches; the process-wide registra
 
 
 def _registered(module: torch.nn.Module, name: str, value: Any) -> None:
-    """A registration hook: `value` is about to become `module.name` (any module of the process)."""
-    for watch in list(_WATCHES):
+    """A registration hook: `value` is about to become `module.name` (any module of the process). Not traced: in a
+    forward Dynamo traces (a buffer assigned), it would guard on the live watches, which come and go with models."""
+    for watch in [] if torch.compiler.is_compiling() else list(_WATCHES):
         watch._check(module, [(name, value)], "replaced")
 
 

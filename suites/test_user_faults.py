@@ -288,6 +288,27 @@ def test_compiled_models_coming_and_going_leave_torchs_global_hooks_alone():
     assert dict(hooks) == registered, "a collected compiled model removed global hooks"
 
 
+def test_a_forward_that_assigns_a_buffer_compiles_while_compiled_models_come_and_go():
+    """Assigning a buffer calls torch's global registration hooks, so Dynamo, tracing such a forward (another
+    model's, under torch.compile), traced the watches' shared hook and guarded on the live watches; a compiled model
+    collected during such a trace broke its guards (IndexError). The hook is not traced: no guard names the watches."""
+
+    class Rescales(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("scale", torch.ones(1))
+
+        def forward(self, x):
+            self.scale = self.scale * 1.0  # a buffer assigned in forward, as Hugging Face's rotary updates do
+            return x * self.scale
+
+    kept = _served_layered(), _served_layered()
+    torch._dynamo.reset()
+    guards = [str(g.name) for g in torch._dynamo.explain(Rescales())(torch.randn(2, 3)).out_guards]
+    assert guards and not [g for g in guards if "_WATCHES" in g]
+    assert all(compiled(x).shape == model(x).shape for model, compiled, x in kept)
+
+
 def test_in_place_loads_and_harmless_moves_keep_serving_the_new_values():
     model, compiled, x = _served_layered()
     model.load_state_dict({k: v * 0.5 for k, v in model.state_dict().items()})  # in place

@@ -92,7 +92,7 @@ def _tractable_closed_form(args: tuple) -> torch.Tensor:
 # once (`decode_batch` of max_tokens rows) and stays current: a call of b rows reads the first b rows (pad rows too).
 def _llama_config(device: torch.device) -> llama.LlamaConfig:
     return llama.TINY if torch.device(device).type == "cpu" else dataclasses.replace(
-        llama.LLAMA_1B, num_layers=2, max_tokens=16, max_blocks_per_seq=4)
+        llama.LLAMA_1B, num_layers=2, max_tokens=64, max_blocks_per_seq=4)
 
 
 def _positions(config: llama.LlamaConfig) -> torch.Tensor:

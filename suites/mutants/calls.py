@@ -170,6 +170,12 @@ def global_hooks_per_model(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(binding.StateWatch, "__init__", watch)
 
 
+@mutant("Dynamo traces the watches' registration hook: a forward that assigns a buffer guards on the live watches",
+        cpu=_FAULTS + "test_a_forward_that_assigns_a_buffer_compiles_while_compiled_models_come_and_go")
+def registration_hook_traced(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(torch.compiler, "is_compiling", lambda: False)  # what the hook asks to stay out of a trace
+
+
 @mutant("model.to() that reallocates the weights goes unnoticed",
         cpu=_FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix")
 def reallocation_unseen(mp: pytest.MonkeyPatch) -> None:
