@@ -9,6 +9,9 @@
 - Metadata reaches the op as vLLM's forward context does: the op reads the current `AttentionMetadata` (static
   buffers, filled in place), set by `with attention_context(md):` or by `decode_batch` / `prefill_batch`, which fill
   the model's own (`Llama.attn_metadata`) and leave it current: a driver then only calls `model(*args)`.
+- Tensor parallel: `shard(model, group)` keeps this rank's share of every layer (attention heads and MLP columns,
+  Megatron-style), a functional all-reduce after each layer's attention output and MLP: every rank returns the whole
+  model's output. The all-reduces are plain graph ops (captured inside pieces) unless listed as splitting ops.
 - Capture-safe: no host sync, no data-dependent shape (cost O(batch x max_context)), fixed addresses: a FULL graph
   reads the metadata current at its capture, so refill that one in place (the helpers refill the model's own).
 """
@@ -19,13 +22,16 @@ import contextlib
 import dataclasses
 
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["LlamaConfig", "LLAMA_1B", "LLAMA_8B", "TINY", "SPLITTING_OPS", "AttentionMetadata", "Llama",
-           "attention_context", "serve_tokens", "decode_batch", "prefill_batch"]
+           "attention_context", "serve_tokens", "decode_batch", "prefill_batch", "shard", "ALL_REDUCE"]
 
 SPLITTING_OPS = ["llama::paged_attention"]
+ALL_REDUCE = "_c10d_functional::all_reduce"  # the tensor-parallel all-reduce, to list as a splitting op or not
 ZERO_SLOT, SCRATCH_SLOT = 0, 1  # both in the reserved block 0
 
 
@@ -142,6 +148,10 @@ class Block(nn.Module):
         self.w2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
         self.register_buffer("k_cache", torch.zeros(kv_shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(kv_shape), persistent=False)
+        self.group: dist.ProcessGroup | None = None  # tensor parallel over this group (`shard`)
+
+    def reduced(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.group is None else funcol.all_reduce(t, "sum", self.group)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         c, heads = self.c, self.c.num_heads + self.c.num_kv_heads
@@ -150,9 +160,9 @@ class Block(nn.Module):
         qk = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
         q, k, out = qk[:, :c.num_heads], qk[:, c.num_heads:], qk.new_empty(qk.shape[0], c.num_heads, c.head_dim)
         torch.ops.llama.paged_attention(q, k, qkv[:, heads:], self.k_cache, self.v_cache, out, c.head_dim ** -0.5)
-        h = x + self.wo(out.flatten(1))
+        h = x + self.reduced(self.wo(out.flatten(1)))
         gate, up = self.w13(rms_norm(h, self.ffn_norm, c.norm_eps)).chunk(2, dim=-1)
-        return h + self.w2(F.silu(gate) * up)
+        return h + self.reduced(self.w2(F.silu(gate) * up))
 
 
 class Llama(nn.Module):
@@ -176,6 +186,27 @@ class Llama(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)
         return rms_norm(x, self.norm, self.config.norm_eps)
+
+
+def shard(model: Llama, group: dist.ProcessGroup | None = None) -> Llama:
+    """`model` (every rank built it alike: same seed) made this rank's tensor-parallel share over `group` (default:
+    the world), in place: q, k, v heads, wo's input columns, gate and up rows, w2's input columns and the KV cache's
+    heads split in rank order. Heads and the MLP width must divide by the group's size."""
+    group = group or dist.group.WORLD
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    for block in model.layers:
+        c, d = block.c, block.c.head_dim
+        if c.num_kv_heads % size or c.intermediate_size % size:
+            raise ValueError(f"{c.num_kv_heads} kv heads, MLP width {c.intermediate_size}: not divisible by {size}")
+        q, k, v = block.wqkv.weight.detach().split([c.num_heads * d, c.num_kv_heads * d, c.num_kv_heads * d])
+        mine = lambda w, dim=0: w.detach().chunk(size, dim)[rank].contiguous()  # noqa: E731
+        block.wqkv.weight = nn.Parameter(torch.cat([mine(q), mine(k), mine(v)]))
+        block.w13.weight = nn.Parameter(torch.cat([mine(w) for w in block.w13.weight.chunk(2)]))
+        block.wo.weight, block.w2.weight = (nn.Parameter(mine(w.weight, 1)) for w in (block.wo, block.w2))
+        block.k_cache, block.v_cache = mine(block.k_cache, 2), mine(block.v_cache, 2)
+        block.c, block.group = dataclasses.replace(c, num_heads=c.num_heads // size, num_kv_heads=c.num_kv_heads //
+                                                   size, intermediate_size=c.intermediate_size // size), group
+    return model
 
 
 def serve_tokens(model: Llama, seq_ids, positions, device="cpu", seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

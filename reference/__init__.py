@@ -21,12 +21,13 @@ from .counters import CompilationCounter, counters
 from .dispatch import BatchSizeError
 from .piece import Piece
 from .plan import FullGraph, ReplayPlan
-from .runtime import Phase, Runtime
+from .runtime import CaptureMismatchError, Phase, Runtime
 from .split import split_graph
 
-__all__ = ["Backend", "BatchSizeError", "CompilationConfig", "CompilationCounter", "CompiledGraph", "CompiledModel",
-           "ConfigError", "CUDAGraphMode", "FullGraph", "InputError", "Phase", "Piece", "ReplayPlan", "Runtime",
-           "StateReplacedError", "compile", "counters", "default_capture_sizes", "split_graph"]
+__all__ = ["Backend", "BatchSizeError", "CaptureMismatchError", "CompilationConfig", "CompilationCounter",
+           "CompiledGraph", "CompiledModel", "ConfigError", "CUDAGraphMode", "FullGraph", "InputError", "Phase",
+           "Piece", "ReplayPlan", "Runtime", "StateReplacedError", "compile", "counters", "default_capture_sizes",
+           "split_graph"]
 
 __version__ = "0.1.0"
 

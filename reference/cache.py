@@ -121,8 +121,7 @@ def atomic_write(path: str, data: bytes) -> None:
 
 
 def _sha256_file(path: str) -> tuple[str, int]:
-    data = Path(path).read_bytes()
-    return hashlib.sha256(data).hexdigest(), len(data)
+    return hashlib.sha256(data := Path(path).read_bytes()).hexdigest(), len(data)
 
 
 def _reason(exc: BaseException) -> str:
@@ -144,10 +143,7 @@ def _warn_once(kind: str, path: str, message: str, *args: Any) -> None:
 
 
 def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
+    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
 
 
 def _entry_problem(name: str, entry: dict[str, Any], path: str, claim: dict[str, str] | None) -> str | None:

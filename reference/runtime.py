@@ -48,6 +48,25 @@ class CUDAGraphMissingError(RuntimeError):
     """A batch size that should have a CUDA graph has none, and `on_missing_graph="raise"`."""
 
 
+class CaptureMismatchError(RuntimeError):
+    """Ranks of a process group would capture different graphs: their collectives would wait on each other forever."""
+
+
+def check_ranks_agree(mode: CUDAGraphMode, sizes: list[int]) -> None:
+    """Under `torch.distributed` (initialized, world size > 1), every rank calls this before it captures: a
+    `CaptureMismatchError` on every rank, naming each rank whose mode or sizes (in capture order) differ from rank
+    0's, and how. One all-gather of the world group; a rank that never calls it leaves the others waiting until the
+    group's timeout (`init_process_group(timeout=...)`)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_gather_object(plans := [None] * dist.get_world_size(), (mode.name, sizes))
+        if differ := "; ".join(f"rank {r}: {m} {s}" for r, (m, s) in enumerate(plans) if (m, s) != plans[0]):
+            raise CaptureMismatchError(f"ranks would capture different CUDA graphs (mode, sizes largest first), rank "
+                                       f"0: {plans[0][0]} {plans[0][1]}; {differ}: their collectives would wait on "
+                                       "each other forever. Fix: the same cudagraph_mode, cudagraph_capture_sizes "
+                                       "and capture() sizes on every rank")
+
+
 class Phase(enum.Enum):
     WAITING = "waiting"
     CAPTURING = "capturing"
@@ -193,9 +212,11 @@ class Runtime:
         """The capture phase: `run_size(n)` for every size in `sizes` (default: every capture size), in
         `capture_order`; each call at a size not yet attempted captures it. Then serving starts: no size is
         captured again (unless `lazy_capture`). `run_size(n)` must call the model with arguments that stay where
-        they are for every later replay. gc is collected and frozen once for the phase. Returns the phase's numbers
-        (sizes, seconds, MiB, graphs)."""
+        they are for every later replay. gc is collected and frozen once for the phase. Under torch.distributed,
+        every rank first checks that all capture the same (`check_ranks_agree`). Returns the phase's numbers (sizes,
+        seconds, MiB, graphs)."""
         sizes = capture_order(self._sizes if sizes is None else sizes)
+        check_ranks_agree(self.mode, sizes)
         report = {"sizes": len(sizes), "seconds": 0.0, "free_delta_mib": 0.0, "reserved_delta_mib": 0.0,
                   "graphs": 0, "mode": self.mode.name}
         if self.mode is CUDAGraphMode.NONE or not sizes:

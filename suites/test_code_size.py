@@ -1,11 +1,11 @@
-"""The reference core's size (`pieceworks.harness.code_size`), which the benchmarks track per commit: code lines
+"""The reference core's size (`suites/benchmarks/code_size.py`), which the benchmarks track per commit: code lines
 leave out blank lines, comments and docstrings, and count every line of a statement."""
 
 from __future__ import annotations
 
 import textwrap
 
-from pieceworks.harness.code_size import core_lines, file_lines
+from suites.benchmarks.code_size import core_lines, file_lines
 
 SOURCE = textwrap.dedent('''\
     """Module docstring,

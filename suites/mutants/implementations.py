@@ -15,11 +15,19 @@ import pieceworks
 import pieceworks.conformance.plugin as conformance
 import pieceworks.harness.breakdown as breakdown
 import pieceworks.harness.implementations as impls
+import pieceworks.harness.llama as llama
 import pieceworks.harness.strategies as strategies
 
 from . import mutant
 
 _IMPLS = "suites/test_implementations.py::"
+_TP = "suites/test_tensor_parallel.py::"
+
+
+@mutant("a sharded Llama layer never all-reduces its partial sums",
+        cpu=_TP + "test_all_reduces_as_splitting_ops_give_the_whole_models_output_on_every_rank")
+def tensor_parallel_without_all_reduce(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(llama.Block, "reduced", lambda self, t: t)
 
 
 @mutant("resolve('module:Subclass') returns the class, not an instance", cpu=_IMPLS + "test_resolve_by_dotted_path")

@@ -18,6 +18,14 @@ from . import mutant
 _POOL = "suites/test_pool_gpu.py::"
 _SAFETY = "suites/test_replay_safety_gpu.py::"
 _WRITES = "suites/test_writes_gpu.py::"
+_TP = "suites/test_tensor_parallel.py::"
+
+
+@mutant("ranks capture without checking that all capture the same sizes: a mismatch waits forever",
+        cpu=_TP + "test_ranks_that_would_capture_different_sizes_all_raise_naming_the_rank_that_differs",
+        gpu="suites/test_tensor_parallel_gpu.py::test_ranks_with_other_capture_sizes_fail_fast_naming_the_rank")
+def ranks_never_compared(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(runtime, "check_ranks_agree", lambda mode, sizes: None)
 
 
 @mutant("the capture phase captures the smallest size first", gpu=_POOL + "test_capture_order_is_largest_first")

@@ -8,10 +8,10 @@ import types
 
 import pytest
 
-import pieceworks.harness.code_size as code_size
 import pieceworks.harness.profile as profile
 import pieceworks.harness.report as report
 import pieceworks.harness.warm_start as warm_start
+import suites.benchmarks.code_size as code_size
 
 from . import mutant
 
