@@ -55,16 +55,21 @@ class CaptureMismatchError(RuntimeError):
 def check_ranks_agree(mode: CUDAGraphMode, sizes: list[int]) -> None:
     """Under `torch.distributed` (initialized, world size > 1), every rank calls this before it captures: a
     `CaptureMismatchError` on every rank, naming each rank whose mode or sizes (in capture order) differ from rank
-    0's, and how. One all-gather of the world group; a rank that never calls it leaves the others waiting until the
-    group's timeout (`init_process_group(timeout=...)`)."""
-    dist = torch.distributed
+    0's, and how. Two collectives of the world group (the widest plan, then every plan); a rank that never calls it
+    leaves the others waiting until the group's timeout (`init_process_group(timeout=...)`)."""
+    dist, modes = torch.distributed, list(CUDAGraphMode)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_gather_object(plans := [None] * dist.get_world_size(), (mode.name, sizes))
+        mine = torch.tensor([modes.index(mode), len(sizes), *sizes], device="cuda" if dist.get_backend() == "nccl"
+                            else "cpu")  # NCCL gathers CUDA tensors; tensors, not objects: no pickle, no numpy
+        dist.all_reduce(width := mine.new_tensor([mine.numel()]), dist.ReduceOp.MAX)
+        dist.all_gather(found := [mine.new_zeros(int(width)) for _ in range(dist.get_world_size())],
+                        torch.nn.functional.pad(mine, (0, int(width) - mine.numel())))
+        plans = [(modes[m].name, rest[:n]) for m, n, *rest in (t.tolist() for t in found)]
         if differ := "; ".join(f"rank {r}: {m} {s}" for r, (m, s) in enumerate(plans) if (m, s) != plans[0]):
-            raise CaptureMismatchError(f"ranks would capture different CUDA graphs (mode, sizes largest first), rank "
-                                       f"0: {plans[0][0]} {plans[0][1]}; {differ}: their collectives would wait on "
-                                       "each other forever. Fix: the same cudagraph_mode, cudagraph_capture_sizes "
-                                       "and capture() sizes on every rank")
+            raise CaptureMismatchError(f"ranks would capture different CUDA graphs (mode, sizes largest first), "
+                                       f"rank 0: {plans[0][0]} {plans[0][1]}; {differ}: their collectives would wait "
+                                       "forever. Fix: the same cudagraph_mode, cudagraph_capture_sizes and capture() "
+                                       "sizes on every rank")
 
 
 class Phase(enum.Enum):
