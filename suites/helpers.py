@@ -4,26 +4,17 @@
 - Call signatures for the tests of pieceworks' argument checks (`InputError`): `signatures()` draws one,
   `signature_args` makes its arguments, `SignatureModule` takes any of them, `mismatches()` draws one way a call can
   differ from it and `apply_mismatch` applies that.
-- `spawn_ranks`: a function run on every rank of a process group of fresh processes (tensor-parallel tests).
 """
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import pkgutil
-import socket
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
 import torch.nn as nn
 from hypothesis import strategies as st
-
-from pieceworks.harness.scenario import STARTUP_HOOK
 
 def dynamo_graph(model: Callable[..., Any], args: Sequence[Any]) -> tuple[torch.fx.GraphModule, list[Any]]:
     """Trace `model(*args)` with Dynamo (dim 0 of tensor arguments dynamic); return the graph and its inputs.
@@ -144,30 +135,3 @@ def apply_mismatch(args: list[Any], mismatch: tuple) -> list[Any] | None:
     elif kind == "batch":
         args[i] = torch.cat([a] * (detail + 1), dim=0)
     return args
-
-
-# ---- process groups ------------------------------------------------------------------------------------------------
-def spawn_ranks(worker: Callable[..., dict], folder: Path, *args: Any, world: int = 2, backend: str = "gloo") -> list:
-    """`worker(rank, folder, *args)` (a module-level function) in `world` fresh processes forming one process group
-    (`backend`; on NCCL, rank r uses GPU r); each rank's returned dict (JSON), in rank order. A rank that raises
-    makes this raise; a collective that hangs ends at the group's timeout (60 s)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.multiprocessing.spawn(_rank_main, args=(worker, str(folder), port, world, backend, args), nprocs=world)
-    return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in range(world)]
-
-
-def _rank_main(rank: int, worker: Callable[..., dict], folder: str, port: int, world: int, backend: str,
-               args: tuple) -> None:
-    if hook := os.environ.get(STARTUP_HOOK):  # a mutant run's children apply its mutant too
-        pkgutil.resolve_name(hook)()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    torch.distributed.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-    try:
-        result = worker(rank, Path(folder), *args)
-    finally:
-        torch.distributed.destroy_process_group()
-    (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))

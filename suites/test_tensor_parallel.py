@@ -22,7 +22,7 @@ import torch
 import pieceworks
 from pieceworks import CaptureMismatchError, CompilationConfig, counters
 from pieceworks.harness import llama, models
-from suites.helpers import spawn_ranks
+from suites.benchmarks._shared import spawn_ranks
 
 pytestmark = pytest.mark.timeout(300)
 

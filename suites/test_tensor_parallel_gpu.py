@@ -19,7 +19,7 @@ import torch
 import pieceworks
 from pieceworks import CaptureMismatchError, CompilationConfig
 from pieceworks.harness import llama
-from suites.helpers import spawn_ranks
+from suites.benchmarks._shared import spawn_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300), pytest.mark.skipif(
     torch.cuda.device_count() < 2, reason=f"needs 2 CUDA devices, torch {torch.__version__} sees "

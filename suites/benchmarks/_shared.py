@@ -9,6 +9,7 @@ Conventions of the suites:
 - One pieceworks cache and one Inductor cache per run (under $PIECEWORKS_BENCH_DIR, which the caller removes; without
   it, a temporary folder per process, removed when the process exits), shared by every class except the compile
   benchmarks, which make their own cold ones.
+- `spawn_ranks` runs a function on every rank of a process group of fresh processes (tensor parallel).
 - Where $PIECEWORKS_BENCH_DETAILS is set, each class writes what asv cannot hold (skip reasons, errors against
   eager, kernel profiles, build seconds) to `<that folder>/<class>.json`; the report reads them.
 Nothing here imports torch at import time.
@@ -19,9 +20,13 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import pkgutil
+import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 BATCHES = [1, 2, 8, 64, 256, 512]
@@ -163,3 +168,35 @@ def write_details(name: str, data: dict[str, Any]) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True, default=str)
     os.replace(path + ".tmp", path)
+
+
+def spawn_ranks(worker: Callable[..., dict], folder: Path, *args: Any, world: int = 2, backend: str = "gloo") -> list:
+    """`worker(rank, folder, *args)` (a module-level function) in `world` fresh processes forming one process group
+    (`backend`; on NCCL, rank r uses GPU r); each rank's returned dict (JSON), in rank order. A rank that raises
+    makes this raise; a collective that hangs ends at the group's timeout (60 s)."""
+    import torch.multiprocessing
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_rank_main, args=(worker, str(folder), port, world, backend, args), nprocs=world)
+    return [json.loads((Path(folder) / f"rank{rank}.json").read_text()) for rank in range(world)]
+
+
+def _rank_main(rank: int, worker: Callable[..., dict], folder: str, port: int, world: int, backend: str,
+               args: tuple) -> None:
+    import torch
+
+    from pieceworks.harness.scenario import STARTUP_HOOK
+
+    if hook := os.environ.get(STARTUP_HOOK):  # a mutant run's children apply its mutant too
+        pkgutil.resolve_name(hook)()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    torch.distributed.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    try:
+        result = worker(rank, Path(folder), *args)
+    finally:
+        torch.distributed.destroy_process_group()
+    (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))

@@ -32,8 +32,9 @@ from ._shared import BATCHES, GPU_TIMEOUT, IMPLEMENTATIONS
 REPS = 200
 ROUNDS = 10
 WARMUP = 20
+# built in this order: reduce-overhead last (it resets Dynamo)
 SIDE_BY_SIDE = ["eager", "pieceworks-none", "pieceworks-piecewise", "pieceworks-full", "pieceworks-full_and_piecewise",
-                "meta-pcg", "breakable", "reduce-overhead"]  # built in this order: reduce-overhead last (it resets Dynamo)
+                "meta-pcg", "breakable", "reduce-overhead"]
 PROFILED = ["eager", "pieceworks-piecewise", "meta-pcg", "breakable", "pieceworks-full", "reduce-overhead"]
 RATIOS = {"PIECEWISE / meta-pcg": ("pieceworks-piecewise", "meta-pcg"),
           "PIECEWISE / breakable": ("pieceworks-piecewise", "breakable"),
