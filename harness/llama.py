@@ -31,7 +31,9 @@ __all__ = ["LlamaConfig", "LLAMA_1B", "LLAMA_8B", "TINY", "SPLITTING_OPS", "Atte
            "attention_context", "serve_tokens", "decode_batch", "prefill_batch", "shard", "ALL_REDUCE"]
 
 SPLITTING_OPS = ["llama::paged_attention"]
-ALL_REDUCE = "_c10d_functional::all_reduce"  # the tensor-parallel all-reduce, to list as a splitting op or not
+# The tensor-parallel all-reduce and its wait, to list as splitting ops or not: both or neither (a wait left in the
+# next piece is consumed by that piece's warm-up, and its CUDA graph would read the sum before NCCL writes it).
+ALL_REDUCE = ["_c10d_functional::all_reduce", "_c10d_functional::wait_tensor"]
 ZERO_SLOT, SCRATCH_SLOT = 0, 1  # both in the reserved block 0
 
 

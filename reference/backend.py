@@ -43,7 +43,8 @@ class CompiledGraph:
     `pieces`: every piece in run order, splitting ones included; `inputs`: the graph inputs' trace values;
     `batch_symbols` / `batch`: the batch size's symbols, and where it sits among the inputs; `mutated_inputs`:
     graph inputs some piece writes in place; `restored_inputs`: those a compiled piece writes, put back after a FULL
-    capture's warm-ups (a splitting op's writes are not: the warm-ups repeat them, as vLLM's dummy runs do);
+    capture's warm-ups (a splitting op's writes are not: the warm-ups repeat them, as vLLM's dummy runs do; a lazy
+    capture, which serves a call, puts back every mutated input);
     `output_values`: the trace value (FakeTensor) of each graph output; `build_seconds`: where the backend call
     went (`split`, `compile`: compiling or loading every piece, `backend`: all of it); `cache_dir`: the cache
     folder used, if any.

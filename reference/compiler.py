@@ -25,7 +25,6 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
-from unittest import mock
 
 import torch
 import torch.fx
@@ -182,8 +181,16 @@ def inductor_cache_dir(path: str | None, options: Mapping[str, Any]) -> Iterator
     if path is None:
         yield
         return
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     config = _compat.inductor_config()
     kept = "cpp_cache_precompile_headers" in options or not hasattr(config, "cpp_cache_precompile_headers")
     headers = {} if kept else {"cpp_cache_precompile_headers": False}
-    with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": path}), config.patch(**headers):  # then restored
-        yield
+    try:
+        with config.patch(**headers):
+            yield
+    finally:  # this variable alone: Inductor sets others inside the block, and C++ threads read the environment
+        if before is None:
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before

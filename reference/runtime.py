@@ -52,15 +52,16 @@ class CaptureMismatchError(RuntimeError):
     """Ranks of a process group would capture different graphs: their collectives would wait on each other forever."""
 
 
-def check_ranks_agree(mode: CUDAGraphMode, sizes: list[int]) -> None:
-    """Under `torch.distributed` (initialized, world size > 1), every rank calls this before it captures: a
-    `CaptureMismatchError` on every rank, naming each rank whose mode or sizes (in capture order) differ from rank
-    0's, and how. Two collectives of the world group (the widest plan, then every plan); a rank that never calls it
-    leaves the others waiting until the group's timeout (`init_process_group(timeout=...)`)."""
+def check_ranks_agree(mode: CUDAGraphMode, sizes: list[int], device: torch.device | None = None) -> None:
+    """Under `torch.distributed` (initialized, world size > 1), every rank calls this before it captures a graph
+    that holds collectives: a `CaptureMismatchError` on every rank, naming each rank whose mode or sizes (in capture
+    order) differ from rank 0's, and how. Two collectives of the world group (the widest plan, then every plan), on
+    `device` (the graph's) where the group runs NCCL; a rank that never calls it leaves the others waiting until the
+    group's timeout (`init_process_group(timeout=...)`)."""
     dist, modes = torch.distributed, list(CUDAGraphMode)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        mine = torch.tensor([modes.index(mode), len(sizes), *sizes], device="cuda" if dist.get_backend() == "nccl"
-                            else "cpu")  # NCCL gathers CUDA tensors; tensors, not objects: no pickle, no numpy
+        mine = torch.tensor([modes.index(mode), len(sizes), *sizes], device=device if "nccl" in str(
+            dist.get_backend()) else "cpu")  # tensors, not objects: no pickle, no numpy
         dist.all_reduce(width := mine.new_tensor([mine.numel()]), dist.ReduceOp.MAX)
         dist.all_gather(found := [mine.new_zeros(int(width)) for _ in range(dist.get_world_size())],
                         torch.nn.functional.pad(mine, (0, int(width) - mine.numel())))
@@ -192,7 +193,8 @@ class Runtime:
         with self._capturing() if self.phase is Phase.SERVING else contextlib.nullcontext():
             if self.full_reason is None:
                 try:
-                    graph, out = self.pool.capture(split_gm, args, self.graph.restored_inputs)
+                    graph, out = self.pool.capture(split_gm, args, self.graph.mutated_inputs if self.config.lazy_capture
+                                                   else self.graph.restored_inputs)  # a lazy capture is a served call
                 except Exception as exc:  # noqa: BLE001 - a refused capture falls back, it never crashes
                     self.full_reason = f"capture failed: {type(exc).__name__}: {exc}"
                     counters.num_cudagraph_uncapturable += 1
@@ -217,11 +219,13 @@ class Runtime:
         """The capture phase: `run_size(n)` for every size in `sizes` (default: every capture size), in
         `capture_order`; each call at a size not yet attempted captures it. Then serving starts: no size is
         captured again (unless `lazy_capture`). `run_size(n)` must call the model with arguments that stay where
-        they are for every later replay. gc is collected and frozen once for the phase. Under torch.distributed,
-        every rank first checks that all capture the same (`check_ranks_agree`). Returns the phase's numbers (sizes,
-        seconds, MiB, graphs)."""
+        they are for every later replay. gc is collected and frozen once for the phase. A graph holding collectives
+        (`_c10d_functional` ops) first checks that every rank captures the same (`check_ranks_agree`). Returns the
+        phase's numbers (sizes, seconds, MiB, graphs)."""
         sizes = capture_order(self._sizes if sizes is None else sizes)
-        check_ranks_agree(self.mode, sizes)
+        if any(str(n.target).startswith("_c10d_functional.") for p in self.graph.pieces for n in p.graph.graph.nodes):
+            check_ranks_agree(self.mode, sizes, next(
+                (v.device for v in self.graph.inputs if isinstance(v, torch.Tensor) and v.is_cuda), None))
         report = {"sizes": len(sizes), "seconds": 0.0, "free_delta_mib": 0.0, "reserved_delta_mib": 0.0,
                   "graphs": 0, "mode": self.mode.name}
         if self.mode is CUDAGraphMode.NONE or not sizes:

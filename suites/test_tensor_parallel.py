@@ -5,8 +5,9 @@
   pieces (compiled with Inductor) or as splitting ops between them.
 - The compile cache under TP: both ranks share one cache folder; their code is the same, so is their key (a world
   size changes the shards' shapes, which the key covers); a second start of both ranks compiles nothing.
-- Before capturing, ranks check that they will capture the same: a rank whose sizes differ makes every rank raise
-  `CaptureMismatchError` naming it and its sizes, instead of waiting on the others forever.
+- Before capturing a graph that holds collectives, ranks check that they will capture the same: a rank whose sizes
+  differ makes every rank raise `CaptureMismatchError` naming it and its sizes, instead of waiting on the others
+  forever; a graph without collectives compares nothing.
 Every test runs under a timeout, and the process group's own timeout bounds a collective that would hang.
 """
 
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 import pieceworks
 from pieceworks import CaptureMismatchError, CompilationConfig, counters
@@ -27,7 +30,7 @@ from suites.benchmarks._shared import spawn_ranks
 pytestmark = pytest.mark.timeout(300)
 
 
-def _sharded_against_whole(rank: int, folder: Path, splitting: list[str], compiler: str = "inductor") -> dict:
+def _sharded_against_whole(folder: Path, splitting: list[str], compiler: str = "inductor") -> dict:
     torch.manual_seed(0)
     whole = llama.Llama(llama.TINY)
     sharded = llama.shard(copy.deepcopy(whole))
@@ -44,39 +47,65 @@ def _sharded_against_whole(rank: int, folder: Path, splitting: list[str], compil
             "splitting_pieces": sum(p.is_splitting_graph for p in compiled.runtime.graph.pieces)}
 
 
-def test_all_reduces_as_splitting_ops_give_the_whole_models_output_on_every_rank(tmp_path):
-    ranks = spawn_ranks(_sharded_against_whole, tmp_path, llama.SPLITTING_OPS + [llama.ALL_REDUCE], "eager")
+class _Reduces(torch.nn.Module):
+    def forward(self, x):
+        return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+
+
+def _capture_error(rank: int, sizes_of_rank_1: list[int], model: torch.nn.Module) -> str | None:
+    """The error of the runtime's capture phase (the compiled model's own passes no size without CUDA), or None."""
+    compiled = pieceworks.compile(model, CompilationConfig(
+        splitting_ops=models.SPLITTING_OPS, compiler="eager",
+        cudagraph_capture_sizes=[1, 2, 4, 8] if rank == 0 else sizes_of_rank_1))
+    compiled(torch.randn(3))
+    try:
+        compiled.runtime.capture(lambda size: None)
+    except CaptureMismatchError as exc:
+        return str(exc)
+    return None
+
+
+def _first_start(rank: int, folder: Path) -> dict:
+    """Every check of a rank's first start, in one process group (the same calls on both ranks, in one order)."""
+    return {"in pieces": _sharded_against_whole(folder, llama.SPLITTING_OPS),
+            "splitting op": _sharded_against_whole(folder, llama.SPLITTING_OPS + llama.ALL_REDUCE, "eager"),
+            "same sizes": _capture_error(rank, [2, 8, 1, 4], _Reduces()),
+            "other sizes": _capture_error(rank, [8, 4, 1], _Reduces()),
+            "no collectives": _capture_error(rank, [8, 4, 1], models.SillyModel())}
+
+
+def _warm_start(rank: int, folder: Path) -> dict:
+    return _sharded_against_whole(folder, llama.SPLITTING_OPS)
+
+
+@pytest.fixture(scope="module")
+def first_start(tmp_path_factory) -> tuple[Path, list[dict]]:
+    folder = tmp_path_factory.mktemp("tensor-parallel")
+    return folder, spawn_ranks(_first_start, folder)
+
+
+def test_all_reduces_as_splitting_ops_give_the_whole_models_output_on_every_rank(first_start):
+    ranks = [r["splitting op"] for r in first_start[1]]
     assert max(max(r["errors"]) for r in ranks) < 1e-4, ranks
     # each layer split by its attention op and by its two all-reduces
     assert [r["splitting_pieces"] for r in ranks] == [3 * llama.TINY.num_layers] * 2
 
 
-def test_all_reduces_in_pieces_give_the_whole_models_output_and_ranks_share_one_cache_entry(tmp_path):
-    cold = spawn_ranks(_sharded_against_whole, tmp_path, llama.SPLITTING_OPS)
+def test_all_reduces_in_pieces_give_the_whole_models_output_and_ranks_share_one_cache_entry(first_start):
+    folder, cold = first_start[0], [r["in pieces"] for r in first_start[1]]
     assert max(max(r["errors"]) for r in cold) < 1e-4, cold
     assert [r["splitting_pieces"] for r in cold] == [llama.TINY.num_layers] * 2  # the attention ops alone
-    warm = spawn_ranks(_sharded_against_whole, tmp_path, llama.SPLITTING_OPS)
+    warm = spawn_ranks(_warm_start, folder)
     assert cold[0]["key"] == cold[1]["key"] == warm[0]["key"]  # the same code on every rank: one cache entry
     assert sum(r["compiles"] for r in cold) > 0 and [r["compiles"] for r in warm] == [0, 0]
     assert max(max(r["errors"]) for r in warm) < 1e-4
 
 
-
-def _agree(rank: int, folder: Path, sizes_of_rank_1: list[int]) -> dict:
-    compiled = pieceworks.compile(models.SillyModel(), CompilationConfig(
-        splitting_ops=models.SPLITTING_OPS, compiler="eager",
-        cudagraph_capture_sizes=[1, 2, 4, 8] if rank == 0 else sizes_of_rank_1))
-    compiled(torch.randn(3))
-    try:  # the capture phase of the runtime (the compiled model's own passes no size on a machine without CUDA)
-        compiled.runtime.capture(lambda size: None)
-    except CaptureMismatchError as exc:
-        return {"error": str(exc)}
-    return {"error": None}
-
-
-def test_ranks_that_would_capture_different_sizes_all_raise_naming_the_rank_that_differs(tmp_path):
-    assert [r["error"] for r in spawn_ranks(_agree, tmp_path, [2, 8, 1, 4])] == [None, None]  # the same, in any order
-    ranks = spawn_ranks(_agree, tmp_path, [8, 4, 1])
-    for rank in ranks:
-        assert rank["error"] is not None and "rank 0: NONE [8, 4, 2, 1]; rank 1: NONE [8, 4, 1]" in rank["error"]
-        assert "Fix: the same cudagraph_mode, cudagraph_capture_sizes" in rank["error"]
+def test_ranks_that_would_capture_different_sizes_all_raise_naming_the_rank_that_differs(first_start):
+    assert [r["same sizes"] for r in first_start[1]] == [None, None]  # the same sizes, in any order
+    # a graph without collectives compares nothing: ranks that never meet (data-parallel replicas) capture freely
+    assert [r["no collectives"] for r in first_start[1]] == [None, None]
+    for rank in first_start[1]:
+        error = rank["other sizes"]
+        assert error is not None and "rank 0: NONE [8, 4, 2, 1]; rank 1: NONE [8, 4, 1]" in error
+        assert "Fix: the same cudagraph_mode, cudagraph_capture_sizes" in error

@@ -2,7 +2,8 @@
 
 - PIECEWISE (all-reduces inside the captured pieces, or as splitting ops between them) and FULL: after capture,
   replays of captured sizes, padded sizes and a size above the largest give the whole model's output on every rank,
-  and never hang (every collective is bounded by the process group's 60 s timeout, every test by its own).
+  and never hang (the ranks are terminated after 240 s, a collective replayed from a graph escaping the group's own
+  timeout; every test has its own).
 - A rank configured with other capture sizes fails fast on every rank with `CaptureMismatchError` naming it,
   instead of capturing graphs whose collectives would wait on each other.
 """
@@ -52,7 +53,7 @@ def _captured_against_whole(rank: int, folder: Path, mode: str, splitting: list[
 @pytest.mark.parametrize("mode, all_reduce", [("PIECEWISE", "in pieces"), ("PIECEWISE", "splitting op"),
                                               ("FULL", "in pieces")])
 def test_captured_all_reduces_replay_the_whole_models_output_on_every_rank(tmp_path, mode, all_reduce):
-    splitting = llama.SPLITTING_OPS + ([llama.ALL_REDUCE] if all_reduce == "splitting op" else [])
+    splitting = llama.SPLITTING_OPS + (llama.ALL_REDUCE if all_reduce == "splitting op" else [])
     ranks = spawn_ranks(_captured_against_whole, tmp_path, mode, splitting, SIZES, backend="nccl")
     for rank in ranks:
         assert rank["captured"] == sorted(SIZES, reverse=True), ranks

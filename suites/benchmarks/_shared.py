@@ -170,16 +170,29 @@ def write_details(name: str, data: dict[str, Any]) -> None:
     os.replace(path + ".tmp", path)
 
 
-def spawn_ranks(worker: Callable[..., dict], folder: Path, *args: Any, world: int = 2, backend: str = "gloo") -> list:
+def spawn_ranks(worker: Callable[..., dict], folder: Path, *args: Any, world: int = 2, backend: str = "gloo",
+                timeout: float = 240) -> list:
     """`worker(rank, folder, *args)` (a module-level function) in `world` fresh processes forming one process group
     (`backend`; on NCCL, rank r uses GPU r); each rank's returned dict (JSON), in rank order. A rank that raises
-    makes this raise; a collective that hangs ends at the group's timeout (60 s)."""
+    makes this raise; ranks still running after `timeout` seconds (a collective replayed from a CUDA graph escapes
+    the group's own 60 s timeout) are terminated and this raises TimeoutError."""
     import torch.multiprocessing
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(_rank_main, args=(worker, str(folder), port, world, backend, args), nprocs=world)
+    ranks = torch.multiprocessing.start_processes(_rank_main, args=(worker, str(folder), port, world, backend, args),
+                                                  nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        while not ranks.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks still running after {timeout:g} s: a collective waits for a rank that "
+                                   "never joins it")
+    finally:
+        for process in ranks.processes:
+            if process.is_alive():
+                process.terminate()
     return [json.loads((Path(folder) / f"rank{rank}.json").read_text()) for rank in range(world)]
 
 
