@@ -4,7 +4,8 @@
   compiled (captured) piece: every call writes exactly once, warm-ups and captures included: a capture run counts
   one, a lazy capture serving a request counts one, the caller's argument is incremented once per call.
 - A FULL capture copies no input that only a splitting op writes (attention's KV cache): its warm-ups repeat those
-  writes instead of putting them back.
+  writes instead of putting them back; a lazy one, which serves a call, puts them back (state a splitting op
+  advances moves once per call).
 - Outputs are valid until the next call (unrelated allocations and an eager run in between leave them intact) and
   are overwritten by it: they are graph memory, not copies (vLLM's contract, both ways).
 """
@@ -118,3 +119,32 @@ def test_a_full_capture_copies_no_kv_cache():
     caches = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if n.endswith("_cache"))
     assert compiled.runtime.replay_for(8) is not None  # a FULL graph was captured
     assert torch.cuda.max_memory_allocated() - before < caches / 4
+
+
+_lib = torch.library.Library("pwtest", "FRAGMENT")
+_lib.define("advance(Tensor(a!) state) -> ()")
+_lib.impl("advance", lambda state: state.add_(1), "CompositeExplicitAutograd")
+torch.library.register_fake("pwtest::advance")(lambda state: None)
+
+
+class Advancing(nn.Module):
+    """A splitting op that advances a state buffer by one per call (a recurrent state's step, not idempotent)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("state", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.ops.pwtest.advance(self.state)
+        return x * 2 + self.state
+
+
+def test_a_lazy_full_capture_advances_a_splitting_ops_state_once_per_call():
+    model = Advancing().cuda()
+    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=["pwtest::advance"], compiler="eager",
+                                                           cudagraph_mode="FULL", cudagraph_capture_sizes=[4],
+                                                           lazy_capture=True, cudagraph_num_warmups=2))
+    x = torch.ones(4, 3, device="cuda")
+    for call in range(1, 4):  # the first call traces, the second captures (lazily), the third replays
+        out = compiled(x)
+        assert float(model.state) == call and torch.equal(out, x * 2 + call), (call, float(model.state))
