@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from . import _shared
-from ._shared import BATCHES, GPU_TIMEOUT
+from ._shared import BATCHES
+from .latency import _Latency
 
 IMPLEMENTATIONS = ["eager", "pieceworks-piecewise", "pieceworks-full"]
 MODEL = "llama_8b_4l"
@@ -74,23 +75,8 @@ def measure() -> dict:
     return {(name, int(batch)): entry for batch, row in ranks[0]["results"].items() for name, entry in row.items()}
 
 
-class TensorParallelLlama8B4LayersBfloat16:
+class TensorParallelLlama8B4LayersBfloat16(_Latency):  # the latency classes' setup and tracks, rank 0's numbers
     params = [IMPLEMENTATIONS, BATCHES]
-    param_names = ["implementation", "batch"]
-    timeout = GPU_TIMEOUT
 
     def setup_cache(self):
         return measure()
-
-    def setup(self, cache, implementation, batch):
-        _shared.check(cache)
-
-    def track_median_us(self, cache, implementation, batch):
-        return cache[(implementation, batch)]["median_us"]
-
-    track_median_us.unit = "us"
-
-    def track_iqr_us(self, cache, implementation, batch):
-        return cache[(implementation, batch)]["iqr_us"]
-
-    track_iqr_us.unit = "us"
