@@ -123,7 +123,13 @@ def test_a_full_capture_copies_no_kv_cache():
 
 _lib = torch.library.Library("pwtest", "FRAGMENT")
 _lib.define("advance(Tensor(a!) state) -> ()")
-_lib.impl("advance", lambda state: state.add_(1), "CompositeExplicitAutograd")
+
+
+def _advance(state: torch.Tensor) -> None:
+    state.add_(1)
+
+
+_lib.impl("advance", _advance, "CompositeExplicitAutograd")
 torch.library.register_fake("pwtest::advance")(lambda state: None)
 
 
