@@ -8,13 +8,17 @@
 - Before capturing a graph that holds collectives, ranks check that they will capture the same: a rank whose sizes
   differ makes every rank raise `CaptureMismatchError` naming it and its sizes, instead of waiting on the others
   forever; a graph without collectives compares nothing.
+- The suites' rank launcher starts ranks whose code asv imported through its own import hook (which spawned processes
+  do not inherit), as the tensor-parallel benchmark's are.
 Every test runs under a timeout, and the process group's own timeout bounds a collective that would hang.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +113,30 @@ def test_ranks_that_would_capture_different_sizes_all_raise_naming_the_rank_that
         error = rank["other sizes"]
         assert error is not None and "rank 0: NONE [8, 4, 2, 1]; rank 1: NONE [8, 4, 1]" in error
         assert "Fix: the same cudagraph_mode, cudagraph_capture_sizes" in error
+
+
+def _sum_of_ranks(rank: int, folder: Path) -> dict:
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    return {"sum": float(total)}
+
+
+def test_ranks_start_from_benchmarks_imported_the_way_asv_imports_them(monkeypatch, tmp_path):
+    suites = str(Path(__file__).parent)
+
+    class Finder:  # asv's import hook, in short: `benchmarks` from its folder, which sys.path does not hold
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            return importlib.machinery.PathFinder.find_spec(name, [suites]) if name == "benchmarks" else None
+
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p) != suites])
+    monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
+    for name in [n for n in sys.modules if n.split(".")[0] == "benchmarks"]:
+        monkeypatch.delitem(sys.modules, name)
+    try:
+        shared = importlib.import_module("benchmarks._shared")
+        assert shared.spawn_ranks(_sum_of_ranks, tmp_path) == [{"sum": 3.0}] * 2
+    finally:
+        for name in [n for n in sys.modules if n.split(".")[0] == "benchmarks"]:
+            del sys.modules[name]
+    assert suites not in sys.path  # the launcher's path change lasts only while it starts the ranks

@@ -2,7 +2,7 @@
 
 - PIECEWISE (all-reduces inside the captured pieces, or as splitting ops between them) and FULL: after capture,
   replays of captured sizes, padded sizes and a size above the largest give the whole model's output on every rank,
-  and never hang (the ranks are terminated after 240 s, a collective replayed from a graph escaping the group's own
+  and never hang (the ranks are terminated after 150 s, a collective replayed from a graph escaping the group's own
   timeout; every test has its own).
 - A rank configured with other capture sizes fails fast on every rank with `CaptureMismatchError` naming it,
   instead of capturing graphs whose collectives would wait on each other.
@@ -22,7 +22,7 @@ from pieceworks import CaptureMismatchError, CompilationConfig
 from pieceworks.harness import llama
 from suites.benchmarks._shared import spawn_ranks
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300), pytest.mark.skipif(
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(200), pytest.mark.skipif(
     torch.cuda.device_count() < 2, reason=f"needs 2 CUDA devices, torch {torch.__version__} sees "
     f"{torch.cuda.device_count()}: run `pytest -m gpu` on a machine with two GPUs")]
 SIZES = [1, 2, 4, 8]
@@ -54,7 +54,7 @@ def _captured_against_whole(rank: int, folder: Path, mode: str, splitting: list[
                                               ("FULL", "in pieces")])
 def test_captured_all_reduces_replay_the_whole_models_output_on_every_rank(tmp_path, mode, all_reduce):
     splitting = llama.SPLITTING_OPS + (llama.ALL_REDUCE if all_reduce == "splitting op" else [])
-    ranks = spawn_ranks(_captured_against_whole, tmp_path, mode, splitting, SIZES, backend="nccl")
+    ranks = spawn_ranks(_captured_against_whole, tmp_path, mode, splitting, SIZES, backend="nccl", timeout=150)
     for rank in ranks:
         assert rank["captured"] == sorted(SIZES, reverse=True), ranks
         assert max(rank["errors"]) < 1e-3, ranks
@@ -65,7 +65,7 @@ def _rank_1_other_sizes(rank: int, folder: Path) -> dict:
 
 
 def test_ranks_with_other_capture_sizes_fail_fast_naming_the_rank(tmp_path):
-    ranks = spawn_ranks(_rank_1_other_sizes, tmp_path, backend="nccl")
+    ranks = spawn_ranks(_rank_1_other_sizes, tmp_path, backend="nccl", timeout=150)
     for rank in ranks:
         assert "rank 0: PIECEWISE [8, 4, 2, 1]; rank 1: PIECEWISE [8, 4, 1]" in rank["mismatch"], ranks
         assert rank["seconds"] < 30  # an all-gather, not a collective's timeout

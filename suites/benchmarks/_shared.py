@@ -175,20 +175,31 @@ def spawn_ranks(worker: Callable[..., dict], folder: Path, *args: Any, world: in
     """`worker(rank, folder, *args)` (a module-level function) in `world` fresh processes forming one process group
     (`backend`; on NCCL, rank r uses GPU r); each rank's returned dict (JSON), in rank order. A rank that raises
     makes this raise; ranks still running after `timeout` seconds (a collective replayed from a CUDA graph escapes
-    the group's own 60 s timeout) are terminated and this raises TimeoutError."""
+    the group's own 60 s timeout) are terminated and this raises TimeoutError, each rank having printed the Python
+    stacks of its threads to stderr 10 s before. Importable in the ranks: what `sys.path` reaches here, and this
+    package (asv imports the suites through an import hook of its own, which spawned processes do not inherit)."""
     import torch.multiprocessing
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ranks = torch.multiprocessing.start_processes(_rank_main, args=(worker, str(folder), port, world, backend, args),
-                                                  nprocs=world, join=False, start_method="spawn")
+    root = str(Path(__file__).parents[__name__.count(".")])  # the folder this package is imported from
+    added = root not in sys.path
+    if added:
+        sys.path.append(root)  # copied into each rank as it starts (multiprocessing's spawn), removed here after
+    try:
+        ranks = torch.multiprocessing.start_processes(
+            _rank_main, args=(worker, str(folder), port, world, backend, max(timeout - 10, 1), args), nprocs=world,
+            join=False, start_method="spawn")
+    finally:
+        if added:
+            sys.path.remove(root)
     deadline = time.monotonic() + timeout
     try:
         while not ranks.join(timeout=1):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"ranks still running after {timeout:g} s: a collective waits for a rank that "
-                                   "never joins it")
+                                   "never joins it (each rank's stacks are in its stderr)")
     finally:
         for process in ranks.processes:
             if process.is_alive():
@@ -197,11 +208,15 @@ def spawn_ranks(worker: Callable[..., dict], folder: Path, *args: Any, world: in
 
 
 def _rank_main(rank: int, worker: Callable[..., dict], folder: str, port: int, world: int, backend: str,
-               args: tuple) -> None:
+               stacks_after: float, args: tuple) -> None:
+    import faulthandler
+    import gc
+
     import torch
 
     from pieceworks.harness.scenario import STARTUP_HOOK
 
+    faulthandler.dump_traceback_later(stacks_after)  # a rank that hangs says where
     if hook := os.environ.get(STARTUP_HOOK):  # a mutant run's children apply its mutant too
         pkgutil.resolve_name(hook)()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -210,6 +225,13 @@ def _rank_main(rank: int, worker: Callable[..., dict], folder: str, port: int, w
     torch.distributed.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
         result = worker(rank, Path(folder), *args)
+        (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))
     finally:
+        # CUDA graphs holding NCCL kernels make the communicator's destruction wait forever (pytorch#115388): free
+        # the compiled models (Dynamo's caches keep them) and their graphs first.
+        torch._dynamo.reset()
+        gc.collect()
+        if backend == "nccl":
+            torch.cuda.synchronize()
         torch.distributed.destroy_process_group()
-    (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))
+        faulthandler.cancel_dump_traceback_later()
