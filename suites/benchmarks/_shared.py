@@ -211,6 +211,7 @@ def _rank_main(rank: int, worker: Callable[..., dict], folder: str, port: int, w
                stacks_after: float, args: tuple) -> None:
     import faulthandler
     import gc
+    import threading
 
     import torch
 
@@ -223,15 +224,24 @@ def _rank_main(rank: int, worker: Callable[..., dict], folder: str, port: int, w
     if backend == "nccl":
         torch.cuda.set_device(rank)
     torch.distributed.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    finished = False
     try:
         result = worker(rank, Path(folder), *args)
         (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))
+        finished = True
     finally:
-        # CUDA graphs holding NCCL kernels make the communicator's destruction wait forever (pytorch#115388): free
-        # the compiled models (Dynamo's caches keep them) and their graphs first.
+        # A communicator whose collectives were captured in CUDA graphs can make its destruction wait forever
+        # (pytorch#115388): free the compiled models (Dynamo's caches keep them) and their graphs first, and leave
+        # without it after 30 s, the rank's result being written.
         torch._dynamo.reset()
         gc.collect()
         if backend == "nccl":
             torch.cuda.synchronize()
-        torch.distributed.destroy_process_group()
+        destroy = threading.Thread(target=torch.distributed.destroy_process_group, daemon=True)
+        destroy.start()
+        destroy.join(30)
+        if destroy.is_alive():
+            print(f"rank {rank}: destroy_process_group() did not return in 30 s (pytorch#115388); exiting without it",
+                  file=sys.stderr, flush=True)
+            os._exit(0 if finished else 1)
         faulthandler.cancel_dump_traceback_later()
