@@ -29,9 +29,11 @@ __all__ = ["Part", "Results", "load_results", "main", "newest", "render", "resul
 
 DOCS = "../../../docs/benchmarks.md"  # how each number was measured, from results/bench/<machine>/REPORT.md
 NEWEST = ("runtime_breakdown", "warm_start")  # `<kind>_<label>.json` runs: only the newest of each kind is read
-LATENCY_TABLES = {("toy_llama", "bfloat16"): "ToyLlamaBfloat16", ("toy_llama", "float32"): "ToyLlamaFloat32",
-                  ("silly", "bfloat16"): "SillyBfloat16", ("silly", "float32"): "SillyFloat32",
-                  ("llama_1b", "bfloat16"): "Llama1BBfloat16", ("llama_8b_4l", "bfloat16"): "Llama8B4LayersBfloat16"}
+LATENCY_TABLES = {(m, d): f"latency.{name}" for (m, d), name in {
+    ("toy_llama", "bfloat16"): "ToyLlamaBfloat16", ("toy_llama", "float32"): "ToyLlamaFloat32",
+    ("silly", "bfloat16"): "SillyBfloat16", ("silly", "float32"): "SillyFloat32",
+    ("llama_1b", "bfloat16"): "Llama1BBfloat16", ("llama_8b_4l", "bfloat16"): "Llama8B4LayersBfloat16"}.items()}
+LATENCY_TABLES["llama_8b_4l_tp2", "bfloat16"] = "tensor_parallel.TensorParallelLlama8B4LayersBfloat16"  # 2 GPUs
 LATENCY_TARGETS = ("piecewise_vs_pcg", "piecewise_vs_breakable", "piecewise_vs_full", "full_vs_reduce_overhead")
 MEMORY_RUNS = {"CaptureMemory": ("toy_llama", "ToyLlama 12 layers"), "CaptureMemoryLlama1B": ("llama_1b", "Llama 1B")}
 START_COLUMNS = ["first call s", "vs cold", "in the backend s", "compile or load s", "outside s", "process s",
@@ -180,7 +182,7 @@ def latency(r: Results) -> Part:
 def latency_table(r: Results, model: str, dtype: str, worst: dict[str, list]) -> Part:
     """One latency class's table with the target ratios whose sides it timed, the implementations it could not time
     and why, and its plot (nothing where nothing was measured); adds the ratios its model is judged on to `worst`."""
-    name = f"latency.{LATENCY_TABLES[model, dtype]}.track_"
+    name = f"{LATENCY_TABLES[model, dtype]}.track_"
     found, iqr = r.asv.get(name + "median_us", {}), r.asv.get(name + "iqr_us", {})
     details = r.details.get(f"latency_{model}_{dtype}", {})
     batches = sorted({k[1] for k in found})
@@ -205,6 +207,9 @@ def latency_table(r: Results, model: str, dtype: str, worst: dict[str, list]) ->
     failed = {k.split("|")[0]: e.get("skip") or f"error: {e['error']}" for k, e in details.get("entries", {}).items()
               if "skip" in e or "error" in e}  # an implementation skipped, or failed against eager, and why
     lines += [f"Not timed (n/a): {'; '.join(f'{i}: {why}' for i, why in failed.items())}.", ""] * bool(failed)
+    if pools := details.get("pool_mib_by_rank"):  # tensor parallel: rank 0's times, each rank's graph pool
+        lines += ["Times of rank 0. Graph pool MiB after capturing 51 sizes: " + "; ".join(
+            f"rank {n}: " + ", ".join(f"{i} {mib:.0f}" for i, mib in p.items()) for n, p in enumerate(pools)) + ".", ""]
     return Part(lines, plots=[(f"latency_{model}_{dtype}.png", f"{model}, {dtype}: latency vs batch",
                                {i: (batches, [found.get((i, b)) for b in batches]) for i in present})])
 

@@ -21,6 +21,7 @@ from .latency import _Latency
 IMPLEMENTATIONS = ["eager", "pieceworks-piecewise", "pieceworks-full"]
 MODEL = "llama_8b_4l"
 REPS, ROUNDS, WARMUP = 200, 10, 20
+DETAILS = "latency_llama_8b_4l_tp2_bfloat16"  # the report's latency table of this model
 
 
 def _rank(rank: int, folder: Path) -> dict:
@@ -64,12 +65,12 @@ def measure() -> dict:
     if torch.cuda.device_count() < 2:
         reason = (f"needs 2 CUDA devices: torch {torch.__version__} sees {torch.cuda.device_count()} (run asv on a "
                   "runner with two GPUs)")
-        _shared.write_details("tensor_parallel", {"skip": reason})
+        _shared.write_details(DETAILS, {"skip": reason})
         return {"skip": reason}
     _shared.run_dir()
     with tempfile.TemporaryDirectory(prefix="pieceworks-tp-") as folder:
         ranks = _shared.spawn_ranks(_rank, Path(folder), backend="nccl")
-    _shared.write_details("tensor_parallel", {"model": MODEL, "dtype": "bfloat16", "world_size": len(ranks),
+    _shared.write_details(DETAILS, {"model": MODEL, "dtype": "bfloat16", "world_size": len(ranks),
                                               "pool_mib_by_rank": [r["pool_mib"] for r in ranks],
                                               "entries": ranks[0]["results"]})
     return {(name, int(batch)): entry for batch, row in ranks[0]["results"].items() for name, entry in row.items()}
