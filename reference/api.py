@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import time
 import types
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -62,6 +63,15 @@ log = logging.getLogger("pieceworks")
 
 class InputError(ValueError):
     """A call's arguments do not fit what the model was compiled for."""
+
+
+def _calling_weakly(method: Callable[..., Any]) -> Callable[..., Any]:
+    """The bound `method`, called through a weak reference to its object. Dynamo keeps backends in a process-wide
+    table until `torch._dynamo.reset()`, and may keep a compiled function in the traced function's module after
+    that (it does for graphs holding collectives); neither may keep the CompiledModel, its pieces and its CUDA
+    graphs alive once the caller drops it."""
+    ref = weakref.WeakMethod(method)
+    return lambda *args: ref()(*args)
 
 
 def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -155,8 +165,8 @@ class CompiledModel:
         self.config = own_config(config)  # a frozen copy: `config` itself is frozen too (see CompilationConfig)
         CompiledModel._count += 1
         entry = _own_entry_point(model, f"pieceworks_model_{CompiledModel._count}")
-        self._dynamo_fn = torch.compile(entry, backend=self._compile_graph, fullgraph=True, dynamic=False,
-                                        options={"guard_filter_fn": lambda entries: [False] * len(entries)})
+        self._dynamo_fn = torch.compile(entry, backend=_calling_weakly(self._compile_graph), fullgraph=True,
+                                        dynamic=False, options={"guard_filter_fn": lambda e: [False] * len(e)})
         self._graph: CompiledGraph | None = None  # set by the backend call, once
         self._traced: dict[str, Any] = {}  # the tracing call's facts, until `_start_serving` reads them
         self.runtime: Runtime | None = None
@@ -192,7 +202,7 @@ class CompiledModel:
             self._traced["saved"] = [(t, t.clone()) for t in (example_inputs[i] for i in self._graph.mutated_inputs)
                                      if isinstance(t, torch.Tensor) and id(t) not in self._traced["copies"]]
         self._traced["example_inputs"] = list(example_inputs)
-        return self._graph_call
+        return _calling_weakly(self._graph_call)
 
     def _graph_call(self, *flat: Any) -> Any:
         """What Dynamo's compiled code calls: the tracing run (its output recorded for the binding), then the

@@ -8,6 +8,9 @@ copied) is tested here; the real graphs are tested in test_cudagraph_gpu.py.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.nn as nn
@@ -149,3 +152,17 @@ def test_direct_calls_return_the_models_output_structure():
     assert type(got) is dict and list(got) == list(want)
     assert type(got["pair"]) is tuple and got["pair"][1] is None and type(got["list"]) is list
     torch.testing.assert_close(got, want)
+
+
+def test_a_dropped_compiled_model_is_freed_with_its_runtime_and_pieces():
+    """Nothing process-wide (Dynamo's table of backends, its compiled functions) keeps a CompiledModel that its
+    caller dropped alive, nor its runtime and pieces (with CUDA graphs, their pool goes with them)."""
+    config = models.ToyLlamaConfig(num_layers=2)
+    compiled = pieceworks.compile(models.ToyLlama(config), CompilationConfig(splitting_ops=models.SPLITTING_OPS,
+                                                                             compiler="eager"))
+    with torch.no_grad():
+        compiled(*models.toy_llama_inputs(3, config))
+    held = [weakref.ref(x) for x in (compiled, compiled.runtime, *compiled.runtime.graph.pieces)]
+    del compiled
+    gc.collect()
+    assert [ref() for ref in held] == [None] * len(held)

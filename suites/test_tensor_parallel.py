@@ -8,6 +8,8 @@
 - Before capturing a graph that holds collectives, ranks check that they will capture the same: a rank whose sizes
   differ makes every rank raise `CaptureMismatchError` naming it and its sizes, instead of waiting on the others
   forever; a graph without collectives compares nothing.
+- A compiled shard that its caller drops is freed (Dynamo keeps the compiled functions of graphs holding
+  collectives in a module: they must not hold the model, whose CUDA graphs would keep the NCCL group from closing).
 - The suites' rank launcher starts ranks whose code asv imported through its own import hook (which spawned processes
   do not inherit), as the tensor-parallel benchmark's are.
 Every test runs under a timeout, and the process group's own timeout bounds a collective that would hang.
@@ -16,9 +18,11 @@ Every test runs under a timeout, and the process group's own timeout bounds a co
 from __future__ import annotations
 
 import copy
+import gc
 import importlib
 import os
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -69,13 +73,27 @@ def _capture_error(rank: int, sizes_of_rank_1: list[int], model: torch.nn.Module
     return None
 
 
+def _freed_when_dropped() -> bool:
+    """Whether a compiled shard (collectives in its graph: Dynamo keeps its compiled function in a module) is freed,
+    with its runtime, once dropped."""
+    compiled = pieceworks.compile(llama.shard(llama.Llama(llama.TINY)), CompilationConfig(
+        splitting_ops=llama.SPLITTING_OPS, compiler="eager", cache_enabled=False))
+    with torch.no_grad():
+        compiled(*llama.decode_batch(compiled.model, 3))
+    held = [weakref.ref(compiled), weakref.ref(compiled.runtime)]
+    del compiled
+    gc.collect()
+    return all(ref() is None for ref in held)
+
+
 def _first_start(rank: int, folder: Path) -> dict:
     """Every check of a rank's first start, in one process group (the same calls on both ranks, in one order)."""
     return {"in pieces": _sharded_against_whole(folder, llama.SPLITTING_OPS),
             "splitting op": _sharded_against_whole(folder, llama.SPLITTING_OPS + llama.ALL_REDUCE, "eager"),
             "same sizes": _capture_error(rank, [2, 8, 1, 4], _Reduces()),
             "other sizes": _capture_error(rank, [8, 4, 1], _Reduces()),
-            "no collectives": _capture_error(rank, [8, 4, 1], models.SillyModel())}
+            "no collectives": _capture_error(rank, [8, 4, 1], models.SillyModel()),
+            "freed": _freed_when_dropped()}
 
 
 def _warm_start(rank: int, folder: Path) -> dict:
@@ -103,6 +121,10 @@ def test_all_reduces_in_pieces_give_the_whole_models_output_and_ranks_share_one_
     assert cold[0]["key"] == cold[1]["key"] == warm[0]["key"]  # the same code on every rank: one cache entry
     assert sum(r["compiles"] for r in cold) > 0 and [r["compiles"] for r in warm] == [0, 0]
     assert max(max(r["errors"]) for r in warm) < 1e-4
+
+
+def test_a_dropped_compiled_shard_is_freed(first_start):  # its CUDA graphs would keep the NCCL group from closing
+    assert [r["freed"] for r in first_start[1]] == [True, True]
 
 
 def test_ranks_that_would_capture_different_sizes_all_raise_naming_the_rank_that_differs(first_start):

@@ -230,9 +230,9 @@ def _rank_main(rank: int, worker: Callable[..., dict], folder: str, port: int, w
         (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))
         finished = True
     finally:
-        # A communicator whose collectives were captured in CUDA graphs can make its destruction wait forever
-        # (pytorch#115388): free the compiled models (Dynamo's caches keep them) and their graphs first, and leave
-        # without it after 30 s, the rank's result being written.
+        # A communicator whose collectives were captured in CUDA graphs that are still alive does not close
+        # (pytorch#115388): collect what the worker dropped (its compiled models and their graphs) first, and
+        # leave without closing after 30 s, the rank's result being written.
         torch._dynamo.reset()
         gc.collect()
         if backend == "nccl":

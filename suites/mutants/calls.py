@@ -212,3 +212,16 @@ def unpad_cuts_every_n_rows(mp: pytest.MonkeyPatch) -> None:
 def unpad_skips_namedtuples(mp: pytest.MonkeyPatch) -> None:
     original = padding.container_items
     mp.setattr(padding, "container_items", lambda value: None if hasattr(value, "_fields") else original(value))
+
+
+@mutant("Dynamo's table of backends keeps a dropped compiled model (its pieces and CUDA graphs) alive",
+        cpu=_RUNTIME + "test_a_dropped_compiled_model_is_freed_with_its_runtime_and_pieces")
+def backend_holds_the_model(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(api, "_calling_weakly", lambda method: method)
+
+
+@mutant("the compiled function Dynamo keeps for a graph holding collectives keeps the model alive",
+        cpu="suites/test_tensor_parallel.py::test_a_dropped_compiled_shard_is_freed")
+def compiled_function_holds_the_model(mp: pytest.MonkeyPatch) -> None:
+    weakly = api._calling_weakly
+    mp.setattr(api, "_calling_weakly", lambda method: method if method.__name__ == "_graph_call" else weakly(method))
