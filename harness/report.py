@@ -208,7 +208,7 @@ def latency_table(r: Results, model: str, dtype: str, worst: dict[str, list]) ->
               if "skip" in e or "error" in e}  # an implementation skipped, or failed against eager, and why
     lines += [f"Not timed (n/a): {'; '.join(f'{i}: {why}' for i, why in failed.items())}.", ""] * bool(failed)
     if pools := details.get("pool_mib_by_rank"):  # tensor parallel: rank 0's times, each rank's graph pool
-        lines += ["Times of rank 0. Graph pool MiB after capturing 51 sizes: " + "; ".join(
+        lines += ["Times of rank 0. Graph pool MiB after the capture: " + "; ".join(
             f"rank {n}: " + ", ".join(f"{i} {mib:.0f}" for i, mib in p.items()) for n, p in enumerate(pools)) + ".", ""]
     return Part(lines, plots=[(f"latency_{model}_{dtype}.png", f"{model}, {dtype}: latency vs batch",
                                {i: (batches, [found.get((i, b)) for b in batches]) for i in present})])

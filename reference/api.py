@@ -71,7 +71,14 @@ def _calling_weakly(method: Callable[..., Any]) -> Callable[..., Any]:
     that (it does for graphs holding collectives); neither may keep the CompiledModel, its pieces and its CUDA
     graphs alive once the caller drops it."""
     ref = weakref.WeakMethod(method)
-    return lambda *args: ref()(*args)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if (bound := ref()) is None:
+            raise ReferenceError("pieceworks: this CompiledModel was freed. Fix: call a CompiledModel you keep")
+        return bound(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = method.__name__  # what Dynamo's messages call the backend
+    return call
 
 
 def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]:

@@ -157,7 +157,8 @@ def test_ranks_start_from_benchmarks_imported_the_way_asv_imports_them(monkeypat
         monkeypatch.delitem(sys.modules, name)
     try:
         shared = importlib.import_module("benchmarks._shared")
-        assert shared.spawn_ranks(_sum_of_ranks, tmp_path) == [{"sum": 3.0}] * 2
+        ranks = shared.spawn_ranks(_sum_of_ranks, tmp_path)
+        assert [(r["sum"], r["process_group_closed"]) for r in ranks] == [(3.0, True)] * 2
     finally:
         for name in [n for n in sys.modules if n.split(".")[0] == "benchmarks"]:
             del sys.modules[name]

@@ -4,6 +4,8 @@
   replays of captured sizes, padded sizes and a size above the largest give the whole model's output on every rank,
   and never hang (the ranks are terminated after 150 s, a collective replayed from a graph escaping the group's own
   timeout; every test has its own).
+- Once the compiled model is dropped, its graphs go with it and the NCCL process group closes (graphs holding
+  collectives that stay alive keep it from closing).
 - A rank configured with other capture sizes fails fast on every rank with `CaptureMismatchError` naming it,
   instead of capturing graphs whose collectives would wait on each other.
 """
@@ -59,6 +61,7 @@ def test_captured_all_reduces_replay_the_whole_models_output_on_every_rank(tmp_p
     for rank in ranks:
         assert rank["captured"] == sorted(SIZES, reverse=True), ranks
         assert max(rank["errors"]) < 1e-3, ranks
+        assert rank["process_group_closed"], ranks  # the dropped model's graphs, holding NCCL kernels, were freed
 
 
 def _rank_1_other_sizes(rank: int, folder: Path) -> dict:

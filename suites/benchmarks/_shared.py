@@ -173,11 +173,13 @@ def write_details(name: str, data: dict[str, Any]) -> None:
 def spawn_ranks(worker: Callable[..., dict], folder: Path, *args: Any, world: int = 2, backend: str = "gloo",
                 timeout: float = 240) -> list:
     """`worker(rank, folder, *args)` (a module-level function) in `world` fresh processes forming one process group
-    (`backend`; on NCCL, rank r uses GPU r); each rank's returned dict (JSON), in rank order. A rank that raises
-    makes this raise; ranks still running after `timeout` seconds (a collective replayed from a CUDA graph escapes
-    the group's own 60 s timeout) are terminated and this raises TimeoutError, each rank having printed the Python
-    stacks of its threads to stderr 10 s before. Importable in the ranks: what `sys.path` reaches here, and this
-    package (asv imports the suites through an import hook of its own, which spawned processes do not inherit)."""
+    (`backend`; on NCCL, rank r uses GPU r); each rank's returned dict (JSON) with `process_group_closed` added
+    (whether its group closed within 30 s: a communicator whose collectives live in CUDA graphs that are still alive
+    does not close, pytorch#115388; the rank then leaves without closing it), in rank order. A rank that raises
+    prints its traceback and makes this raise; ranks still running after `timeout` seconds (a collective replayed
+    from a CUDA graph escapes the group's own 60 s timeout) are terminated, printing the Python stacks of their
+    threads to stderr, and this raises TimeoutError. Importable in the ranks: what `sys.path` reaches here, and
+    this package (asv imports the suites through an import hook of its own, which spawned processes lack)."""
     import torch.multiprocessing
 
     with socket.socket() as s:
@@ -189,8 +191,8 @@ def spawn_ranks(worker: Callable[..., dict], folder: Path, *args: Any, world: in
         sys.path.append(root)  # copied into each rank as it starts (multiprocessing's spawn), removed here after
     try:
         ranks = torch.multiprocessing.start_processes(
-            _rank_main, args=(worker, str(folder), port, world, backend, max(timeout - 10, 1), args), nprocs=world,
-            join=False, start_method="spawn")
+            _rank_main, args=(worker, str(folder), port, world, backend, args), nprocs=world, join=False,
+            start_method="spawn")
     finally:
         if added:
             sys.path.remove(root)
@@ -208,40 +210,49 @@ def spawn_ranks(worker: Callable[..., dict], folder: Path, *args: Any, world: in
 
 
 def _rank_main(rank: int, worker: Callable[..., dict], folder: str, port: int, world: int, backend: str,
-               stacks_after: float, args: tuple) -> None:
+               args: tuple) -> None:
     import faulthandler
     import gc
+    import signal
     import threading
+    import traceback
 
     import torch
 
     from pieceworks.harness.scenario import STARTUP_HOOK
 
-    faulthandler.dump_traceback_later(stacks_after)  # a rank that hangs says where
+    faulthandler.register(signal.SIGTERM, chain=True)  # a rank terminated past the deadline says where it waited
     if hook := os.environ.get(STARTUP_HOOK):  # a mutant run's children apply its mutant too
         pkgutil.resolve_name(hook)()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if backend == "nccl":
         torch.cuda.set_device(rank)
     torch.distributed.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-    finished = False
+    out = Path(folder) / f"rank{rank}.json"
     try:
         result = worker(rank, Path(folder), *args)
-        (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))
-        finished = True
+        out.write_text(json.dumps({**result, "process_group_closed": False}))
+    except BaseException:
+        traceback.print_exc()  # now: closing the group below may end this process before the exception is shown
+        sys.stderr.flush()
+        traceback.clear_frames(sys.exc_info()[2])  # the worker's frames hold its models and their CUDA graphs
+        raise
     finally:
-        # A communicator whose collectives were captured in CUDA graphs that are still alive does not close
-        # (pytorch#115388): collect what the worker dropped (its compiled models and their graphs) first, and
-        # leave without closing after 30 s, the rank's result being written.
-        torch._dynamo.reset()
-        gc.collect()
-        if backend == "nccl":
-            torch.cuda.synchronize()
-        destroy = threading.Thread(target=torch.distributed.destroy_process_group, daemon=True)
-        destroy.start()
-        destroy.join(30)
-        if destroy.is_alive():
-            print(f"rank {rank}: destroy_process_group() did not return in 30 s (pytorch#115388); exiting without it",
+        gc.collect()  # what the worker dropped: compiled models and their CUDA graphs
+        closing = threading.Thread(target=_close_group, args=(backend,), daemon=True)
+        closing.start()
+        closing.join(30)
+        if closing.is_alive():
+            print(f"rank {rank}: the process group did not close in 30 s; leaving without closing it",
                   file=sys.stderr, flush=True)
-            os._exit(0 if finished else 1)
-        faulthandler.cancel_dump_traceback_later()
+            sys.stdout.flush()
+            os._exit(0 if out.exists() else 1)
+    out.write_text(json.dumps({**result, "process_group_closed": True}))
+
+
+def _close_group(backend: str) -> None:
+    import torch
+
+    if backend == "nccl":
+        torch.cuda.synchronize()  # a replayed collective whose peer is gone waits here: under the caller's limit
+    torch.distributed.destroy_process_group()

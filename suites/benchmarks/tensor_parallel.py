@@ -71,8 +71,8 @@ def measure() -> dict:
     with tempfile.TemporaryDirectory(prefix="pieceworks-tp-") as folder:
         ranks = _shared.spawn_ranks(_rank, Path(folder), backend="nccl")
     _shared.write_details(DETAILS, {"model": MODEL, "dtype": "bfloat16", "world_size": len(ranks),
-                                              "pool_mib_by_rank": [r["pool_mib"] for r in ranks],
-                                              "entries": ranks[0]["results"]})
+                                    "pool_mib_by_rank": [r["pool_mib"] for r in ranks],
+                                    "entries": ranks[0]["results"]})
     return {(name, int(batch)): entry for batch, row in ranks[0]["results"].items() for name, entry in row.items()}
 
 

@@ -217,11 +217,18 @@ def unpad_skips_namedtuples(mp: pytest.MonkeyPatch) -> None:
 @mutant("Dynamo's table of backends keeps a dropped compiled model (its pieces and CUDA graphs) alive",
         cpu=_RUNTIME + "test_a_dropped_compiled_model_is_freed_with_its_runtime_and_pieces")
 def backend_holds_the_model(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(api, "_calling_weakly", lambda method: method)
+    mp.setattr(api.weakref, "WeakMethod", lambda method: lambda: method)  # every weak call made strong
 
 
 @mutant("the compiled function Dynamo keeps for a graph holding collectives keeps the model alive",
         cpu="suites/test_tensor_parallel.py::test_a_dropped_compiled_shard_is_freed")
 def compiled_function_holds_the_model(mp: pytest.MonkeyPatch) -> None:
-    weakly = api._calling_weakly
-    mp.setattr(api, "_calling_weakly", lambda method: method if method.__name__ == "_graph_call" else weakly(method))
+    weak, seen = weakref.WeakMethod, set()
+
+    def method_ref(method):  # a model's first weak call is its backend (kept weak), the second its compiled function
+        if id(method.__self__) in seen:
+            return lambda: method
+        seen.add(id(method.__self__))
+        return weak(method)
+
+    mp.setattr(api.weakref, "WeakMethod", method_ref)
