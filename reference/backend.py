@@ -126,7 +126,8 @@ def compile_graph(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compil
         log.warning("pieceworks: splitting ops %s are registered but never called in the traced graph, so they split "
                     "nothing (the graph calls %s)", absent, called or "no custom op")
     written = tuple(sorted(mutated_inputs(gm)))
-    restored = tuple(sorted(mutated_inputs(gm, lambda node: is_splitting_op(node, set(config.splitting_ops)))))
+    splitting = set(config.splitting_ops)
+    restored = tuple(sorted(mutated_inputs(gm, lambda node: is_splitting_op(node, splitting))))
 
     start = time.perf_counter()
     split_gm, pieces = split_graph(gm, config.splitting_ops)
