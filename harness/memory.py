@@ -13,15 +13,11 @@ from typing import Any
 
 import torch
 
+from pieceworks.cudagraph import pool_bytes
+
 __all__ = ["pool_bytes", "memory_state", "nvml_status"]
 
 _nvml: dict[Any, Any] = {}  # per process: NVML handles by device index, or "reason": why NVML is unusable
-
-
-def pool_bytes(pool: Any) -> int:
-    """Bytes of the caching allocator's segments that belong to graph pool `pool` (a graph_pool_handle)."""
-    wanted = tuple(pool)
-    return sum(s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == wanted)
 
 
 def _nvml_handle(device: int) -> Any:

@@ -20,6 +20,12 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
   where absent: callers fall back to the folder's name);
 - Dynamo's `torch._dynamo.exc.BackendCompilerFailed`, which wraps an error raised inside a backend;
 - a SymInt's sympy expression, `SymInt.node.expr` (2.11-2.15), to evaluate a size at one batch size;
+- for a warm start without tracing (record.py): the files of the code Dynamo traced, `TracingContext.traced_code`
+  (2.11-2.15); `torch.fx._graph_pickler.GraphPickler` (`dumps`, `loads(data, fake_mode)`, `Options(ops_filter=)`),
+  which pickles a Dynamo graph with its FakeTensor and SymInt metadata; torch's own sympy functions pickle by
+  `_torch_unpickler`, and a fake mode is not pickled (the loader supplies a fresh one); the graph is rebuilt under
+  `torch._guards.tracing(TracingContext(fake_mode))`, as a backend call would be. Where any of this is missing or
+  fails, the record is not written and warm starts trace as before;
 - `nn.Module._apply(fn)`, through which `.to()`, `.cuda()`, `.half()` reallocate parameters and buffers (no public
   hook sees it): `after_apply` wraps it on one module instance (2.11-2.15).
 
@@ -170,3 +176,46 @@ def after_apply(module: torch.nn.Module, callback: Callable[[torch.nn.Module], N
         return result
 
     module._apply = _apply.__get__(module)  # a copy of the module (deepcopy) gets a method bound to the copy
+
+
+def traced_files() -> list[str] | None:
+    """The source files of the code Dynamo traced for the graph being compiled (call inside a backend), or None
+    where this torch does not list them."""
+    context = torch._guards.TracingContext.try_get()
+    codes = getattr(context, "traced_code", None)
+    return None if codes is None else sorted({code.co_filename for code in codes})
+
+
+def pickle_graph(gm: torch.fx.GraphModule) -> bytes:
+    """A Dynamo graph with its FakeTensor/SymInt metadata as bytes (`unpickle_graph` reverses it); raises where this
+    torch cannot pickle it."""
+    import sympy
+
+    pickler = _module("torch.fx._graph_pickler", "GraphPickler", "Options")
+    fake_mode = _module("torch._subclasses", "FakeTensorMode").FakeTensorMode
+
+    class Pickler(pickler.GraphPickler):
+        def reducer_override(self, obj: object) -> Any:
+            if isinstance(obj, type) and issubclass(obj, sympy.Function) and hasattr(obj, "_torch_unpickler"):
+                return obj._torch_unpickler, (obj._torch_handler_name,)
+            if isinstance(obj, fake_mode):  # the loader supplies its own
+                return type(None), ()
+            return super().reducer_override(obj)
+
+    return Pickler.dumps(gm, pickler.Options(ops_filter=None))
+
+
+def unpickle_graph(data: bytes) -> tuple[torch.fx.GraphModule, Any]:
+    """`(graph, fake_mode)`: a graph `pickle_graph` wrote, its metadata in a fresh FakeTensorMode and shape
+    environment."""
+    pickler = _module("torch.fx._graph_pickler", "GraphPickler")
+    fake_mode = _module("torch._subclasses", "FakeTensorMode").FakeTensorMode(
+        shape_env=_module("torch.fx.experimental.symbolic_shapes", "ShapeEnv").ShapeEnv())
+    return pickler.GraphPickler.loads(data, fake_mode), fake_mode
+
+
+def tracing(fake_mode: Any) -> Any:
+    """The context a backend runs in (`torch._guards.tracing(TracingContext(fake_mode))`), for rebuilding a graph
+    outside Dynamo."""
+    guards = _module("torch._guards", "tracing", "TracingContext")
+    return guards.tracing(guards.TracingContext(fake_mode))

@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from . import _compat
+from . import _compat, record
 from .backend import CompiledGraph, compile_graph, own_config
 from .binding import Binder, StateReplacedError, StateWatch, bind
 from .config import CompilationConfig, ConfigError, CUDAGraphMode
@@ -205,6 +205,7 @@ class CompiledModel:
                                "torch._dynamo.reset() called?). A CompiledModel never compiles while serving. Fix: "
                                "create a new CompiledModel with pieceworks.compile")
         self._graph = compile_graph(gm, self.config)
+        self._traced.update(gm=gm, files=_compat.traced_files())  # for the serving record
         if "copies" in self._traced:
             self._traced["saved"] = [(t, t.clone()) for t in (example_inputs[i] for i in self._graph.mutated_inputs)
                                      if isinstance(t, torch.Tensor) and id(t) not in self._traced["copies"]]
@@ -220,12 +221,19 @@ class CompiledModel:
         return out
 
     def _first_call(self, args: tuple) -> Any:
-        """Trace and compile with tensors of batch >= 2 whose dim 0 is marked dynamic; return this call's output.
+        """Serve from the model's serving record where the cache holds one (record.py: no trace); else trace and
+        compile with tensors of batch >= 2 whose dim 0 is marked dynamic, and store the record; return this call's
+        output.
 
         Batch >= 2 and contiguous tensors: traced with aliases of the call's own tensors (`detach()`: same memory,
         so the marks stay off the caller's tensors), and the tracing run is the call. Otherwise: traced on
         contiguous copies of 2 (or batch) rows, the model state that run wrote is restored, and the call runs."""
         batch = batch_of(args)
+        self._signatures = [signature(a) for a in args]
+        key = record.model_key(self.model, self._signatures, self.config) \
+            if self.config.reuse_trace and self.config.cache_active() else None
+        if key is not None and self._start_from_record(key, args):
+            return self._serve(args, batch)
         own = batch >= 2 and all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor))
         trace_args = [(a.detach() if own else cycle_rows(a, max(batch, 2))) if isinstance(a, torch.Tensor) else a
                       for a in args]
@@ -250,24 +258,21 @@ class CompiledModel:
             raise RuntimeError("pieceworks: Dynamo compiled no graph for this model")
         for tensor, before in self._traced.get("saved", []):  # a run on copies: put back what else it wrote
             tensor.copy_(before)
-        self._start_serving(trace_args, output)
-        self._signatures = [signature(a) for a in args]
+        self._start_serving(trace_args, output, key)
         return output if own else self._serve(args, check_arguments(args, self._signatures))
 
-    def _start_serving(self, trace_args: list[Any], output: Any) -> None:
+    def _start_serving(self, trace_args: list[Any], output: Any, key: str | None) -> None:
         """Build the serving state from the tracing call, in one place: the binding of call arguments to graph
         inputs (or the Dynamo fallback, logged once with why), the outputs to cut back, the runtime and, where
-        graphs will be captured, the static buffers."""
+        graphs will be captured, the static buffers; then store the serving record under `key`, if any."""
         traced, self._traced = self._traced, {}
         graph, example_inputs, graph_output = self._graph, traced["example_inputs"], traced.get("graph_output")
         ids = {id(a): k for k, a in enumerate(trace_args) if isinstance(a, torch.Tensor)}
-        self._mutated_args = [ids[id(example_inputs[i])] for i in graph.mutated_inputs if id(example_inputs[i]) in ids]
+        mutated = [ids[id(example_inputs[i])] for i in graph.mutated_inputs if id(example_inputs[i]) in ids]
         placeholders = [n for n in graph.split_module.graph.nodes if n.op == "placeholder"]
         found = bind(self.model, placeholders, example_inputs, trace_args, graph.batch_symbols, output, graph_output)
         if isinstance(found, str):
             log.info("pieceworks: calls go through Dynamo (%s)", found)
-        else:
-            self.binder = found
         # The output leaves cut back to the batch: graph outputs whose trace value's dim 0 is the batch symbol, and
         # tensor arguments returned as they are; nothing else (a weight of n rows is not cut at padded size n).
         # Leaves are told apart by identity, here, while the tracing call's tensors and outputs are alive.
@@ -275,11 +280,50 @@ class CompiledModel:
         cut = {id(t) for t, v in zip(flat, graph.output_values)
                if isinstance(v, torch.Tensor) and v.dim() > 0 and str(v.shape[0]) in graph.batch_symbols}
         cut |= set(ids) - {id(t) for t in flat}
-        self.batched_outputs = batched_outputs(output, lambda leaf: id(leaf) in cut)
-        self.runtime = Runtime(graph, self.config)
+        binder = None if isinstance(found, str) else found
+        self._serve_with(trace_args, binder, batched_outputs(output, lambda leaf: id(leaf) in cut), mutated)
+        if key is not None and binder is not None and graph.cache_dir is not None and traced["files"] is not None:
+            try:
+                saved = record.Record(_compat.pickle_graph(traced["gm"]), binder.describe(self.model),
+                                      self.batched_outputs, mutated, record.file_digests(traced["files"]))
+            except Exception as exc:  # noqa: BLE001 - no record: the next process traces, as it would without one
+                log.info("pieceworks: no serving record for this model (%s: %s)", type(exc).__name__, exc)
+            else:
+                record.save(self.config, key, saved)
+
+    def _start_from_record(self, key: str, args: tuple) -> bool:
+        """Serve from the serving record stored under `key` (record.py): rebuild the compiled graph from the
+        record's graph and the cache (pieces load; one the cache lost is compiled from the record's graph, as the
+        traced path would) and the serving state from the record. False (a WARNING where a record was found but
+        could not be used) when the call must trace."""
+        found = record.load(self.config, key)
+        if found is None:
+            return False
+        try:
+            gm, fake_mode = _compat.unpickle_graph(found.graph)
+            with _compat.tracing(fake_mode):
+                graph = compile_graph(gm, self.config)
+            binder = Binder.restore(found.binding, self.model)
+        except Exception as exc:  # noqa: BLE001 - a graph this torch cannot unpickle or compile, a state name the
+            # model lacks: trace, as without a record
+            log.warning("pieceworks: this model's serving record could not be used (%s: %s); tracing the model",
+                        type(exc).__name__, exc)
+            return False
+        log.info("pieceworks: served from this model's serving record, without tracing (%.3f s in the backend)",
+                 graph.build_seconds["backend"])
+        self._graph = graph
+        self._serve_with(args, binder, found.batched_outputs, found.mutated_args)
+        counters.num_traces_reused += 1
+        return True
+
+    def _serve_with(self, example_args: Sequence[Any], binder: Binder | None, batched: Any, mutated: list[int]) -> None:
+        """The serving state over `self._graph`: binding, outputs to cut, written arguments, runtime, state watch
+        and, where graphs will be captured, static buffers shaped like `example_args`."""
+        self.binder, self.batched_outputs, self._mutated_args = binder, batched, mutated
+        self.runtime = Runtime(self._graph, self.config)
         self._state_watch = StateWatch(self.model, self) if isinstance(self.model, torch.nn.Module) else None
         if self.runtime.mode is not CUDAGraphMode.NONE and self.config.cudagraph_capture_sizes:
-            self.static_inputs = StaticInputs(trace_args, max(self.config.cudagraph_capture_sizes))
+            self.static_inputs = StaticInputs(example_args, max(self.config.cudagraph_capture_sizes))
 
     # ---- calls ----------------------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
@@ -313,6 +357,15 @@ class CompiledModel:
             return self._dynamo_fn(*(self.static_inputs.views(n) if args is None else args))
         flat = self.graph_inputs(n) if args is None else self.binder.inputs(args, n)
         return self.binder.outputs(self.runtime.run(flat, n, static=args is None))
+
+    def estimate_capture(self, sizes: Iterable[int] | None = None, samples: int = 6) -> dict[str, Any]:
+        """The graph-pool bytes `capture(sizes)` will take, measured before it on a sample of the sizes whose graphs
+        are then freed (`Runtime.estimate_pool` says how): what an engine subtracts before sizing its KV cache. Call
+        after the first call and before `capture()`. Without CUDA or graphs the estimate is 0."""
+        if self.runtime is None:
+            raise RuntimeError("call the model once before estimate_capture(): the first call traces and compiles it")
+        with torch.no_grad():
+            return self.runtime.estimate_pool(self._run, [] if self.static_inputs is None else sizes, samples)
 
     def capture(self, sizes: Iterable[int] | None = None) -> dict[str, Any]:
         """The capture phase: every `cudagraph_capture_sizes` entry (or those in `sizes`), largest first, into one

@@ -46,8 +46,9 @@ class CompiledGraph:
     capture's warm-ups (a splitting op's writes are not: the warm-ups repeat them, as vLLM's dummy runs do; a lazy
     capture, which serves a call, puts back every mutated input);
     `output_values`: the trace value (FakeTensor) of each graph output; `build_seconds`: where the backend call
-    went (`split`, `compile`: compiling or loading every piece, `backend`: all of it); `cache_dir`: the cache
-    folder used, if any.
+    went (`split`: splitting and analysing; `pieces`: serving every piece its code, of which `load` went to reading
+    and loading artifacts and `compile` to Inductor; `backend`: all of it); `cache_dir`: the cache folder used, if
+    any.
     """
 
     split_module: torch.fx.GraphModule
@@ -148,10 +149,10 @@ def compile_graph(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compil
     for piece in done.values():  # a plain callable may not shadow a registered submodule
         delattr(split_gm, piece.submod_name)
         setattr(split_gm, piece.submod_name, piece)
-    seconds["compile"] = time.perf_counter() - start
+    seconds.update(compiler.seconds, pieces=time.perf_counter() - start)
     log.info("pieceworks compile (%s): %d pieces, %d distinct targets compiled, %d loaded from cache, "
-             "%d served by an identical piece, in %.3f s", config.compiler, len(compiled), compiler.compiled,
-             compiler.loaded, compiler.shared, seconds["compile"])
+             "%d served by an identical piece, in %.3f s (%.3f s loading)", config.compiler, len(compiled),
+             compiler.compiled, compiler.loaded, compiler.shared, seconds["pieces"], seconds["load"])
     symbols = batch_symbols(gm)
     seconds["backend"] = time.perf_counter() - build_start
     return CompiledGraph(split_gm, tuple(pieces), tuple(fakes), symbols, batch_position(fakes, symbols), written,

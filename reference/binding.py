@@ -52,6 +52,27 @@ class Binder:
             return flat[self.template]
         return tree_map(lambda k: None if k is None else flat[k], self.template)
 
+    def describe(self, model: Any) -> tuple[list[tuple[int, Any]], Any]:
+        """`(sources, template)` in plain values, bound tensors named by their parameter or buffer name in `model`:
+        what `restore` needs to bind the same graph to a model of the same structure in another process."""
+        names = {id(t): name for name, t in _state(model)}
+        return [(kind, names[id(v)] if kind == _BOUND else v) for kind, v in self.sources], self.template
+
+    @classmethod
+    def restore(cls, description: tuple[list[tuple[int, Any]], Any], model: Any) -> Binder:
+        """The `Binder` that `describe` described, bound to `model`'s parameters and buffers (`KeyError` naming a
+        missing one)."""
+        sources, template = description
+        state = dict(_state(model))
+        return cls([(kind, state[v] if kind == _BOUND else v) for kind, v in sources], template)
+
+
+def _state(model: Any) -> list[tuple[str, torch.Tensor]]:
+    """`model`'s parameters and buffers by name, shared tensors under each of their names."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    return [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+
 
 def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequence[Any], call_args: Sequence[Any],
          batch_symbols: set[str], call_output: Any, graph_output: Any) -> Binder | str:

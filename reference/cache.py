@@ -26,7 +26,7 @@ Contracts:
   (path, reason, `PIECEWORKS_DISABLE_CACHE`) and `CompileCache.open` returns None (run uncached); a read-only
   cache loads what is valid and compiles the rest in memory (one WARNING); a file where the cache expects a
   folder, or a folder where it expects a file, inside the key directory is logged as corrupt and replaced. Each
-  problem of a location warns once per process, in words;
+  problem of a cache root (all its key folders) warns once per process, in words;
 - `prune(root, older_than_days=..., environment=...)` removes key folders unused for N days or built by another
   torch build, GPU or Python (a key folder's mtime is its last use).
 POSIX only (`fcntl`). Safe across processes; one `CompileCache` object is not meant to be shared by threads.
@@ -202,7 +202,7 @@ class CompileCache:
             return cls(root, key, factors)
         except OSError as exc:
             path = os.path.join(os.path.abspath(os.fspath(root)), key)
-            _warn_once("unusable", path, "pieceworks compile cache %s is unusable (%s); compiling without the cache. "
+            _warn_once("unusable", os.path.dirname(path), "pieceworks compile cache %s is unusable (%s); compiling without the cache. "
                        "Fix: point CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR at a writable folder, or set "
                        "PIECEWORKS_DISABLE_CACHE=1 to run uncached without this warning", path, _reason(exc))
             return None
@@ -221,10 +221,10 @@ class CompileCache:
 
     def mark_read_only(self, exc: BaseException) -> None:
         self.writable = False
-        _warn_once("read-only", self.directory, "pieceworks compile cache %s cannot be written (%s): loading the "
+        _warn_once("read-only", self.root, "pieceworks compile cache %s cannot be written (%s): loading the "
                    "valid artifacts it holds and compiling the rest in memory, without saving them. Fix: make it "
                    "writable, point CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR elsewhere, or set "
-                   "PIECEWORKS_DISABLE_CACHE=1", self.directory, _reason(exc))
+                   "PIECEWORKS_DISABLE_CACHE=1", self.root, _reason(exc))
 
     @property
     def inductor_dir(self) -> str | None:
@@ -291,7 +291,6 @@ class CompileCache:
             counters.num_cache_artifacts_rejected += 1
             log.warning("pieceworks cache artifact %s %s; not loading it, recompiling", path, problem)
             return None, entry
-        counters.num_compiled_artifacts_loaded += 1
         return loaded, entry
 
     # ---- writing --------------------------------------------------------------------------------------------
@@ -329,8 +328,6 @@ class CompileCache:
                 log.warning("pieceworks could not save the artifact for %s (%s); it will be recompiled next time",
                             name, _reason(exc))
             return False
-        counters.num_compiled_artifacts_saved += 1
-        counters.num_cache_entries_updated += 1
         return True
 
 

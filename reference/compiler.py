@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -43,13 +44,15 @@ log = logging.getLogger("pieceworks")
 
 class PieceCompiler:
     """Compiles (or loads) each distinct (piece fingerprint, target) of one graph once. `compiled`, `loaded` and
-    `shared` count what it did, for the log line."""
+    `shared` count what it did, for the log line; `seconds` says where its time went ("load": reading and loading
+    artifacts, misses included; "compile": compiling)."""
 
     def __init__(self, config: CompilationConfig, cache: CompileCache | None) -> None:
         self.config = config
         self.cache = cache
         self.done: dict[tuple[str, Target], Callable[..., Any]] = {}
         self.compiled = self.loaded = self.shared = 0
+        self.seconds = {"load": 0.0, "compile": 0.0}
 
     def compile(self, piece: Piece) -> Piece:
         """`piece` with code for every compile range and size. A piece with data-dependent sizes gets no static
@@ -86,17 +89,24 @@ class PieceCompiler:
         name = entry_name(piece.fingerprint, target)
         claim = entry_claim(piece.fingerprint, target, example_args)
         load = lambda path: load_artifact(path, piece.graph)  # noqa: E731
+        start = time.perf_counter()
         fn, seen = self.cache.load(name, load, claim)
         if fn is None:
             with self.cache.entry_lock(name):
                 # Another process may have stored it while we looked or waited; an entry we already rejected is
                 # skipped, not tried (nor reported) twice.
                 fn, _ = self.cache.load(name, load, claim, skip=seen)
+                self.seconds["load"] += time.perf_counter() - start
                 if fn is None:
                     fn, artifact = self._compile(piece, target, example_args)
-                    self.cache.store(name, lambda path: artifact.save(path=path, format="binary"), claim)
+                    if self.cache.store(name, lambda path: artifact.save(path=path, format="binary"), claim):
+                        counters.num_compiled_artifacts_saved += 1
+                        counters.num_cache_entries_updated += 1
                     return fn
+        else:
+            self.seconds["load"] += time.perf_counter() - start
         self.loaded += 1
+        counters.num_compiled_artifacts_loaded += 1
         return fn
 
     def _compile(self, piece: Piece, target: Target, example_args: list[Any]) -> tuple[Callable[..., Any], Any]:
@@ -107,8 +117,12 @@ class PieceCompiler:
             counters.num_eager_compiles += 1
             return piece.graph.forward, None
         counters.num_inductor_compiles += 1
-        return compile_inductor(piece.graph, example_args, static=isinstance(target, int),
-                                inductor_config=self.config.inductor_compile_config)
+        start = time.perf_counter()
+        try:
+            return compile_inductor(piece.graph, example_args, static=isinstance(target, int),
+                                    inductor_config=self.config.inductor_compile_config)
+        finally:
+            self.seconds["compile"] += time.perf_counter() - start
 
 
 def computes_tensors(piece: Piece) -> bool:

@@ -113,7 +113,7 @@ _FIELD_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
                   "pass a str or pathlib.Path, or None"),
     "on_missing_graph": (lambda v: v in ("eager", "raise"), "unknown policy", 'use "eager" or "raise"'),
     **{flag: (lambda v: isinstance(v, bool), "expected a bool", f"pass {flag}=True or False")
-       for flag in ("cache_enabled", "lazy_capture", "debug_replay_checks")},
+       for flag in ("cache_enabled", "reuse_trace", "lazy_capture", "debug_replay_checks")},
 }
 
 
@@ -147,6 +147,9 @@ class CompilationConfig:
     inductor_compile_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     cache_dir: str | None = None
     cache_enabled: bool = True
+    # A first call whose model the cache already holds (its serving record: record.py) is served from the record,
+    # without Dynamo's trace; off: every process traces its model.
+    reuse_trace: bool = True
     # What a batch that would need a graph never captured does once the capture phase has closed:
     # "eager" runs it without a graph (logged once per size), "raise" raises.
     on_missing_graph: str = "eager"

@@ -34,6 +34,8 @@ class CompilationCounter:
     # artifacts found truncated, garbled or from another torch build, logged and recompiled
     num_cache_artifacts_rejected: int = 0
     num_dynamo_traces: int = 0
+    # first calls served from a model's serving record, without a trace (record.py)
+    num_traces_reused: int = 0
 
     def snapshot(self) -> dict[str, int]:
         return dataclasses.asdict(self)

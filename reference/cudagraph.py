@@ -3,10 +3,15 @@
 Contracts (the ones vLLM's users rely on):
 - **One pool.** Every graph of a model is captured into one private memory pool (`CapturePool.handle`) on one side
   stream, sizes largest first (the runtime's order), so smaller sizes reuse the blocks the larger ones left free.
-- **Warm-ups** run on the capture stream with their allocations routed to a `MemPool` of the model's own, so the
-  stream's cuBLAS workspaces, which captured GEMMs keep using, are neither pinned in the graph pool nor freed under
-  the graphs when other code empties the cache. Inputs the runnable writes to in place are put back after the
-  warm-ups, so the replay that follows the capture is the only write a capture makes.
+- **Warm-ups** (`num_warmups` runs before a capture: lazy initialisation such as loading kernels, Triton's
+  autotuning and the capture stream's cuBLAS workspace must not happen inside one) run on the capture stream with
+  their allocations routed to a `MemPool` of the model's own, so the stream's cuBLAS workspaces, which captured
+  GEMMs keep using, are neither pinned in the graph pool nor freed under the graphs when other code empties the
+  cache. Lazy work depends on the code and the shapes (cuBLAS picks other kernels, and may allocate a workspace,
+  for other sizes), so every size warms up. A compiled piece whose runnable already warmed up at this size in
+  this pool (an identical piece: a transformer's middle layers share one) is captured without (`capture_piece`):
+  same code, same shapes, same stream. Inputs the runnable writes to in place are put back after the warm-ups, so
+  the replay that follows the capture is the only write a capture makes.
 - **Outputs are valid until the next replay.** Callers keep only `non_owning_alias`es of what a capture produced:
   once the capture's own references are dropped, the blocks return to the pool and later captures reuse them; the
   next replay of any graph in the pool may overwrite them.
@@ -45,6 +50,16 @@ def non_owning_alias(value: Any) -> Any:
     return raw.view(value.dtype).as_strided(value.shape, value.stride(), value.storage_offset())
 
 
+def pool_bytes(pool: Any) -> int:
+    """Bytes of the caching allocator's segments that belong to graph pool `pool` (a `graph_pool_handle()`),
+    read from `torch.cuda.memory_snapshot()`: what the graphs of that pool hold, nothing else. 0 for None (no pool
+    yet)."""
+    if pool is None:
+        return 0
+    wanted = tuple(pool)
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == wanted)
+
+
 class AddressCheck(NamedTuple):
     """One input a graph reads: `args[index]` must sit at `address`. `reader`, `position` and `name` say who reads
     it, for the error."""
@@ -78,6 +93,7 @@ class CapturePool:
         self.handle: Any = None
         self._stream: torch.cuda.Stream | None = None
         self._warmup_pool: torch.cuda.MemPool | None = None
+        self._warmed: set[tuple[Callable[..., Any], int]] = set()  # (runnable, batch) `capture_piece` warmed up
 
     def reset(self) -> None:
         """Start a fresh pool for later captures (same stream and warm-up MemPool): the old pool is freed with the
@@ -85,9 +101,20 @@ class CapturePool:
         if self.handle is not None:
             torch.cuda.synchronize()
             self.handle = torch.cuda.graph_pool_handle()
+            self._warmed.clear()
 
-    def capture(self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int]) -> tuple[Any, Any]:
-        """Warm `fn(*args)` up, capture it into the pool, replay it once; return `(graph, owning outputs)`.
+    def capture_piece(self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int],
+                      batch: int) -> tuple[Any, Any]:
+        """`capture` for a compiled piece's runnable at padded size `batch`: warmed up only before its first capture
+        at that size in this pool."""
+        warmups = 0 if (fn, batch) in self._warmed else self.num_warmups
+        self._warmed.add((fn, batch))
+        return self.capture(fn, args, mutated, warmups)
+
+    def capture(self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int],
+                warmups: int | None = None) -> tuple[Any, Any]:
+        """Warm `fn(*args)` up (`warmups` runs, default `num_warmups`), capture it into the pool, replay it once;
+        return `(graph, owning outputs)`.
 
         `mutated`: positions of `args` that `fn` writes to in place, restored after the warm-ups, so the replay
         that follows the capture is the only write a capture makes.
@@ -95,16 +122,17 @@ class CapturePool:
         if self.handle is None:
             self.handle = torch.cuda.graph_pool_handle()
             self._stream, self._warmup_pool = torch.cuda.Stream(), torch.cuda.MemPool()
+        warmups = self.num_warmups if warmups is None else warmups
         # Saved on the caller's stream before the capture stream waits for it: the clones complete before any
         # warm-up can write to these inputs.
-        saved = [(i, args[i].clone()) for i in mutated if isinstance(args[i], torch.Tensor)]
+        saved = [(i, args[i].clone()) for i in mutated if isinstance(args[i], torch.Tensor)] if warmups else []
         graph, stream = torch.cuda.CUDAGraph(), self._stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             # Warm-ups allocate from a MemPool of this model's own: the first GEMM on the capture stream allocates
             # that stream's cuBLAS workspaces, which every captured GEMM keeps reading.
             with torch.cuda.use_mem_pool(self._warmup_pool):
-                for _ in range(self.num_warmups):
+                for _ in range(warmups):
                     fn(*args)
             for i, value in saved:
                 args[i].copy_(value)

@@ -17,6 +17,7 @@ and times never enter it. Equal inputs give equal digests in any process.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import functools
 import hashlib
@@ -130,7 +131,7 @@ _CUSTOM_PASSES = ("pre_grad_custom_pass", "joint_custom_pre_pass", "joint_custom
                   "post_grad_custom_pre_pass", "post_grad_custom_post_pass", "_pre_fusion_custom_pass")
 
 
-def _portable(value: Any, where: str, graph_pass: bool = False) -> Any:
+def portable(value: Any, where: str, graph_pass: bool = False) -> Any:
     """A JSON-able stand-in for a config value that is the same in every process, or UnkeyableConfigError.
     `graph_pass`: the value is a custom graph pass (or None), keyed only by its `uuid()`."""
     if callable(getattr(value, "uuid", None)):
@@ -141,14 +142,18 @@ def _portable(value: Any, where: str, graph_pass: bool = False) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_portable(v, where) for v in value]
+        items = [portable(v, where) for v in value]
         return items if isinstance(value, (list, tuple)) else sorted(items, key=repr)  # a set's order varies
     if isinstance(value, dict):
-        return {str(k): _portable(v, where) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        return {str(k): portable(v, where) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, enum.Enum):
         return f"{type(value).__qualname__}.{value.name}"
     if isinstance(value, (torch.dtype, torch.device)):
         return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: portable(getattr(value, f.name), where) for f in dataclasses.fields(value)}
+    if callable(getattr(value, "to_dict", None)):  # a transformers config
+        return portable(value.to_dict(), where)
     if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
         return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
     raise UnkeyableConfigError(f"{where} holds {type(value).__name__} {value!r}, whose effect on compiled code "
@@ -165,10 +170,10 @@ def inductor_config_factors() -> str:
     `UnkeyableConfigError` (the caller compiles without the cache).
     """
     inductor = inductor_config()
-    doc = {f"{name}.{key}": _portable(value, f"torch._{name}.config.{key}")
+    doc = {f"{name}.{key}": portable(value, f"torch._{name}.config.{key}")
            for name, module in (("inductor", inductor), ("functorch", functorch_config()))
            for key, value in module.save_config_portable().items()}
-    doc.update({f"inductor.{key}": _portable(getattr(inductor, key, None), f"torch._inductor.config.{key}", True)
+    doc.update({f"inductor.{key}": portable(getattr(inductor, key, None), f"torch._inductor.config.{key}", True)
                 for key in _CUSTOM_PASSES})
     return digest(json.dumps(doc, sort_keys=True, separators=(",", ":")))
 

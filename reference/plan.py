@@ -174,7 +174,8 @@ def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Call
 def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any], graph_pieces: dict[str, Piece],
                 capture: Callable[..., tuple[Any, Any]]) -> tuple[ReplayPlan, Any]:
     """Run `split_gm(*args)` once, capturing the pieces in `graph_pieces` (by name); return the plan and this run's
-    (owning) outputs. `capture(fn, args, mutated)` returns `(graph, outputs)` with the outputs already computed."""
+    (owning) outputs. `capture(fn, args, mutated, batch)` returns `(graph, outputs)` with the outputs already
+    computed."""
     real: dict[torch.fx.Node, Any] = {}
     refs: dict[torch.fx.Node, _Ref] = {}
     steps: list[Step] = []
@@ -203,7 +204,7 @@ def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any],
             value = operator.attrgetter(node.target)(split_gm)
             real[node], refs[node] = value, _Ref(_CONST, value)
         elif piece is not None:
-            graph, out = capture(piece.runnable_for(call_args), call_args, piece.mutated_inputs)
+            graph, out = capture(piece.runnable_for(call_args), call_args, piece.mutated_inputs, batch)
             moved = []
             names, reader = piece.placeholder_names, f"piece {piece.submod_name} (graph {piece.graph_id})"
             for position, (value, ref) in enumerate(zip(call_args, arg_refs)):

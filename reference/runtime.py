@@ -34,7 +34,7 @@ import torch
 
 from .config import CompilationConfig, CUDAGraphMode
 from .counters import counters
-from .cudagraph import CapturePool
+from .cudagraph import CapturePool, pool_bytes
 from .plan import FullGraph, ReplayPlan, record_plan
 from .progress import progress
 
@@ -169,11 +169,11 @@ class Runtime:
     # ---- capture --------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _capturing(self) -> Iterator[None]:
-        """Phase CAPTURING, then SERVING. gc is collected once, then frozen and disabled: no collection during
-        capture can unload a module a graph uses, and no per-piece gc.collect slows the phase down."""
+        """Phase CAPTURING, then SERVING. gc is frozen and disabled for the phase: no collection during capture can
+        unload a module a graph uses, and none slows the phase down. Nothing is collected first (a full collection
+        of a process that holds a compiler costs ~0.2 s): what is garbage now is collected after the phase."""
         self.phase = Phase.CAPTURING
         enabled = gc.isenabled()
-        gc.collect()
         gc.freeze()
         gc.disable()
         try:
@@ -205,7 +205,7 @@ class Runtime:
                     return out
             if not self._graph_pieces:
                 return split_gm(*args)
-            self._replays[batch], out = record_plan(split_gm, batch, args, self._graph_pieces, self.pool.capture)
+            self._replays[batch], out = record_plan(split_gm, batch, args, self._graph_pieces, self.pool.capture_piece)
             return out
 
     def reset(self) -> None:
@@ -215,11 +215,57 @@ class Runtime:
         for kept in (self._replays, self._attempted, self._warned):
             kept.clear()
 
+    def estimate_pool(self, run_size: Callable[[int], Any], sizes: Iterable[int] | None = None,
+                      samples: int = 6) -> dict[str, Any]:
+        """The pool bytes a capture of `sizes` (default: every capture size) will take, before any capture: `samples`
+        of them (the largest, the smallest and evenly spaced ones between, in `capture_order`) are captured into a
+        pool of their own, whose `pool_bytes` is the estimate; then the sample's graphs and pool are freed
+        (`torch.cuda.empty_cache()` returns its memory to the device). The pool grows with the kinds of blocks the
+        sizes need, not with their number: each graph's blocks return to the pool when its capture ends and the next
+        (smaller) size reuses them; a sample spanning the sizes meets those kinds. Call it in phase WAITING, before
+        `capture`; `run_size` as for `capture`. Returns `{"pool_bytes", "sizes", "sampled_sizes", "largest_bytes"
+        (the pool after the largest size alone), "seconds"}`; 0 bytes for a mode without graphs, or no sizes."""
+        if self._replays:
+            raise RuntimeError("estimate_pool() runs before capture(): this runtime already holds graphs. Fix: "
+                               "estimate first, or call reset() to drop the graphs")
+        sizes = capture_order(self._sizes if sizes is None else sizes)
+        if unknown := [s for s in sizes if s not in self._sizes]:
+            raise ValueError(f"sizes {unknown} are not in CompilationConfig.cudagraph_capture_sizes")
+        if samples < 1:
+            raise ValueError(f"samples={samples}: the estimate needs at least 1 sampled size (the largest)")
+        report = {"pool_bytes": 0, "sizes": len(sizes), "sampled_sizes": [], "largest_bytes": 0, "seconds": 0.0}
+        if self.mode is CUDAGraphMode.NONE or not sizes:
+            return report
+        step = (len(sizes) - 1) / max(samples - 1, 1)
+        picked = sorted({sizes[round(k * step)] for k in range(min(samples, len(sizes)))}, reverse=True)
+        phase, start = self.phase, time.perf_counter()
+        self.pool.reset()
+        self.phase = Phase.WAITING  # so that `_capturing` below is the phase and ends it
+        try:
+            with self._capturing():
+                for k, size in enumerate(picked):
+                    run_size(size)
+                    if k == 0:
+                        torch.cuda.synchronize()
+                        largest = pool_bytes(self.pool.handle)
+            torch.cuda.synchronize()
+            sampled = pool_bytes(self.pool.handle)
+        finally:
+            self.reset()
+            gc.collect()  # the sample's graphs hold the pool; freed now, returned to the device below
+            torch.cuda.empty_cache()
+            self.phase = phase
+        report.update(pool_bytes=sampled, sampled_sizes=picked, largest_bytes=largest,
+                      seconds=time.perf_counter() - start)
+        log.info("pieceworks capture estimate: %d sizes will take about %.1f MiB of graph pool (sampled %s in %.2f s)",
+                 len(sizes), report["pool_bytes"] / 2**20, picked, report["seconds"])
+        return report
+
     def capture(self, run_size: Callable[[int], Any], sizes: Iterable[int] | None = None) -> dict[str, Any]:
         """The capture phase: `run_size(n)` for every size in `sizes` (default: every capture size), in
         `capture_order`; each call at a size not yet attempted captures it. Then serving starts: no size is
         captured again (unless `lazy_capture`). `run_size(n)` must call the model with arguments that stay where
-        they are for every later replay. gc is collected and frozen once for the phase. A graph holding collectives
+        they are for every later replay. gc is frozen for the phase. A graph holding collectives
         (`_c10d_functional` ops) first checks that every rank captures the same (`check_ranks_agree`). Returns the
         phase's numbers (sizes, seconds, MiB, graphs)."""
         sizes = capture_order(self._sizes if sizes is None else sizes)

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.inductor
 
 
 def _artifacts(cache_dir):
-    (key_dir,) = [os.path.join(cache_dir, d) for d in os.listdir(cache_dir) if d != "inductor"]
+    (key_dir,) = [os.path.join(cache_dir, d) for d in os.listdir(cache_dir) if d != "inductor" and not d.startswith("model-")]
     index = parse_index(open(os.path.join(key_dir, "index.json"), "rb").read())
     return key_dir, index
 
@@ -263,6 +263,8 @@ def test_warm_start_on_a_new_host_compiles_and_builds_nothing(warm_start_root, e
     assert (w["num_inductor_compiles"], w["num_compiled_artifacts_loaded"], w["num_shared_piece_compiles"]) == (0, 3, 1)
     # vLLM's meaning: one backend compilation per compiled piece and compile target, cold or warm
     assert c["num_backend_compilations"] == w["num_backend_compilations"] == 4
+    # the warm start served from the model's serving record: no trace
+    assert (c["num_dynamo_traces"], c["num_traces_reused"], w["num_dynamo_traces"], w["num_traces_reused"]) == (1, 0, 0, 1)
     assert os.path.basename(warm["cache_dir"]) == os.path.basename(cold["cache_dir"])
     assert carried, "the cold run left no kernel library in the pieceworks cache"
     assert _libraries(root / "copied") == carried, "the warm start rebuilt kernels the cache carries"

@@ -42,7 +42,7 @@ def _compile_silly(cache_dir):
 
 
 def _key_dir(root):
-    (key,) = [d for d in os.listdir(root) if d != "inductor"]
+    (key,) = [d for d in os.listdir(root) if d != "inductor" and not d.startswith("model-")]
     return os.path.join(root, key)
 
 
@@ -168,7 +168,7 @@ def test_read_only_cache_loads_what_is_valid_and_compiles_the_rest_in_memory(pri
                              num_cache_artifacts_rejected=0):
             compiled = _compile_silly(root)
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-        assert len(warnings) == 1 and key_dir in warnings[0] and "PIECEWORKS_DISABLE_CACHE" in warnings[0], warnings
+        assert len(warnings) == 1 and str(root) in warnings[0] and "PIECEWORKS_DISABLE_CACHE" in warnings[0], warnings
         assert "cannot be written" in warnings[0] and "read-only file system" in warnings[0]
         assert compiled.runtime.graph.cache_dir == key_dir
         caplog.clear()

@@ -7,6 +7,8 @@ them for any implementation that claims `shared_pool`:
   graph pool) for all sizes <= 1.05 x the pool of the largest size alone, and less than one pool per size;
 - thousands of replays of random sizes grow neither the pool, nor the allocator's reserved bytes, nor the device's
   used memory, and give eager's results.
+And, through pieceworks itself: the pool estimate read before capture is close to the capture's pool and frees its
+sample; compiled pieces warm up once per pool, FULL graphs at every size.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import random
 import pytest
 import torch
 
+import pieceworks
+from pieceworks.cudagraph import CapturePool
 from pieceworks.harness import models
 from pieceworks.harness.implementations import Pieceworks
 from pieceworks.harness.memory import pool_bytes
+from pieceworks.runtime import Phase
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(150)]
 
@@ -120,3 +125,57 @@ def test_thousands_of_replays_grow_no_memory(impl):
     # Device-wide used memory also counts driver-side state the allocator does not see; allow 4 MiB of it.
     used_growth = (device_after[1] - device_after[0]) - (device_before[1] - device_before[0])
     assert used_growth <= 4 * 2**20, f"device memory grew by {used_growth / 2**20:.1f} MiB over 2000 replays"
+
+
+def _compiled(model, inputs, mode, sizes):
+    torch._dynamo.reset()
+    compiled = pieceworks.compile(model, pieceworks.CompilationConfig(
+        splitting_ops=models.SPLITTING_OPS, cudagraph_mode=mode, cudagraph_capture_sizes=sizes, compiler="eager"))
+    compiled(*inputs(3))
+    return compiled
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL"])
+def test_the_pool_estimate_comes_before_capture_frees_its_sample_and_is_close(mode, wide_model):
+    model, inputs = wide_model
+    compiled = _compiled(model, inputs, mode, WIDE_SIZES)
+    torch.cuda.synchronize()
+    reserved = torch.cuda.memory_reserved()
+    estimate = compiled.estimate_capture(samples=3)
+    assert estimate["sampled_sizes"] == [512, 64, 1] and estimate["sizes"] == len(WIDE_SIZES)
+    assert compiled.runtime.captured_sizes == () and compiled.runtime.phase is Phase.WAITING
+    # what stays: the capture stream's warm-up MemPool (its cuBLAS workspace), far below the sample's pool
+    assert torch.cuda.memory_reserved() - reserved < 0.5 * estimate["largest_bytes"], "the sample pool was not freed"
+    compiled.capture()
+    actual = pool_bytes(compiled.runtime.pool.handle)
+    assert 0.8 * actual <= estimate["pool_bytes"] <= 1.25 * actual, (estimate, actual)
+    for batch in (1, 8, 300):  # fp32 GEMMs of 300 and 512 rows round differently: relative to the largest value
+        out, want = compiled(*inputs(batch)), model(*inputs(batch))
+        assert float((out - want).abs().max() / want.abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL"])
+def test_each_runnable_warms_up_once_per_size_full_graphs_at_every_size(mode, monkeypatch):
+    """Every size warms up (cuBLAS picks other kernels, and may allocate a workspace, for other shapes: inside a
+    capture that allocation would be pinned in the graph pool); identical pieces share their runnable's warm-up."""
+    warmups = []
+    capture = CapturePool.capture
+
+    def counted(self, fn, args, mutated, runs=None):
+        warmups.append(self.num_warmups if runs is None else runs)
+        return capture(self, fn, args, mutated, runs)
+
+    monkeypatch.setattr(CapturePool, "capture", counted)
+    model, inputs = _toy(models.ToyLlamaConfig(num_layers=4))  # 3 identical middle pieces
+    sizes = [1, 2, 4]
+    compiled = _compiled(model, inputs, mode, sizes)
+    compiled.capture()
+    pieces = [p for p in compiled.runtime.graph.pieces if not p.is_splitting_graph]
+    distinct = len({p.runnable(4) for p in pieces})
+    assert distinct < len(pieces), "the model should have identical pieces"
+    if mode == "FULL":
+        assert warmups == [1] * len(sizes)
+    else:
+        assert len(warmups) == len(sizes) * len(pieces) and sum(warmups) == len(sizes) * distinct, warmups
+    for batch in (1, 2, 3, 4):
+        torch.testing.assert_close(compiled(*inputs(batch)), model(*inputs(batch)), rtol=1e-4, atol=1e-5)

@@ -1,6 +1,6 @@
 """README.md says what the product does, and its examples and commands work as written.
 
-- The CPU example (the code block after "On a CPU there are no CUDA graphs") runs in a process of its own with an
+- The CPU example (the code block after "On a CPU (no CUDA graphs)") runs in a process of its own with an
   empty pieceworks cache, its assertions included; its last line prints the Inductor compiles the README promises
   (3 cold). The GPU example (the first python block under "## Use") runs the same way on a GPU runner.
 - The two commands `bash ci/test.sh` and `bash ci/main.sh` stand in a bash block, and `.ci/run` is the test command.
@@ -34,7 +34,7 @@ def _python_block_after(marker: str) -> str:
 
 
 def _cpu_example() -> str:
-    return _python_block_after("On a CPU there are no CUDA graphs")
+    return _python_block_after("On a CPU (no CUDA graphs)")
 
 
 def _run(code: str, tmp_path: Path, timeout: int) -> subprocess.CompletedProcess:

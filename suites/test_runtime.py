@@ -33,7 +33,7 @@ class SimulatedGraph:
             captured.copy_(fresh)
 
 
-def simulated_capture(fn, args, mutated):
+def simulated_capture(fn, args, mutated, batch):
     graph = SimulatedGraph(fn, list(args))
     return graph, graph.outputs
 
@@ -166,3 +166,13 @@ def test_a_dropped_compiled_model_is_freed_with_its_runtime_and_pieces():
     del compiled
     gc.collect()
     assert [ref() for ref in held] == [None] * len(held)
+
+
+def test_the_pool_estimate_needs_the_first_call_and_is_zero_without_graphs():
+    compiled = pieceworks.compile(models.SillyModel(), CompilationConfig(splitting_ops=models.SPLITTING_OPS,
+                                                                         compiler="eager", cudagraph_mode="NONE"))
+    with pytest.raises(RuntimeError, match="call the model once before estimate_capture"):
+        compiled.estimate_capture()
+    compiled(torch.randn(4))
+    report = compiled.estimate_capture()
+    assert report["pool_bytes"] == 0 and report["sampled_sizes"] == []

@@ -13,6 +13,7 @@ import pieceworks.backend as backend
 import pieceworks.cache as cache
 import pieceworks.compiler as compiler
 import pieceworks.key as key
+import pieceworks.record as record
 from pieceworks.counters import counters
 
 from . import mutant
@@ -21,6 +22,7 @@ _CACHE = "suites/test_cache.py::"
 _FAULTS = "suites/test_cache_faults.py::"
 _ATOMIC = "suites/test_cache_atomicity.py::"
 _KEY = "suites/test_cache_key.py::test_every_code_factor_moves_the_key_and_nothing_per_run_does"
+_RECORD = "suites/test_record.py::"
 
 
 def _load_with(mp: pytest.MonkeyPatch, read) -> None:
@@ -201,3 +203,28 @@ def inductor_options_ignored(mp: pytest.MonkeyPatch) -> None:
     original = compiler.compile_inductor
     mp.setattr(compiler, "compile_inductor",
                lambda gm, args, *, static, inductor_config: original(gm, args, static=static, inductor_config={}))
+
+
+@mutant("a warm start traces although the cache holds the model's serving record",
+        cpu=_RECORD + "test_a_cached_model_is_served_without_tracing_or_compiling")
+def record_never_used(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "load", lambda config, model_key: None)
+
+
+@mutant("a serving record is used after a traced source file changed",
+        cpu=_RECORD + "test_an_edited_source_file_is_traced_again")
+def record_ignores_edited_sources(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "changed_file", lambda files: None)
+
+
+@mutant("the serving record's key ignores the modules' plain attributes",
+        cpu=_RECORD + "test_the_key_moves_with_what_changes_code")
+def record_key_ignores_attributes(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "plain_attributes", lambda module: {})
+
+
+@mutant("a model served from its record forgets which arguments it writes",
+        cpu=_RECORD + "test_a_cached_model_is_served_without_tracing_or_compiling")
+def record_forgets_written_arguments(mp: pytest.MonkeyPatch) -> None:
+    load = record.load
+    mp.setattr(record, "load", lambda config, model_key: (r := load(config, model_key)) and r._replace(mutated_args=[]))

@@ -28,6 +28,19 @@ def ranks_never_compared(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(runtime, "check_ranks_agree", lambda mode, sizes: None)
 
 
+@mutant("identical pieces each warm up at every size, though the first one's warm-up served them all",
+        gpu=_POOL + "test_each_runnable_warms_up_once_per_size_full_graphs_at_every_size")
+def identical_pieces_all_warm_up(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(cudagraph.CapturePool, "capture_piece",
+               lambda self, fn, args, mutated, batch: self.capture(fn, args, mutated))
+
+
+@mutant("the pool estimate leaves its sample's memory with the allocator instead of the device",
+        gpu=_POOL + "test_the_pool_estimate_comes_before_capture_frees_its_sample_and_is_close")
+def estimate_keeps_its_sample(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(torch.cuda, "empty_cache", lambda: None)
+
+
 @mutant("the capture phase captures the smallest size first", gpu=_POOL + "test_capture_order_is_largest_first")
 def capture_smallest_first(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(runtime, "capture_order", lambda sizes: sorted(set(sizes)))
