@@ -36,8 +36,10 @@ LATENCY_TABLES = {(m, d): f"latency.{name}" for (m, d), name in {
 LATENCY_TABLES["llama_8b_4l_tp2", "bfloat16"] = "tensor_parallel.TensorParallelLlama8B4LayersBfloat16"  # 2 GPUs
 LATENCY_TARGETS = ("piecewise_vs_pcg", "piecewise_vs_breakable", "piecewise_vs_full", "full_vs_reduce_overhead")
 MEMORY_RUNS = {"CaptureMemory": ("toy_llama", "ToyLlama 12 layers"), "CaptureMemoryLlama1B": ("llama_1b", "Llama 1B")}
-START_COLUMNS = ["first call s", "vs cold", "in the backend s", "compile or load s", "outside s", "process s",
-                 "Inductor compiles", "artifacts loaded"]
+START_COLUMNS = {"first call s": "first_call_seconds", "vs cold": None, "trace s": "trace_seconds",
+                 "split s": "split_seconds", "load s": "load_seconds", "compile s": "compile_seconds",
+                 "capture s": "capture_seconds", "process s": "process_seconds", "Inductor compiles": "inductor_compiles",
+                 "traces": "dynamo_traces", "artifacts loaded": "artifacts_loaded"}  # {column: the start's field}
 
 
 @dataclasses.dataclass
@@ -258,30 +260,43 @@ def kernel_profiles(r: Results) -> Part:
                              list(LATENCY_TABLES).index(kv[0][:2]), kv[0][2]))))] if rows else [])
 
 
-MEMORY_COLUMNS = {"pool_mib": "pool", "reserved_delta_mib": "reserved Δ", "nvml_used_delta_mib": "NVML used Δ",
-                  "unshared_pool_mib": "unshared pool", "unshared_reserved_delta_mib": "unshared reserved Δ",
-                  "unshared_nvml_used_delta_mib": "unshared NVML Δ", "capture_seconds": "capture s"}
+MEMORY_COLUMNS = {"pool_mib": "pool", "estimate_mib": "estimate", "reserved_delta_mib": "reserved Δ",
+                  "nvml_used_delta_mib": "NVML used Δ", "unshared_pool_mib": "unshared pool",
+                  "unshared_reserved_delta_mib": "unshared reserved Δ", "unshared_nvml_used_delta_mib": "unshared NVML Δ",
+                  "capture_seconds": "capture s"}
+MEMORY_SUBJECTS = ("PIECEWISE", "FULL", "meta-pcg", "breakable")  # pieceworks' modes, then the peers
 
 
 def memory(r: Results) -> Part:
-    """A memory table per `MEMORY_RUNS` model (1, 8 and 51 sizes, PIECEWISE and FULL), and the pool and capture
-    targets judged on their "models", a capture miss explained by `capture_note`."""
-    part, found = Part(), {"pool_51_vs_largest": [], "capture_51_s": [], "capture_ms_per_size": []}
+    """A memory table per `MEMORY_RUNS` model (1, 8 and 51 sizes; PIECEWISE, FULL and the peers), and the pool,
+    estimate and capture targets judged on their "models", a capture miss explained by `capture_note`."""
+    part, found = Part(), {k: [] for k in ("pool_51_vs_largest", "pool_estimate_error", "capture_51_s",
+                                           "capture_51_vs_peer", "capture_ms_per_size")}
     for benchmark, (model, title) in MEMORY_RUNS.items():
         runs = {m: {n: {k: r.value(f"memory.{benchmark}.track_{k}", m, n) for k in MEMORY_COLUMNS} for n in (1, 8, 51)}
-                for m in ("PIECEWISE", "FULL")}
-        if all(s[1]["pool_mib"] is None for s in runs.values()):
+                for m in MEMORY_SUBJECTS}
+        if all(runs[m][1]["pool_mib"] is None for m in ("PIECEWISE", "FULL")):
             continue
-        part.lines += [f"### {title}, bfloat16", "", *_table(["mode", "sizes", *MEMORY_COLUMNS.values()], "lrrrrrrrr", (
+        part.lines += [f"### {title}, bfloat16", "", *_table(["mode", "sizes", *MEMORY_COLUMNS.values()], "lrrrrrrrrr", (
             [m, n, *(_fmt(x, 2 if k == "capture_seconds" else 1) for k, x in v.items())]
-            for m, by_n in runs.items() for n, v in by_n.items()))]
-        for mode, s in runs.items():
+            for m, by_n in runs.items() for n, v in by_n.items() if v["pool_mib"] is not None))]
+        peers = {m: runs[m][51]["capture_seconds"] for m in MEMORY_SUBJECTS[2:] if runs[m][51]["capture_seconds"]}
+        for mode, s in ((m, runs[m]) for m in MEMORY_SUBJECTS[:2]):
             pool, seconds = s[1]["pool_mib"] and s[51]["pool_mib"] and s[51]["pool_mib"] / s[1]["pool_mib"], \
                 s[51]["capture_seconds"]
-            for key, x, text in [("pool_51_vs_largest", pool, f"{_fmt(pool, 3)}×"), ("capture_51_s", seconds, (
-                    f"{_fmt(seconds, 2)} s")), ("capture_ms_per_size", seconds and 1e3 * seconds / 51, "")]:
+            error = s[51]["pool_mib"] and s[51]["estimate_mib"] is not None and \
+                abs(s[51]["estimate_mib"] - s[51]["pool_mib"]) / s[51]["pool_mib"]
+            fastest = min(peers, key=peers.get) if peers else None
+            vs_peer = seconds / peers[fastest] if seconds and fastest else None
+            for key, x, text in [("pool_51_vs_largest", pool, f"{_fmt(pool, 3)}×"),
+                                 ("pool_estimate_error", error if error is not False else None, (
+                                     f"{_fmt(s[51]['estimate_mib'], 1)} vs {_fmt(s[51]['pool_mib'], 1)} MiB")),
+                                 ("capture_51_s", seconds, f"{_fmt(seconds, 2)} s"),
+                                 ("capture_51_vs_peer", vs_peer, f"{_fmt(vs_peer, 2)}× {fastest}"),
+                                 ("capture_ms_per_size", seconds and 1e3 * seconds / 51, "")]:
                 if model in r.targets[key]["models"] and x is not None:
-                    note = "" if x <= r.limit(key) or key == "pool_51_vs_largest" else capture_note(r, model, mode)
+                    note = "" if x <= r.limit(key) or key in ("pool_51_vs_largest", "pool_estimate_error") else \
+                        capture_note(r, model, mode)
                     found[key].append((f"{title} {mode}: {text or f'{x:.1f} ms'}", x <= r.limit(key), note))
     if not part.lines:
         return not_measured("Memory and capture", r.skip_reason("memory"), targets=[r.label(key) for key in found])
@@ -309,8 +324,8 @@ def capture_note(r: Results, model: str, mode: str) -> str:
 
 def compile_starts(r: Results) -> Part:
     """One table of the starts of the asv run and of the newest warm_start run, each start against its own run's cold
-    start; the warm-start target judged on every warm start, a miss's first call split by `first_call_parts`."""
-    name, title = "compile.CompileStart.track_", "Compile: cold, warm, warm on a new host"
+    start; the warm-start target judged on every warm start, a miss's first call split into its parts."""
+    name, title = "compile.CompileStart.track_", "Start-up: cold, warm, warm on a new host"
     details, reason = r.details.get("compile", {}), r.skip_reason("compile", needs_cuda=False)
     asv = {s: {**details.get("entries", {}).get(s, {}), **{k: r.value(name + k, s) for k in (
         "first_call_seconds", "process_seconds", "inductor_compiles", "artifacts_loaded")}}
@@ -322,31 +337,39 @@ def compile_starts(r: Results) -> Part:
     if not runs:
         return not_measured(title, reason, targets=[label])
     rows, measured, notes = [], [], []
+    shown = {c: f for c, f in START_COLUMNS.items()  # a column no run recorded (capture on a CPU) is left out
+             if f is None or any(entry.get(f) is not None for starts in runs.values() for entry in starts.values())}
     for run, starts in runs.items():
         cold = (starts.get("cold") or {}).get("first_call_seconds")
         for start, entry in starts.items():
-            first, compiles = entry.get("first_call_seconds"), entry.get("inductor_compiles")
+            first, compiles, traces = (entry.get(k) for k in ("first_call_seconds", "inductor_compiles",
+                                                                "dynamo_traces"))
             ratio = first / cold if first is not None and cold else None
-            backend, pieces, outside = first_call_parts(entry, first)
-            rows.append([run, start, *(_fmt(x, 2) for x in (first, ratio, backend, pieces, outside)),
-                         _fmt(entry.get("process_seconds")), _fmt(compiles, 0), _fmt(entry.get("artifacts_loaded"), 0)])
+            rows.append([run, start, *(_fmt(ratio if field is None else entry.get(field),
+                                            0 if field and not field.endswith("seconds") else 2)
+                                       for field in shown.values())])
             if start == "cold" or ratio is None:
                 continue
-            measured.append((f"{run} {start}: {ratio:.2f}× cold, {_fmt(compiles, 0)} compiles",
-                             ok := compiles == 0 and ratio <= r.limit("warm_vs_cold")))
-            notes += [] if ok or backend is None else [
-                f"{run} {start}: {first:.2f} s = {_fmt(outside, 2)} s outside the backend + {backend:.2f} s in it, "
-                f"{_fmt(pieces, 2)} s of which loading the pieces"]
+            ok = compiles == 0 and traces in (0, None) and ratio <= r.limit("warm_vs_cold")
+            measured.append((f"{run} {start}: {ratio:.2f}× cold, {_fmt(compiles, 0)} compiles, {_fmt(traces, 0)} "
+                             "traces", ok))
+            notes += [] if ok else [first_call_note(f"{run} {start}", entry)]
     return Part([f"## {title}", "", f"ToyLlama 12 layers on {details.get('device', '?')}; run: asv, or the newest "
-                 "warm_start run's commit.", "", *_table(["run", "start", *START_COLUMNS], "llrrrrrrrr", rows)]).add(
-        target_row(label, measured, reason, "; ".join(notes), "; "))
+                 "warm_start run's commit. Trace: the first call outside the backend (Dynamo's trace, or reading the "
+                 "serving record, and one run).", "",
+                 *_table(["run", "start", *shown], "ll" + "r" * len(shown), rows)]).add(
+        target_row(label, measured, reason, "; ".join(n for n in notes if n), "; "))
 
 
-def first_call_parts(entry: dict, first_call: float | None) -> tuple[float | None, float | None, float | None]:
-    """(seconds in the backend, of which compiling or loading the pieces, seconds outside the backend) of a start's
-    first call; Nones where the run did not record them."""
-    backend, pieces = entry.get("backend_seconds"), entry.get("compile_or_load_seconds")
-    return backend, pieces, first_call - backend if backend is not None and first_call is not None else None
+def first_call_note(what: str, entry: dict) -> str:
+    """Where a start's first call went, e.g. "asv warm: 3.90 s = trace 1.20 + split 0.20 + load 2.10 + compile 0.00
+    s"; "" where the run did not record it."""
+    parts = [entry.get(k) for k in ("first_call_seconds", "trace_seconds", "split_seconds", "load_seconds",
+                                    "compile_seconds")]
+    if any(x is None for x in parts):
+        return ""
+    return "{} s = trace {:.2f} + split {:.2f} + load {:.2f} + compile {:.2f} s".format(f"{what}: {parts[0]:.2f}",
+                                                                                        *parts[1:])
 
 
 HOST_COLUMNS = {"device": "device", "mode": "mode", "batch": "batch", "pieces": "pieces", "forward µs": "forward_us",

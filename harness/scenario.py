@@ -49,10 +49,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--batches", default="1,7,64")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--capture", action="store_true", help="PIECEWISE: estimate, then capture every size")
     args = parser.parse_args(argv)
     import torch
 
     import pieceworks
+    from pieceworks.cudagraph import pool_bytes
 
     from . import models
 
@@ -63,10 +65,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         config = models.ToyLlamaConfig(num_layers=args.layers)
         model = models.ToyLlama(config).to(args.device)
         make_inputs = lambda b: models.toy_llama_inputs(b, config, device=args.device, seed=b)  # noqa: E731
+    mode = pieceworks.CUDAGraphMode.PIECEWISE if args.capture else pieceworks.CUDAGraphMode.NONE
     compiled = pieceworks.compile(model, pieceworks.CompilationConfig(
-        splitting_ops=models.SPLITTING_OPS, cache_dir=args.cache_dir, cudagraph_mode=pieceworks.CUDAGraphMode.NONE))
+        splitting_ops=models.SPLITTING_OPS, cache_dir=args.cache_dir, cudagraph_mode=mode))
     before = pieceworks.counters.snapshot()
-    worst, first_call_s = 0.0, None
+    worst, first_call_s, capture = 0.0, None, {}
     with torch.no_grad():
         for batch in [int(b) for b in args.batches.split(",")]:
             inputs = make_inputs(batch)
@@ -74,7 +77,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             out = compiled(*inputs)
             if args.device != "cpu":
                 torch.cuda.synchronize()
-            first_call_s = time.perf_counter() - start if first_call_s is None else first_call_s  # trace and compile
+            if first_call_s is None:  # trace (or read the serving record) and compile (or load)
+                first_call_s = time.perf_counter() - start
+                if args.capture:
+                    estimate, report = compiled.estimate_capture()["pool_bytes"], compiled.capture()
+                    capture = {"capture_seconds": report["seconds"], "capture_sizes": report["sizes"],
+                               "estimate_bytes": estimate, "pool_bytes": pool_bytes(compiled.runtime.pool.handle)}
+                    out = compiled(*inputs)  # replayed
             ref = model(*inputs)
             if not bool(torch.isfinite(ref).all()):
                 raise RuntimeError(f"the eager model gave non-finite values at batch {batch}: nothing to compare")
@@ -82,11 +91,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             worst = max(worst, error if error == error else float("inf"))  # NaN counts as the worst
     after = pieceworks.counters.snapshot()
     graph = compiled.runtime.graph if compiled.runtime is not None else None
-    # build_seconds: where the first call's backend time went (split, compile or load); the rest is Dynamo's trace,
-    # its guards and one run of the model
+    # build_seconds: where the first call's backend time went (split, load, compile); the rest is Dynamo's trace (or
+    # reading the serving record) and one run of the model. capture (--capture): its seconds and sizes, and the pool
+    # bytes estimated before it and read after it
     report = {"counters": {k: after[k] - before[k] for k in after}, "first_call_s": first_call_s,
               "max_rel_error": worst, "torch": torch.__version__, "cache_dir": graph.cache_dir if graph else None,
-              "build_seconds": dict(graph.build_seconds) if graph else {}}
+              "build_seconds": dict(graph.build_seconds) if graph else {}, "capture": capture}
     print(json.dumps(report))
     return report
 

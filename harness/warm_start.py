@@ -1,8 +1,9 @@
 """Cold, warm, and warm on a new host: ToyLlama compiled in fresh processes, where each first call's time goes.
 
-`python -m pieceworks.harness.warm_start [--device cuda] [--layers 12] [--again] [--out F.json]`; the compile
-benchmark runs the same `measure`. Each start is one `pieceworks.harness.scenario` process (Inductor, mode NONE,
-batches 1, 7, 64, 300), all with one pieceworks cache:
+`python -m pieceworks.harness.warm_start [--device cuda] [--layers 12] [--again] [--capture] [--out F.json]`; the
+compile benchmark runs the same `measure`. Each start is one `pieceworks.harness.scenario` process (Inductor, mode
+NONE, or PIECEWISE with every default size captured after the first call: `--capture`; batches 1, 7, 64, 300), all
+with one pieceworks cache:
 - cold: empty pieceworks cache, empty Inductor cache;
 - warm: the cold run's pieceworks cache and Inductor cache (a restart on the same host);
 - warm_new_host: the cold run's pieceworks cache, an empty Inductor cache (the cache copied to a new host);
@@ -30,12 +31,17 @@ from .scenario import run_scenario
 __all__ = ["STARTS", "measure", "main"]
 
 STARTS = ("cold", "warm", "warm_new_host")
+COUNTED = {"inductor_compiles": "inductor_compiles", "artifacts_loaded": "compiled_artifacts_loaded",
+           "dynamo_traces": "dynamo_traces", "traces_reused": "traces_reused"}  # {field: counter without "num_"}
 
 
-def measure(device: str, layers: int = 12, again: bool = False,
+def measure(device: str, layers: int = 12, again: bool = False, capture: bool = False,
             progress: Callable[[str], None] = functools.partial(print, file=sys.stderr, flush=True)) -> dict:
-    """`{start: {first_call_seconds, process_seconds, inductor_compiles, artifacts_loaded, max_rel_error,
-    backend_seconds, compile_or_load_seconds}}` for each start, in order (see the module doc)."""
+    """`{start: {...}}` for each start, in order (see the module doc): seconds of the first call and of the whole
+    process; the first call split into `trace_seconds` (outside the backend: Dynamo's trace or reading the serving
+    record, and one run), `split_seconds`, `load_seconds` and `compile_seconds`; Inductor compiles, artifacts loaded,
+    Dynamo traces and traces reused; the worst error against eager; with `capture` (CUDA), `capture_seconds` of
+    every default capture size (PIECEWISE), their number, and the pool bytes estimated before and read after it."""
     with tempfile.TemporaryDirectory(prefix="pieceworks-warm-start-", ignore_cleanup_errors=True) as work:
         cache = os.path.join(work, "cache")
         hosts = {"cold": "host", "warm": "host", "warm_new_host": "new-host", "warm_again": "host"}
@@ -46,14 +52,13 @@ def measure(device: str, layers: int = 12, again: bool = False,
             progress(f"compile {start} on {device} (a fresh process)")
             began = time.perf_counter()
             report = run_scenario("--model", "toy_llama", "--layers", str(layers), "--cache-dir", cache,
-                                  "--device", device, "--batches", "1,7,64,300",
+                                  "--device", device, "--batches", "1,7,64,300", *(["--capture"] if capture else []),
                                   env={"TMPDIR": host}, unset=("TORCHINDUCTOR_CACHE_DIR",), timeout=500)
-            counters, build = report["counters"], report["build_seconds"]
-            results[start] = {
-                "first_call_seconds": report["first_call_s"], "process_seconds": time.perf_counter() - began,
-                "inductor_compiles": counters["num_inductor_compiles"],
-                "artifacts_loaded": counters["num_compiled_artifacts_loaded"], "max_rel_error": report["max_rel_error"],
-                "backend_seconds": build.get("backend"), "compile_or_load_seconds": build.get("compile")}
+            counters, build, first = report["counters"], report["build_seconds"], report["first_call_s"]
+            results[start] = {"first_call_seconds": first, "process_seconds": time.perf_counter() - began,
+                              "trace_seconds": first - build["backend"], "max_rel_error": report["max_rel_error"],
+                              **{f"{k}_seconds": build[k] for k in ("split", "load", "compile", "backend")},
+                              **{k: counters[f"num_{c}"] for k, c in COUNTED.items()}, **report["capture"]}
             progress(f"compile {start}: {results[start]}")
         return results
 
@@ -63,12 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="cuda where torch sees one, else cpu")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--again", action="store_true", help="a second warm start on the first host")
+    parser.add_argument("--capture", action="store_true", help="capture every default size after the first call")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    starts = measure(device, args.layers, args.again)
+    starts = measure(device, args.layers, args.again, args.capture)
     doc = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": code_commit(),
            "model": f"ToyLlama layers={args.layers}", "starts": starts}

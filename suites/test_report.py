@@ -119,7 +119,7 @@ def test_a_miss_is_explained_by_both_sides_and_the_kernels_only_one_runs(tmp_pat
 
 def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
     """The report with warm and new-host first calls forced to 10x what was measured (a miss whatever the committed
-    run measured), the compile details given a breakdown of 25% in the backend, 20% loading (or none); and the warm
+    run measured), the compile details given a breakdown of 75% trace, 5% split, 20% load (or none); and the warm
     first call's seconds. The warm_start runs are left out: this is about the asv run's own breakdown."""
     name = "compile.CompileStart.track_first_call_seconds"
     _regenerate(tmp_path, drop=("warm_start_*",), scale={(name, ("warm",)): 10.0, (name, ("warm_new_host",)): 10.0})
@@ -128,10 +128,12 @@ def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
     details = results / "bench" / MACHINE / "compile.json"
     doc = json.loads(details.read_text())
     for start, entry in doc["entries"].items():
-        entry.pop("backend_seconds", None)
-        entry.pop("compile_or_load_seconds", None)
+        for key in ("trace_seconds", "split_seconds", "load_seconds", "compile_seconds"):
+            entry.pop(key, None)
         if breakdown:
-            entry.update(backend_seconds=0.25 * first_call[start], compile_or_load_seconds=0.2 * first_call[start])
+            entry.update(first_call_seconds=first_call[start], trace_seconds=0.75 * first_call[start],
+                         split_seconds=0.05 * first_call[start], load_seconds=0.2 * first_call[start],
+                         compile_seconds=0.0)
     details.write_text(json.dumps(doc))
     assert report.main(["--results", str(results), "--machine", MACHINE, "--no-plots"]) == 0
     return (results / "bench" / MACHINE / "REPORT.md").read_text(), first_call["warm"]
@@ -142,19 +144,19 @@ def _line(text: str, start: str) -> str:
 
 
 def test_a_warm_start_miss_says_where_the_first_call_went(tmp_path):
-    """With the compile benchmark's breakdown recorded (backend seconds, of which compile or load), the compile table
-    shows it and a missed warm-start target is split into Dynamo's side and the backend's; without it, n/a."""
+    """With the compile benchmark's breakdown recorded (trace, split, load, compile), the compile table shows it and
+    a missed warm-start target is split into those parts; without it, n/a."""
     text, warm = _warm_start_report(tmp_path, breakdown=True)
     row = _line(text, "| warm start:")
     assert "**missed**" in row
-    assert f"warm: {warm:.2f} s = {0.75 * warm:.2f} s outside the backend" in row
-    assert f"+ {0.25 * warm:.2f} s in it, {0.2 * warm:.2f} s of which loading the pieces" in row
-    assert f"| {0.25 * warm:.2f} | {0.2 * warm:.2f} | {0.75 * warm:.2f} |" in _line(text, "| asv | warm |")
+    assert (f"warm: {warm:.2f} s = trace {0.75 * warm:.2f} + split {0.05 * warm:.2f} + load {0.2 * warm:.2f} + "
+            "compile 0.00 s") in row
+    assert f"| {0.75 * warm:.2f} | {0.05 * warm:.2f} | {0.2 * warm:.2f} | 0.00 |" in _line(text, "| asv | warm |")
 
     text, warm = _warm_start_report(tmp_path / "without", breakdown=False)
-    assert "**missed**" in _line(text, "| warm start:") and "outside the backend" not in _line(text, "| warm start:")
+    assert "**missed**" in _line(text, "| warm start:") and "= trace" not in _line(text, "| warm start:")
     row = _line(text, "| asv | warm |")
-    assert f"| {warm:.2f} | " in row and "| n/a | n/a | n/a |" in row
+    assert f"| {warm:.2f} | " in row and "0.00 |" not in row  # no breakdown recorded: no such columns
 
 
 def test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost(tmp_path):
@@ -246,13 +248,14 @@ def test_a_call_over_plan_miss_names_what_the_call_adds_under_cprofile(tmp_path)
 
 def _warm_start_run(folder: Path, label: str, date: str, warm: float) -> None:
     """A `warm_start_<label>.json` run of `date` (`python -m pieceworks.harness.warm_start`): cold 10 s, the warm
-    first call `warm` s, 60% of it in the backend and 50% loading the pieces."""
-    starts = {"cold": (10.0, 8.0, 7.5, 3), "warm": (warm, 0.6 * warm, 0.5 * warm, 0)}  # first, backend, loads, compiles
+    first call `warm` s, 40% of it tracing, 10% splitting and 50% loading the pieces."""
+    starts = {"cold": (10.0, 2.0, 0.5, 0.0, 7.5, 3), "warm": (warm, 0.4 * warm, 0.1 * warm, 0.5 * warm, 0.0, 0)}
     doc = {"device": "GPU", "torch": "2.x", "date": date, "commit": label, "model": "ToyLlama",
            "starts": {name: {"first_call_seconds": first, "process_seconds": 20.0, "inductor_compiles": compiles,
-                             "artifacts_loaded": 3 - compiles, "max_rel_error": 0.0, "backend_seconds": backend,
-                             "compile_or_load_seconds": loads}
-                      for name, (first, backend, loads, compiles) in starts.items()}}
+                             "artifacts_loaded": 3 - compiles, "max_rel_error": 0.0, "trace_seconds": trace,
+                             "split_seconds": split, "load_seconds": load, "compile_seconds": compile_,
+                             "dynamo_traces": 0}
+                      for name, (first, trace, split, load, compile_, compiles) in starts.items()}}
     (folder / f"warm_start_{label}.json").write_text(json.dumps(doc))
 
 
@@ -266,10 +269,11 @@ def test_the_newest_warm_start_run_gets_rows_and_says_where_its_first_call_went(
     _warm_start_run(folder, "abc1234", "2026-11-24T10:00:00+00:00", warm=5.0)
     _warm_start_run(folder, "zzz9999", "2026-11-23", warm=0.5)  # older, though its name sorts last
     text = _report(tmp_path / "results")
-    assert "| abc1234 | warm | 5.00 | 0.50 | 3.00 | 2.50 | 2.00 | 20.0 | 0 | 3 |" in text and "zzz9999" not in text
+    assert "| abc1234 | warm | 5.00 | 0.50 | 2.00 | 0.50 | 2.50 | 0.00 | 20.00 | 0 | 0 | 3 |" in text
+    assert "zzz9999" not in text
     row = _line(text, "| warm start:")
-    assert "abc1234 warm: 0.50× cold, 0 compiles" in row and "**missed**" in row
-    assert "abc1234 warm: 5.00 s = 2.00 s outside the backend + 3.00 s in it, 2.50 s of which loading the pieces" in row
+    assert "abc1234 warm: 0.50× cold, 0 compiles, 0 traces" in row and "**missed**" in row
+    assert "abc1234 warm: 5.00 s = trace 2.00 + split 0.50 + load 2.50 + compile 0.00 s" in row
 
 
 def test_latency_ratios_come_from_the_rounds_where_the_run_timed_side_by_side(tmp_path):

@@ -1,15 +1,16 @@
-"""Compile cold, warm, and warm on a new host: ToyLlama (12 layers), each start in a fresh process.
+"""Start-up: cold, warm, and warm on a new host: ToyLlama (12 layers), each start in a fresh process.
 
 Runs on the machine's serving device (CUDA where torch sees it, else the CPU) through
 `pieceworks.harness.warm_start.measure` (its module doc says what each start is and what is recorded; the same
 measurement runs alone as `python -m pieceworks.harness.warm_start`). (Naming a `TORCHINDUCTOR_CACHE_DIR` is the
 user's choice, which pieceworks leaves alone: a new host with an empty one rebuilds every kernel, so every start here
-unsets it and keeps Inductor's default cache under its host's `TMPDIR`.)
-Tracked: seconds of the first call (trace + compile or load), seconds of the whole process (imports included),
-Inductor compiles and artifacts loaded. Details (`compile.json`, for the report): the first call's seconds inside
-the pieceworks backend and, of those, compiling or loading the pieces (`CompiledGraph.build_seconds`); the rest of the
-first call is Dynamo's trace, its guards and one run of the model. Targets (report): warm 0 compiles and <= 10%
-of cold, also on a new host."""
+unsets it and keeps Inductor's default cache under its host's `TMPDIR`.) On CUDA each start also estimates and then
+captures the 51 default sizes (PIECEWISE) after its first call.
+Tracked: seconds of the first call, split into trace (outside the backend: Dynamo's trace, or reading the serving
+record on a warm start), load (artifacts) and compile (Inductor); seconds of the capture and of the whole process
+(imports included); Inductor compiles, artifacts loaded and Dynamo traces. Details (`compile.json`, for the report):
+all of it, with the estimated and the captured pool bytes. Targets (report): warm 0 compiles, 0 traces and <= 10% of
+cold, also on a new host."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def measure() -> dict:
     from pieceworks.harness.warm_start import measure as warm_start
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    results = warm_start(device, LAYERS, progress=_shared.progress)
+    results = warm_start(device, LAYERS, capture=device == "cuda", progress=_shared.progress)
     _shared.write_details("compile", {"device": device, "layers": LAYERS, "entries": results})
     return results
 
@@ -41,22 +42,22 @@ class CompileStart:
     def setup(self, cache, start):
         _shared.check(cache[start])
 
-    def track_first_call_seconds(self, cache, start):
-        return cache[start]["first_call_seconds"]
+    def _reading(self, cache, start, key):
+        if key not in cache[start]:
+            raise _shared.Skip(f"{key} is read on CUDA only")
+        return cache[start][key]
 
-    track_first_call_seconds.unit = "seconds"
 
-    def track_process_seconds(self, cache, start):
-        return cache[start]["process_seconds"]
+def _track(key: str, unit: str):
+    def track(self, cache, start):
+        return self._reading(cache, start, key)
 
-    track_process_seconds.unit = "seconds"
+    track.unit = unit
+    return track
 
-    def track_inductor_compiles(self, cache, start):
-        return cache[start]["inductor_compiles"]
 
-    track_inductor_compiles.unit = "compiles"
-
-    def track_artifacts_loaded(self, cache, start):
-        return cache[start]["artifacts_loaded"]
-
-    track_artifacts_loaded.unit = "artifacts"
+for _key, _unit in [("first_call_seconds", "seconds"), ("trace_seconds", "seconds"), ("load_seconds", "seconds"),
+                    ("compile_seconds", "seconds"), ("capture_seconds", "seconds"), ("process_seconds", "seconds"),
+                    ("inductor_compiles", "compiles"), ("artifacts_loaded", "artifacts"),
+                    ("dynamo_traces", "traces")]:
+    setattr(CompileStart, f"track_{_key}", _track(_key, _unit))

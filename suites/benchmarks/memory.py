@@ -1,12 +1,15 @@
-"""GPU memory and capture time vs the number of captured sizes, pieceworks PIECEWISE and FULL, bf16: ToyLlama
-(`CaptureMemory`) and the Llama-3.2-1B-shaped model (`CaptureMemoryLlama1B`).
+"""GPU memory and capture time vs the number of captured sizes, pieceworks PIECEWISE and FULL and the compiler-free
+peers (`PEERS`), bf16: ToyLlama (`CaptureMemory`) and the Llama-3.2-1B-shaped model (`CaptureMemoryLlama1B`).
 
 For 1, 8 and 51 captured sizes (the largest n of vLLM's 51 sizes up to 512, so n=1 is the largest size alone)
-one compiled model captures them all into its one pool. Readings around the capture phase:
-- pool MiB: the allocator's segments of the model's graph pool (`memory.pool_bytes`);
+one compiled model captures them all into its one pool. Before each capture, `CompiledModel.estimate_capture`
+estimates that pool (its own sample, freed before the capture). Readings around the capture phase:
+- pool MiB: the allocator's segments of the model's graph pool (`memory.pool_bytes`), and the estimate's MiB;
 - allocator reserved delta MiB;
 - NVML device-used delta MiB (device-wide: also driver-side graph memory, and any other process's changes);
 - capture seconds (the capture phase, as `CompiledModel.capture` reports it).
+Each peer (`harness.implementations`, where installed) is built for the same sizes on the same model in the same
+process: its capture seconds (warm-up runs included, as its adapter times them) and its pool MiB.
 Then the capture of all sizes once more under cProfile (`profile.host_profile`: where its host time goes; its
 seconds include the profiler's overhead), for the details file.
 Unshared baseline: the same sizes captured one pool per size, all alive together (largest first): the sum of their
@@ -26,6 +29,7 @@ from . import _shared
 from ._shared import GPU_TIMEOUT
 
 MODES = ["PIECEWISE", "FULL"]
+PEERS = ["meta-pcg", "breakable"]
 SIZE_COUNTS = [1, 8, 51]
 MiB = 2**20
 
@@ -66,6 +70,8 @@ def measure(model_name: str = "toy_llama") -> dict:
         _shared.write_details(detail, {"skip": reason})
         return {"skip": reason}
     _shared.run_dir()
+    import torch
+
     from pieceworks import default_capture_sizes
     from pieceworks.harness.memory import memory_state, nvml_status, pool_bytes
     from pieceworks.harness.profile import host_profile
@@ -85,11 +91,16 @@ def measure(model_name: str = "toy_llama") -> dict:
             _shared.progress(f"memory {model_name} {mode}: {count} sizes in one pool")
             runtime.reset()
             _settle()
+            estimate = compiled.estimate_capture(sizes)
+            _settle()
             before = memory_state()
             report = compiled.capture(sizes)
             after = memory_state()
+            pool = pool_bytes(runtime.pool.handle)
             results[(mode, count)] = {
-                "pool_mib": pool_bytes(runtime.pool.handle) / MiB,
+                "pool_mib": pool / MiB, "estimate_mib": estimate["pool_bytes"] / MiB,
+                "estimate_error_percent": 100 * (estimate["pool_bytes"] - pool) / pool if pool else None,
+                "estimate_seconds": estimate["seconds"],
                 "reserved_delta_mib": _delta(after, before, "reserved"),
                 "nvml_delta_mib": _delta(after, before, "nvml_used"),
                 "device_used_delta_mib": _delta(after, before, "device_used"),
@@ -117,6 +128,20 @@ def measure(model_name: str = "toy_llama") -> dict:
                     unshared_nvml_delta_mib=_delta(now, start, "nvml_used"),
                 )
         del pools, compiled, runtime
+    from pieceworks.harness.implementations import IMPLEMENTATIONS
+
+    for name in PEERS:
+        reason = IMPLEMENTATIONS[name].unavailable_reason()
+        for count in SIZE_COUNTS:
+            if reason is not None:
+                results[(name, count)] = {"skip": reason}
+                continue
+            _shared.progress(f"memory {model_name} {name}: {count} sizes")
+            _shared.release()
+            built = IMPLEMENTATIONS[name].build(model, make_inputs, all_sizes[-count:], splitting_ops)
+            torch.cuda.synchronize()
+            results[(name, count)] = {"pool_mib": pool_bytes(built.pool) / MiB, "capture_seconds": built.capture_seconds}
+            del built
     _shared.release()
     _shared.write_details(detail, {"model": model_name, "dtype": "bfloat16", "capture_sizes": all_sizes,
                                      "nvml": nvml_status(), "capture_profiles": capture_profiles,
@@ -125,9 +150,10 @@ def measure(model_name: str = "toy_llama") -> dict:
 
 
 class CaptureMemory:
-    """Per (mode, number of captured sizes); see the module docstring for what each reading covers."""
+    """Per (pieceworks mode or peer, number of captured sizes); see the module docstring for what each reading
+    covers."""
 
-    params = [MODES, SIZE_COUNTS]
+    params = [MODES + PEERS, SIZE_COUNTS]
     param_names = ["mode", "sizes"]
     timeout = GPU_TIMEOUT
 
@@ -136,17 +162,24 @@ class CaptureMemory:
 
     def setup(self, cache, mode, sizes):
         _shared.check(cache)
+        _shared.check(cache[(mode, sizes)])
 
     def _reading(self, cache, mode, sizes, key):
         value = cache[(mode, sizes)].get(key)
         if value is None:
-            raise _shared.Skip(f"{key} not read here: {cache['nvml']}")
+            raise _shared.Skip(f"{key} is not read for {mode}" if mode in PEERS else f"{key} not read here: "
+                               f"{cache['nvml']}")
         return value
 
     def track_pool_mib(self, cache, mode, sizes):
         return self._reading(cache, mode, sizes, "pool_mib")
 
     track_pool_mib.unit = "MiB"
+
+    def track_estimate_mib(self, cache, mode, sizes):
+        return self._reading(cache, mode, sizes, "estimate_mib")
+
+    track_estimate_mib.unit = "MiB"
 
     def track_reserved_delta_mib(self, cache, mode, sizes):
         return self._reading(cache, mode, sizes, "reserved_delta_mib")

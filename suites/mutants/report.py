@@ -63,10 +63,10 @@ def report_keeps_its_own_limits(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(report.Results, "limit", lambda self, key: own.get(key, 1.0))
 
 
-@mutant("the compile table and the warm-start miss never split the first call into the backend's time and Dynamo's",
+@mutant("a missed warm-start target never splits the first call into trace, split, load and compile",
         cpu=_REPORT + "test_a_warm_start_miss_says_where_the_first_call_went")
 def report_hides_where_the_first_call_went(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(report, "first_call_parts", lambda entry, first_call: (None, None, None))
+    mp.setattr(report, "first_call_note", lambda what, entry: "")
 
 
 @mutant("a missed capture target never says what the first size and each further graph cost",
