@@ -363,13 +363,15 @@ def compile_starts(r: Results) -> Part:
 
 def first_call_note(what: str, entry: dict) -> str:
     """Where a start's first call went, e.g. "asv warm: 3.90 s = trace 1.20 + split 0.20 + load 2.10 + compile 0.00
-    s"; "" where the run did not record it."""
+    s", and the top of its cProfile where the run profiled it; "" where the run did not record it."""
     parts = [entry.get(k) for k in ("first_call_seconds", "trace_seconds", "split_seconds", "load_seconds",
                                     "compile_seconds")]
     if any(x is None for x in parts):
         return ""
-    return "{} s = trace {:.2f} + split {:.2f} + load {:.2f} + compile {:.2f} s".format(f"{what}: {parts[0]:.2f}",
-                                                                                        *parts[1:])
+    profile = entry.get("first_call_profile")
+    return "{} s = trace {:.2f} + split {:.2f} + load {:.2f} + compile {:.2f} s".format(
+        f"{what}: {parts[0]:.2f}", *parts[1:]) + (f"; under cProfile ({profile['seconds']:.2f} s), own time: "
+                                                  f"{_own_time(profile['top'], 'tottime_s', 's')}" if profile else "")
 
 
 HOST_COLUMNS = {"device": "device", "mode": "mode", "batch": "batch", "pieces": "pieces", "forward µs": "forward_us",

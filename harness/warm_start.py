@@ -35,31 +35,35 @@ COUNTED = {"inductor_compiles": "inductor_compiles", "artifacts_loaded": "compil
            "dynamo_traces": "dynamo_traces", "traces_reused": "traces_reused"}  # {field: counter without "num_"}
 
 
-def measure(device: str, layers: int = 12, again: bool = False, capture: bool = False,
+def measure(device: str, layers: int = 12, again: bool = False, capture: bool = False, profile: bool = False,
             progress: Callable[[str], None] = functools.partial(print, file=sys.stderr, flush=True)) -> dict:
     """`{start: {...}}` for each start, in order (see the module doc): seconds of the first call and of the whole
     process; the first call split into `trace_seconds` (outside the backend: Dynamo's trace or reading the serving
     record, and one run), `split_seconds`, `load_seconds` and `compile_seconds`; Inductor compiles, artifacts loaded,
     Dynamo traces and traces reused; the worst error against eager; with `capture` (CUDA), `capture_seconds` of
-    every default capture size (PIECEWISE), their number, and the pool bytes estimated before and read after it."""
+    every default capture size (PIECEWISE), their number, and the pool bytes estimated before and read after it; with
+    `profile`, the warm start's `first_call_profile` (`profile.host_profile`) from one more warm start."""
     with tempfile.TemporaryDirectory(prefix="pieceworks-warm-start-", ignore_cleanup_errors=True) as work:
-        cache = os.path.join(work, "cache")
+        args = ("--model", "toy_llama", "--layers", str(layers), "--cache-dir", os.path.join(work, "cache"),
+                "--device", device, "--batches", "1,7,64,300")
         hosts = {"cold": "host", "warm": "host", "warm_new_host": "new-host", "warm_again": "host"}
+        env, unset = lambda host: {"TMPDIR": os.path.join(work, host)}, ("TORCHINDUCTOR_CACHE_DIR",)
         results = {}
         for start in (*STARTS, "warm_again") if again else STARTS:
-            host = os.path.join(work, hosts[start])
-            os.makedirs(host, exist_ok=True)
+            os.makedirs(env(hosts[start])["TMPDIR"], exist_ok=True)
             progress(f"compile {start} on {device} (a fresh process)")
             began = time.perf_counter()
-            report = run_scenario("--model", "toy_llama", "--layers", str(layers), "--cache-dir", cache,
-                                  "--device", device, "--batches", "1,7,64,300", *(["--capture"] if capture else []),
-                                  env={"TMPDIR": host}, unset=("TORCHINDUCTOR_CACHE_DIR",), timeout=500)
+            report = run_scenario(*args, *(["--capture"] if capture else []), env=env(hosts[start]), unset=unset,
+                                  timeout=500)
             counters, build, first = report["counters"], report["build_seconds"], report["first_call_s"]
             results[start] = {"first_call_seconds": first, "process_seconds": time.perf_counter() - began,
                               "trace_seconds": first - build["backend"], "max_rel_error": report["max_rel_error"],
                               **{f"{k}_seconds": build[k] for k in ("split", "load", "compile", "backend")},
                               **{k: counters[f"num_{c}"] for k, c in COUNTED.items()}, **report["capture"]}
             progress(f"compile {start}: {results[start]}")
+        if profile:  # once more, under cProfile: where a warm first call goes (its times above stay unprofiled)
+            results["warm"]["first_call_profile"] = run_scenario(*args, "--profile", env=env("host"), unset=unset,
+                                                                 timeout=500)["first_call_profile"]
         return results
 
 

@@ -256,6 +256,8 @@ def _warm_start_run(folder: Path, label: str, date: str, warm: float) -> None:
                              "split_seconds": split, "load_seconds": load, "compile_seconds": compile_,
                              "dynamo_traces": 0}
                       for name, (first, trace, split, load, compile_, compiles) in starts.items()}}
+    doc["starts"]["warm"]["first_call_profile"] = {"seconds": 6.0, "top": [
+        {"function": "codecache.py:730(torch_key)", "calls": 1, "tottime_s": 0.5, "cumtime_s": 0.6}]}
     (folder / f"warm_start_{label}.json").write_text(json.dumps(doc))
 
 
@@ -269,11 +271,12 @@ def test_the_newest_warm_start_run_gets_rows_and_says_where_its_first_call_went(
     _warm_start_run(folder, "abc1234", "2026-11-24T10:00:00+00:00", warm=5.0)
     _warm_start_run(folder, "zzz9999", "2026-11-23", warm=0.5)  # older, though its name sorts last
     text = _report(tmp_path / "results")
-    assert "| abc1234 | warm | 5.00 | 0.50 | 2.00 | 0.50 | 2.50 | 0.00 | 20.00 | 0 | 0 | 3 |" in text
+    assert "| abc1234 | warm | 5.00 | 0.50 | 2.00 | 0.50 | 2.50 | 0.00 | n/a | 20.00 | 0 | 0 | 3 |" in text  # no capture
     assert "zzz9999" not in text
     row = _line(text, "| warm start:")
     assert "abc1234 warm: 0.50× cold, 0 compiles, 0 traces" in row and "**missed**" in row
-    assert "abc1234 warm: 5.00 s = trace 2.00 + split 0.50 + load 2.50 + compile 0.00 s" in row
+    assert ("abc1234 warm: 5.00 s = trace 2.00 + split 0.50 + load 2.50 + compile 0.00 s; under cProfile (6.00 s), "
+            "own time: `codecache.py:730(torch_key)` 0.50 s in 1 calls") in row
 
 
 def test_latency_ratios_come_from_the_rounds_where_the_run_timed_side_by_side(tmp_path):

@@ -45,7 +45,8 @@ def _stand_in_scenario(*args: str, env: dict | None = None, unset: tuple = (), t
     if env and "TMPDIR" in env:
         os.makedirs(os.path.join(env["TMPDIR"], "torchinductor_user"), exist_ok=True)
     return {"counters": collections.defaultdict(int), "first_call_s": 1.0, "max_rel_error": 0.0, "torch": "torch",
-            "cache_dir": cache, "build_seconds": collections.defaultdict(float), "capture": {}}
+            "cache_dir": cache, "build_seconds": collections.defaultdict(float), "capture": {},
+            "first_call_profile": None}
 
 
 def test_the_warm_start_command_removes_its_folders(private_tmp, monkeypatch):

@@ -9,7 +9,8 @@ captures the 51 default sizes (PIECEWISE) after its first call.
 Tracked: seconds of the first call, split into trace (outside the backend: Dynamo's trace, or reading the serving
 record on a warm start), load (artifacts) and compile (Inductor); seconds of the capture and of the whole process
 (imports included); Inductor compiles, artifacts loaded and Dynamo traces. Details (`compile.json`, for the report):
-all of it, with the estimated and the captured pool bytes. Targets (report): warm 0 compiles, 0 traces and <= 10% of
+all of it, with the estimated and the captured pool bytes, and where a warm first call's host time goes (one more
+warm start under cProfile). Targets (report): warm 0 compiles, 0 traces and <= 10% of
 cold, also on a new host."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def measure() -> dict:
     from pieceworks.harness.warm_start import measure as warm_start
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    results = warm_start(device, LAYERS, capture=device == "cuda", progress=_shared.progress)
+    results = warm_start(device, LAYERS, capture=device == "cuda", profile=True, progress=_shared.progress)
     _shared.write_details("compile", {"device": device, "layers": LAYERS, "entries": results})
     return results
 
