@@ -28,7 +28,7 @@ from pieceworks.gate.thresholds import DEFAULT_PATH
 __all__ = ["Part", "Results", "load_results", "main", "newest", "render", "result_files_source"]
 
 DOCS = "../../../docs/benchmarks.md"  # how each number was measured, from results/bench/<machine>/REPORT.md
-NEWEST = ("runtime_breakdown", "warm_start")  # `<kind>_<label>.json` runs: only the newest of each kind is read
+NEWEST = ("runtime_breakdown",)  # `<kind>_<label>.json` runs: only the newest of each kind is read
 LATENCY_TABLES = {(m, d): f"latency.{name}" for (m, d), name in {
     ("toy_llama", "bfloat16"): "ToyLlamaBfloat16", ("toy_llama", "float32"): "ToyLlamaFloat32",
     ("silly", "bfloat16"): "SillyBfloat16", ("silly", "float32"): "SillyFloat32",
@@ -40,6 +40,7 @@ START_COLUMNS = {"first call s": "first_call_seconds", "vs cold": None, "trace s
                  "split s": "split_seconds", "load s": "load_seconds", "compile s": "compile_seconds",
                  "capture s": "capture_seconds", "process s": "process_seconds", "Inductor compiles": "inductor_compiles",
                  "traces": "dynamo_traces", "artifacts loaded": "artifacts_loaded"}  # {column: the start's field}
+FIRST_CALL_PARTS = ("first_call", "trace", "split", "load", "compile")  # a start's <part>_seconds
 
 
 @dataclasses.dataclass
@@ -323,55 +324,45 @@ def capture_note(r: Results, model: str, mode: str) -> str:
 
 
 def compile_starts(r: Results) -> Part:
-    """One table of the starts of the asv run and of the newest warm_start run, each start against its own run's cold
-    start; the warm-start target judged on every warm start, a miss's first call split into its parts."""
+    """The table of the asv run's starts, each against the cold start; the warm-start target judged on every warm
+    start, a miss's first call split into its parts (`first_call_note`)."""
     name, title = "compile.CompileStart.track_", "Start-up: cold, warm, warm on a new host"
     details, reason = r.details.get("compile", {}), r.skip_reason("compile", needs_cuda=False)
-    asv = {s: {**details.get("entries", {}).get(s, {}), **{k: r.value(name + k, s) for k in (
+    starts = {s: {**details.get("entries", {}).get(s, {}), **{k: r.value(name + k, s) for k in (
         "first_call_seconds", "process_seconds", "inductor_compiles", "artifacts_loaded")}}
         for s in ("cold", "warm", "warm_new_host")}
-    runs = {"asv": asv} if asv["cold"]["first_call_seconds"] is not None else {}
-    if later := r.details.get("warm_start"):
-        runs[later["commit"]] = later.get("starts") or {}
     label = r.label("warm_vs_cold", device=f"; {details['device']}" if details.get("device") else "")
-    if not runs:
+    cold = starts["cold"]["first_call_seconds"]
+    if cold is None:
         return not_measured(title, reason, targets=[label])
     rows, measured, notes = [], [], []
-    shown = {c: f for c, f in START_COLUMNS.items()  # a column no run recorded (capture on a CPU) is left out
-             if f is None or any(entry.get(f) is not None for starts in runs.values() for entry in starts.values())}
-    for run, starts in runs.items():
-        cold = (starts.get("cold") or {}).get("first_call_seconds")
-        for start, entry in starts.items():
-            first, compiles, traces = (entry.get(k) for k in ("first_call_seconds", "inductor_compiles",
-                                                                "dynamo_traces"))
-            ratio = first / cold if first is not None and cold else None
-            rows.append([run, start, *(_fmt(ratio if field is None else entry.get(field),
-                                            0 if field and not field.endswith("seconds") else 2)
-                                       for field in shown.values())])
-            if start == "cold" or ratio is None:
-                continue
-            ok = compiles == 0 and traces in (0, None) and ratio <= r.limit("warm_vs_cold")
-            measured.append((f"{run} {start}: {ratio:.2f}× cold, {_fmt(compiles, 0)} compiles, {_fmt(traces, 0)} "
-                             "traces", ok))
-            notes += [] if ok else [first_call_note(f"{run} {start}", entry)]
-    return Part([f"## {title}", "", f"ToyLlama 12 layers on {details.get('device', '?')}; run: asv, or the newest "
-                 "warm_start run's commit. Trace: the first call outside the backend (Dynamo's trace, or reading the "
-                 "serving record, and one run).", "",
-                 *_table(["run", "start", *shown], "ll" + "r" * len(shown), rows)]).add(
+    shown = {c: f for c, f in START_COLUMNS.items()  # a column the run did not record (capture on a CPU) is left out
+             if f is None or any(entry.get(f) is not None for entry in starts.values())}
+    for start, entry in starts.items():
+        first, compiles, traces = (entry.get(k) for k in ("first_call_seconds", "inductor_compiles", "dynamo_traces"))
+        ratio = first / cold if first is not None else None
+        rows.append([start, *(_fmt(ratio if field is None else entry.get(field),
+                                   0 if field and not field.endswith("seconds") else 2) for field in shown.values())])
+        if start == "cold" or ratio is None:
+            continue
+        ok = compiles == 0 and traces in (0, None) and ratio <= r.limit("warm_vs_cold")
+        measured.append((f"{start}: {ratio:.2f}× cold, {_fmt(compiles, 0)} compiles, {_fmt(traces, 0)} traces", ok))
+        notes += [] if ok else [first_call_note(start, entry)]
+    return Part([f"## {title}", "", f"ToyLlama 12 layers on {details.get('device', '?')}. Trace: the first call "
+                 "outside the backend (Dynamo's trace, or reading the serving record, and one run).", "",
+                 *_table(["start", *shown], "l" + "r" * len(shown), rows)]).add(
         target_row(label, measured, reason, "; ".join(n for n in notes if n), "; "))
 
 
 def first_call_note(what: str, entry: dict) -> str:
-    """Where a start's first call went, e.g. "asv warm: 3.90 s = trace 1.20 + split 0.20 + load 2.10 + compile 0.00
-    s", and the top of its cProfile where the run profiled it; "" where the run did not record it."""
-    parts = [entry.get(k) for k in ("first_call_seconds", "trace_seconds", "split_seconds", "load_seconds",
-                                    "compile_seconds")]
+    """Where a start's first call went, e.g. "warm: 3.90 s = trace 1.20 + split 0.20 + load 2.10 + compile 0.00 s",
+    and the top of its cProfile where the run profiled it; "" where the run did not record it."""
+    parts, profile = [entry.get(f"{k}_seconds") for k in FIRST_CALL_PARTS], entry.get("first_call_profile")
     if any(x is None for x in parts):
         return ""
-    profile = entry.get("first_call_profile")
-    return "{} s = trace {:.2f} + split {:.2f} + load {:.2f} + compile {:.2f} s".format(
-        f"{what}: {parts[0]:.2f}", *parts[1:]) + (f"; under cProfile ({profile['seconds']:.2f} s), own time: "
-                                                  f"{_own_time(profile['top'], 'tottime_s', 's')}" if profile else "")
+    return f"{what}: {parts[0]:.2f} s = " + " + ".join(f"{k} {x:.2f}" for k, x in zip(FIRST_CALL_PARTS[1:], parts[1:])) \
+        + " s" + (f"; under cProfile ({profile['seconds']:.2f} s), own time: "
+                  f"{_own_time(profile['top'], 'tottime_s', 's')}" if profile else "")
 
 
 HOST_COLUMNS = {"device": "device", "mode": "mode", "batch": "batch", "pieces": "pieces", "forward µs": "forward_us",

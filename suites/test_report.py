@@ -7,7 +7,7 @@
   core's size) stand apart from the product targets.
 - A missed ratio is explained by both of its sides: their kernel time, GPU busy share and the kernels only the
   slower side runs, from the latency run's own profiles; where that run did not profile both, the note says so.
-- Of the runtime breakdowns and warm-start runs, only the newest by its recorded date is read; the targets, their
+- Of the runtime breakdowns, only the newest by its recorded date is read; the targets, their
   limits and labels are those of the thresholds file.
 """
 
@@ -120,9 +120,9 @@ def test_a_miss_is_explained_by_both_sides_and_the_kernels_only_one_runs(tmp_pat
 def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
     """The report with warm and new-host first calls forced to 10x what was measured (a miss whatever the committed
     run measured), the compile details given a breakdown of 75% trace, 5% split, 20% load (or none); and the warm
-    first call's seconds. The warm_start runs are left out: this is about the asv run's own breakdown."""
+    first call's seconds."""
     name = "compile.CompileStart.track_first_call_seconds"
-    _regenerate(tmp_path, drop=("warm_start_*",), scale={(name, ("warm",)): 10.0, (name, ("warm_new_host",)): 10.0})
+    _regenerate(tmp_path, scale={(name, ("warm",)): 10.0, (name, ("warm_new_host",)): 10.0})
     results = tmp_path / "results"
     first_call = {start[0]: v for start, v in report.load_results(str(results), MACHINE).asv[name].items()}
     details = results / "bench" / MACHINE / "compile.json"
@@ -130,10 +130,13 @@ def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
     for start, entry in doc["entries"].items():
         for key in ("trace_seconds", "split_seconds", "load_seconds", "compile_seconds"):
             entry.pop(key, None)
+        entry.pop("first_call_profile", None)
         if breakdown:
             entry.update(first_call_seconds=first_call[start], trace_seconds=0.75 * first_call[start],
                          split_seconds=0.05 * first_call[start], load_seconds=0.2 * first_call[start],
-                         compile_seconds=0.0)
+                         compile_seconds=0.0, first_call_profile={"seconds": 6.0, "top": [
+                             {"function": "codecache.py:730(torch_key)", "calls": 1, "tottime_s": 0.5,
+                              "cumtime_s": 0.6}]})
     details.write_text(json.dumps(doc))
     assert report.main(["--results", str(results), "--machine", MACHINE, "--no-plots"]) == 0
     return (results / "bench" / MACHINE / "REPORT.md").read_text(), first_call["warm"]
@@ -150,12 +153,12 @@ def test_a_warm_start_miss_says_where_the_first_call_went(tmp_path):
     row = _line(text, "| warm start:")
     assert "**missed**" in row
     assert (f"warm: {warm:.2f} s = trace {0.75 * warm:.2f} + split {0.05 * warm:.2f} + load {0.2 * warm:.2f} + "
-            "compile 0.00 s") in row
-    assert f"| {0.75 * warm:.2f} | {0.05 * warm:.2f} | {0.2 * warm:.2f} | 0.00 |" in _line(text, "| asv | warm |")
+            "compile 0.00 s; under cProfile (6.00 s), own time: `codecache.py:730(torch_key)` 0.50 s in 1 calls") in row
+    assert f"| {0.75 * warm:.2f} | {0.05 * warm:.2f} | {0.2 * warm:.2f} | 0.00 |" in _line(text, "| warm |")
 
     text, warm = _warm_start_report(tmp_path / "without", breakdown=False)
     assert "**missed**" in _line(text, "| warm start:") and "= trace" not in _line(text, "| warm start:")
-    row = _line(text, "| asv | warm |")
+    row = _line(text, "| warm |")
     assert f"| {warm:.2f} | " in row and "0.00 |" not in row  # no breakdown recorded: no such columns
 
 
@@ -244,39 +247,6 @@ def test_a_call_over_plan_miss_names_what_the_call_adds_under_cprofile(tmp_path)
     assert "| bfloat16 b64: 1.20× (1.10-1.30) | **missed** |" in row
     assert ("bfloat16 b1 under cProfile (100 calls each, profiler overhead included): call 61 ms vs plan 48 ms, own "
             "time the call adds per forward: `reference/api.py:200(_check)` 12.5 µs in 1 calls") in row
-
-
-def _warm_start_run(folder: Path, label: str, date: str, warm: float) -> None:
-    """A `warm_start_<label>.json` run of `date` (`python -m pieceworks.harness.warm_start`): cold 10 s, the warm
-    first call `warm` s, 40% of it tracing, 10% splitting and 50% loading the pieces."""
-    starts = {"cold": (10.0, 2.0, 0.5, 0.0, 7.5, 3), "warm": (warm, 0.4 * warm, 0.1 * warm, 0.5 * warm, 0.0, 0)}
-    doc = {"device": "GPU", "torch": "2.x", "date": date, "commit": label, "model": "ToyLlama",
-           "starts": {name: {"first_call_seconds": first, "process_seconds": 20.0, "inductor_compiles": compiles,
-                             "artifacts_loaded": 3 - compiles, "max_rel_error": 0.0, "trace_seconds": trace,
-                             "split_seconds": split, "load_seconds": load, "compile_seconds": compile_,
-                             "dynamo_traces": 0}
-                      for name, (first, trace, split, load, compile_, compiles) in starts.items()}}
-    doc["starts"]["warm"]["first_call_profile"] = {"seconds": 6.0, "top": [
-        {"function": "codecache.py:730(torch_key)", "calls": 1, "tottime_s": 0.5, "cumtime_s": 0.6}]}
-    (folder / f"warm_start_{label}.json").write_text(json.dumps(doc))
-
-
-def test_the_newest_warm_start_run_gets_rows_and_says_where_its_first_call_went(tmp_path):
-    """The newest `warm_start_<label>.json` by its recorded date (not by its name) gets rows in the compile table,
-    counts in the warm-start target against its own cold start, and a missed warm first call is split into Dynamo's
-    side and the backend's."""
-    text = _regenerate(tmp_path, drop=("warm_start_*",))
-    assert "| abc1234 | warm |" not in text
-    folder = tmp_path / "results" / "bench" / MACHINE
-    _warm_start_run(folder, "abc1234", "2026-11-24T10:00:00+00:00", warm=5.0)
-    _warm_start_run(folder, "zzz9999", "2026-11-23", warm=0.5)  # older, though its name sorts last
-    text = _report(tmp_path / "results")
-    assert "| abc1234 | warm | 5.00 | 0.50 | 2.00 | 0.50 | 2.50 | 0.00 | n/a | 20.00 | 0 | 0 | 3 |" in text  # no capture
-    assert "zzz9999" not in text
-    row = _line(text, "| warm start:")
-    assert "abc1234 warm: 0.50× cold, 0 compiles, 0 traces" in row and "**missed**" in row
-    assert ("abc1234 warm: 5.00 s = trace 2.00 + split 0.50 + load 2.50 + compile 0.00 s; under cProfile (6.00 s), "
-            "own time: `codecache.py:730(torch_key)` 0.50 s in 1 calls") in row
 
 
 def test_latency_ratios_come_from_the_rounds_where_the_run_timed_side_by_side(tmp_path):

@@ -49,12 +49,6 @@ def _stand_in_scenario(*args: str, env: dict | None = None, unset: tuple = (), t
             "first_call_profile": None}
 
 
-def test_the_warm_start_command_removes_its_folders(private_tmp, monkeypatch):
-    monkeypatch.setattr(warm_start, "run_scenario", _stand_in_scenario)
-    assert warm_start.main(["--layers", "1", "--device", "cpu"]) == 0
-    assert _left(private_tmp) == []
-
-
 def test_the_compile_benchmark_removes_its_folders(private_tmp, monkeypatch):
     monkeypatch.setattr(warm_start, "run_scenario", _stand_in_scenario)
     monkeypatch.delenv("PIECEWORKS_BENCH_DETAILS", raising=False)

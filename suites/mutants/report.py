@@ -39,15 +39,8 @@ def report_judges_every_table(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(report, "load_results", load_results)
 
 
-@mutant("the report leaves out the warm_start run: its starts count in no table and no target",
-        cpu=_REPORT + "test_the_newest_warm_start_run_gets_rows_and_says_where_its_first_call_went")
-def report_hides_later_warm_starts(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(report, "NEWEST", ("runtime_breakdown",))
-
-
-@mutant("of the warm_start and runtime_breakdown runs, the report reads the last by file name, not the newest by date",
-        cpu=_REPORT + "test_the_newest_warm_start_run_gets_rows_and_says_where_its_first_call_went "
-        + _REPORT + "test_the_newest_side_by_side_run_gets_a_table_of_its_rounds_and_the_call_over_plan_row")
+@mutant("of the runtime_breakdown runs, the report reads the last by file name, not the newest by date",
+        cpu=_REPORT + "test_the_newest_side_by_side_run_gets_a_table_of_its_rounds_and_the_call_over_plan_row")
 def report_reads_the_last_name_not_the_newest_run(mp: pytest.MonkeyPatch) -> None:
     def last_by_name(details: dict, kind: str) -> dict | None:
         runs = {name[len(kind) + 1:]: details.pop(name) for name in sorted(details) if name.startswith(kind + "_")}
@@ -119,8 +112,8 @@ def code_size_counts_docstrings(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(code_size, "docstring_lines", lambda source: set())
 
 
-@mutant("the warm-start command leaves its temporary folder behind",
-        cpu="suites/test_temp_folders.py::test_the_warm_start_command_removes_its_folders")
+@mutant("the start-up measurement leaves its temporary folder behind",
+        cpu="suites/test_temp_folders.py::test_the_compile_benchmark_removes_its_folders")
 def warm_start_leaves_its_folder(mp: pytest.MonkeyPatch) -> None:
     @contextlib.contextmanager
     def kept(prefix: str = "tmp", **_: object):
