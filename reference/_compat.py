@@ -20,8 +20,8 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
   where absent: callers fall back to the folder's name);
 - Dynamo's `torch._dynamo.exc.BackendCompilerFailed`, which wraps an error raised inside a backend;
 - a SymInt's sympy expression, `SymInt.node.expr` (2.11-2.15), to evaluate a size at one batch size;
-- for a warm start without tracing (record.py): the files of the code Dynamo traced, `TracingContext.traced_code`
-  (2.11-2.15); `torch.fx._graph_pickler.GraphPickler` (`dumps`, `loads(data, fake_mode)`, `Options(ops_filter=)`),
+- for a warm start without tracing (record.py): the code objects Dynamo traced, `TracingContext.traced_code`
+  (2.11-2.15); Dynamo's configuration (`save_config_portable`) and nn.Module's global forward hooks, for its key; `torch.fx._graph_pickler.GraphPickler` (`dumps`, `loads(data, fake_mode)`, `Options(ops_filter=)`),
   which pickles a Dynamo graph with its FakeTensor and SymInt metadata; torch's own sympy functions pickle by
   `_torch_unpickler`, and a fake mode is not pickled (the loader supplies a fresh one); the graph is rebuilt under
   `torch._guards.tracing(TracingContext(fake_mode))`, as a backend call would be. Where any of this is missing or
@@ -178,12 +178,22 @@ def after_apply(module: torch.nn.Module, callback: Callable[[torch.nn.Module], N
     module._apply = _apply.__get__(module)  # a copy of the module (deepcopy) gets a method bound to the copy
 
 
-def traced_files() -> list[str] | None:
-    """The source files of the code Dynamo traced for the graph being compiled (call inside a backend), or None
-    where this torch does not list them."""
-    context = torch._guards.TracingContext.try_get()
-    codes = getattr(context, "traced_code", None)
-    return None if codes is None else sorted({code.co_filename for code in codes})
+def traced_code() -> list[Any] | None:
+    """The code objects Dynamo traced for the graph being compiled (call inside a backend), or None where this torch
+    does not list them."""
+    codes = getattr(torch._guards.TracingContext.try_get(), "traced_code", None)
+    return None if codes is None else list(codes)
+
+
+def dynamo_config() -> dict[str, Any]:
+    """Dynamo's configuration as `save_config_portable()` gives it: what can change a trace."""
+    return _module("torch._dynamo.config", "save_config_portable").save_config_portable()
+
+
+def global_module_hooks() -> bool:
+    """Whether forward hooks are registered for every module (`register_module_forward_hook` and its pre-hook)."""
+    module = torch.nn.modules.module
+    return any(getattr(module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks"))
 
 
 def pickle_graph(gm: torch.fx.GraphModule) -> bytes:

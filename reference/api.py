@@ -205,7 +205,7 @@ class CompiledModel:
                                "torch._dynamo.reset() called?). A CompiledModel never compiles while serving. Fix: "
                                "create a new CompiledModel with pieceworks.compile")
         self._graph = compile_graph(gm, self.config)
-        self._traced.update(gm=gm, files=_compat.traced_files())  # for the serving record
+        self._traced.update(gm=gm, code=_compat.traced_code())  # for the serving record
         if "copies" in self._traced:
             self._traced["saved"] = [(t, t.clone()) for t in (example_inputs[i] for i in self._graph.mutated_inputs)
                                      if isinstance(t, torch.Tensor) and id(t) not in self._traced["copies"]]
@@ -282,14 +282,13 @@ class CompiledModel:
         cut |= set(ids) - {id(t) for t in flat}
         binder = None if isinstance(found, str) else found
         self._serve_with(trace_args, binder, batched_outputs(output, lambda leaf: id(leaf) in cut), mutated)
-        if key is not None and binder is not None and graph.cache_dir is not None and traced["files"] is not None:
+        if key is not None and binder is not None and graph.cache_dir is not None and traced["code"] is not None:
             try:
-                saved = record.Record(_compat.pickle_graph(traced["gm"]), binder.describe(self.model),
-                                      self.batched_outputs, mutated, record.file_digests(traced["files"]))
+                record.save(self.config, key, record.Record(
+                    _compat.pickle_graph(traced["gm"]), binder.describe(self.model), self.batched_outputs, mutated,
+                    record.file_digests(traced["code"])))
             except Exception as exc:  # noqa: BLE001 - no record: the next process traces, as it would without one
                 log.info("pieceworks: no serving record for this model (%s: %s)", type(exc).__name__, exc)
-            else:
-                record.save(self.config, key, saved)
 
     def _start_from_record(self, key: str, args: tuple) -> bool:
         """Serve from the serving record stored under `key` (record.py): rebuild the compiled graph from the
@@ -302,17 +301,16 @@ class CompiledModel:
         try:
             gm, fake_mode = _compat.unpickle_graph(found.graph)
             with _compat.tracing(fake_mode):
-                graph = compile_graph(gm, self.config)
-            binder = Binder.restore(found.binding, self.model)
+                self._graph = compile_graph(gm, self.config)
+            self._serve_with(args, Binder.restore(found.binding, self.model), found.batched_outputs, found.mutated_args)
         except Exception as exc:  # noqa: BLE001 - a graph this torch cannot unpickle or compile, a state name the
-            # model lacks: trace, as without a record
+            # model lacks: nothing of it is kept, and the call traces, as without a record
+            self._graph = self.runtime = self.binder = self.static_inputs = self._state_watch = None
             log.warning("pieceworks: this model's serving record could not be used (%s: %s); tracing the model",
                         type(exc).__name__, exc)
             return False
         log.info("pieceworks: served from this model's serving record, without tracing (%.3f s in the backend)",
-                 graph.build_seconds["backend"])
-        self._graph = graph
-        self._serve_with(args, binder, found.batched_outputs, found.mutated_args)
+                 self._graph.build_seconds["backend"])
         counters.num_traces_reused += 1
         return True
 

@@ -3,6 +3,7 @@ changes its code has changed (its source, its attributes, its state's shapes, th
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -37,17 +38,17 @@ class Scaled(nn.Module):
 
 
 def _compile(model, cache_dir, **kwargs):
-    return pieceworks.compile(model, CompilationConfig(splitting_ops=["silly::attention"], cudagraph_mode="NONE",
-                                                       cache_dir=str(cache_dir), **kwargs))
+    return pieceworks.compile(model, CompilationConfig(**{"splitting_ops": ["silly::attention"], "cudagraph_mode":
+                                                          "NONE", "cache_dir": str(cache_dir), **kwargs}))
 
 
-def _check(compiled, model, batches=(1, 5, 3)):
+def _check(compiled, model, batches=(1, 5, 3), device="cpu"):
     """Every batch as the eager model computes it, the argument written as the eager model writes it."""
     with torch.no_grad():
         for batch in batches:
-            x = torch.randn(batch, 4)
+            x = torch.randn(batch, 4, device=device)
             # a column: not contiguous, so the compiled model writes a copy and must copy it back
-            seen, seen_eager = torch.zeros(batch, 2)[:, 0], torch.zeros(batch)
+            seen, seen_eager = torch.zeros(batch, 2, device=device)[:, 0], torch.zeros(batch, device=device)
             torch.testing.assert_close(compiled(x, seen), model(x, seen_eager))
             torch.testing.assert_close(seen, seen_eager)
 
@@ -95,8 +96,23 @@ def test_a_damaged_record_is_reported_traced_and_replaced(cache_dir, caplog):
         _check(_compile(model, cache_dir), model)
 
 
-@pytest.mark.parametrize("change", ["attribute", "shape", "dtype", "submodule", "buffer", "call", "config"])
-def test_the_key_moves_with_what_changes_code(change):
+def test_a_record_that_cannot_be_rebuilt_warns_once_and_traces(cache_dir, caplog, monkeypatch):
+    load = record.load  # a record that passes the cache's checks but holds a graph this torch cannot read
+    monkeypatch.setattr(record, "load", lambda config, key: (r := load(config, key)) and r._replace(graph=b"\x80junk"))
+    caplog.set_level("WARNING", logger="pieceworks")
+    model = Scaled()
+    with counters.expect(num_dynamo_traces=1, num_traces_reused=0, num_inductor_compiles=0):
+        compiled = _compile(model, cache_dir)
+        _check(compiled, model)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith("pieceworks: this model's serving record could not be used (") and \
+        warning.endswith("); tracing the model")
+    assert compiled.runtime is not None and compiled.binder is not None
+
+
+@pytest.mark.parametrize("change", ["attribute", "private attribute", "function attribute", "shape", "strides", "dtype",
+                                    "submodule", "buffer", "call", "config", "default dtype"])
+def test_the_key_moves_with_what_changes_code(change, monkeypatch):
     torch.manual_seed(0)
     base = Scaled()
     config = CompilationConfig(splitting_ops=["silly::attention"])
@@ -106,6 +122,14 @@ def test_the_key_moves_with_what_changes_code(change):
     model = Scaled()
     if change == "attribute":
         model.scale = 3.0
+    elif change == "private attribute":
+        model._scale = 2.0
+    elif change == "function attribute":
+        model.act = _gelu_tanh
+    elif change == "strides":  # the same shape, transposed storage
+        model.linear.weight = nn.Parameter(model.linear.weight.detach().t().contiguous().t())
+    elif change == "default dtype":
+        monkeypatch.setattr(torch, "get_default_dtype", lambda: torch.float64)
     elif change == "shape":
         model.linear = nn.Linear(4, 4, bias=False)
     elif change == "dtype":
@@ -119,6 +143,36 @@ def test_the_key_moves_with_what_changes_code(change):
     else:
         config = CompilationConfig(splitting_ops=["silly::attention"], compile_sizes=[4])
     assert record.model_key(model, call, config) != key
+
+
+def _gelu(x):
+    return torch.nn.functional.gelu(x)
+
+
+def _gelu_tanh(x):
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+@pytest.mark.parametrize("what", ["function model", "forward hook", "partial", "closure", "no source file"])
+def test_what_the_key_cannot_cover_gets_no_record(what):
+    model = Scaled()
+    if what == "function model":
+        model = lambda x: x * 2  # noqa: E731
+    elif what == "forward hook":
+        model.register_forward_hook(lambda module, args, out: out * 10)
+    elif what == "partial":
+        model.act = functools.partial(torch.nn.functional.gelu, approximate="tanh")
+    elif what == "closure":
+        factor = 3.0
+        model.act = lambda x: x * factor
+    else:
+        namespace = {"nn": nn, "__name__": "notebook_cell"}
+        exec("class Cell(nn.Module):\n    def forward(self, x):\n        return x + 1\n", namespace)
+        model = namespace["Cell"]()
+    assert record.model_key(model, [], CompilationConfig(splitting_ops=["silly::attention"])) is None
+    functions = Scaled()
+    functions.act = _gelu  # a function without a closure is keyed by its code
+    assert record.model_key(functions, [], CompilationConfig(splitting_ops=["silly::attention"])) is not None
 
 
 SOURCE = '''
@@ -155,3 +209,47 @@ def test_an_edited_source_file_is_traced_again(tmp_path, caplog, monkeypatch):
         with counters.expect(num_dynamo_traces=traces, num_traces_reused=1 - traces):
             torch.testing.assert_close(_compile(model, tmp_path / "cache")(x), 3 * x * factor)
     assert f"{path} changed since" in caplog.text
+
+
+def test_the_same_class_from_another_file_is_traced(tmp_path, monkeypatch):
+    """Two projects, one module and class name each, the same structure, another constant."""
+    x = torch.randn(3, 4)
+    for project, factor in (("a", 2.0), ("b", 5.0)):
+        (tmp_path / project).mkdir()
+        path = tmp_path / project / "edited_model.py"
+        path.write_text(SOURCE.replace("FACTOR", repr(factor)))
+        model = _import(path, "edited_model", monkeypatch).Edited()
+        with counters.expect(num_dynamo_traces=1, num_traces_reused=0):
+            torch.testing.assert_close(_compile(model, tmp_path / "cache")(x), 3 * x * factor)
+
+
+def test_a_file_edited_after_its_import_gives_no_record(tmp_path, caplog, monkeypatch):
+    """The process runs the code it imported (2.0) while the file already says 5.0: a record of that trace would pair
+    the old graph with the new file's digest."""
+    path, x = tmp_path / "edited_model.py", torch.randn(3, 4)
+    path.write_text(SOURCE.replace("FACTOR", "2.0"))
+    model = _import(path, "edited_model", monkeypatch).Edited()
+    path.write_text(SOURCE.replace("FACTOR", "5.0"))
+    caplog.set_level("INFO", logger="pieceworks")
+    torch.testing.assert_close(_compile(model, tmp_path / "cache")(x), 3 * x * 2.0)
+    assert "changed since it was imported" in caplog.text
+    model = _import(path, "edited_model", monkeypatch).Edited()
+    with counters.expect(num_dynamo_traces=1, num_traces_reused=0):
+        torch.testing.assert_close(_compile(model, tmp_path / "cache")(x), 3 * x * 5.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_a_model_served_from_its_record_captures_and_replays_like_a_traced_one(tmp_path):
+    """CUDA graphs over a record: padded batches cut back by the record's output marks, written arguments copied
+    back, sizes above the largest run without graphs."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Scaled()
+    for traces in (1, 0):
+        with counters.expect(num_dynamo_traces=traces, num_traces_reused=1 - traces):
+            compiled = _compile(model, tmp_path, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2, 4, 8])
+            _check(compiled, model, batches=(3,), device="cuda")
+        compiled.capture()
+        _check(compiled, model, batches=(1, 3, 5, 8, 11), device="cuda")
+        assert compiled.runtime.replay_for(8) is not None

@@ -220,7 +220,7 @@ def record_ignores_edited_sources(mp: pytest.MonkeyPatch) -> None:
 @mutant("the serving record's key ignores the modules' plain attributes",
         cpu=_RECORD + "test_the_key_moves_with_what_changes_code")
 def record_key_ignores_attributes(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(record, "plain_attributes", lambda module: {})
+    mp.setattr(record, "plain_attributes", lambda module, where="": {})
 
 
 @mutant("a model served from its record forgets which arguments it writes",
@@ -228,3 +228,15 @@ def record_key_ignores_attributes(mp: pytest.MonkeyPatch) -> None:
 def record_forgets_written_arguments(mp: pytest.MonkeyPatch) -> None:
     load = record.load
     mp.setattr(record, "load", lambda config, model_key: (r := load(config, model_key)) and r._replace(mutated_args=[]))
+
+
+@mutant("the serving record's key names classes without the file they were loaded from",
+        cpu=_RECORD + "test_the_same_class_from_another_file_is_traced")
+def record_key_ignores_class_files(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "class_origin", lambda kind: [kind.__module__, kind.__qualname__])
+
+
+@mutant("a record is saved although a traced file changed after the process imported it",
+        cpu=_RECORD + "test_a_file_edited_after_its_import_gives_no_record")
+def record_ignores_code_edited_after_import(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "code_digest", lambda code: "any code")
