@@ -1,24 +1,22 @@
 """A Llama-shaped model (random weights, no download) whose splitting op is a real paged-KV attention.
 
-- Presets: `LLAMA_1B` (Llama-3.2-1B), `LLAMA_8B` (Llama-3.1-8B; `dataclasses.replace(LLAMA_8B, num_layers=4)`),
-  `TINY` (CPU tests); RoPE without Llama 3.1's long-context scaling (other values, same cost). No lm_head:
-  `forward(input_ids [B], positions [B])` returns the final-normed hidden states [B, hidden].
-- KV cache: per layer, buffers [num_blocks, block_size, kv_heads, head_dim], allocated once, written in place only.
-  Sequence s owns blocks 1 + s * max_blocks_per_seq + j. Reserved block 0: slot 0 always holds zeros (masked
-  positions read it), padding rows write slot 1 (scratch) and attend to slot 0 alone.
-- Metadata reaches the op as vLLM's forward context does: the op reads the current `AttentionMetadata` (static
-  buffers, filled in place), set by `with attention_context(md):` or by `decode_batch` / `prefill_batch`, which fill
-  the model's own (`Llama.attn_metadata`) and leave it current: a driver then only calls `model(*args)`.
+- Presets: `LLAMA_1B` (Llama-3.2-1B), `LLAMA_8B` (Llama-3.1-8B, 32 layers; `dataclasses.replace(LLAMA_8B,
+  num_layers=4)` for a quick slice), `TINY` (CPU tests); RoPE without Llama 3.1's long-context scaling (other values,
+  same cost). No lm_head: `forward(input_ids [B], positions [B])` returns the final-normed hidden states [B, hidden].
+- Attention: paged_attention.py (the ops, the metadata, the kernels). `LlamaConfig.attention` picks the op, and
+  `LlamaConfig.splitting_ops` names it. Metadata reaches the op as vLLM's forward context does: the op reads the
+  current `AttentionMetadata`, set by `with attention_context(md):` or by `serve_tokens` / `decode_batch` /
+  `prefill_batch`, which fill the model's own (`Llama.attn_metadata`) and leave it current: a driver then only calls
+  `model(*args)`.
 - Tensor parallel: `shard(model, group)` keeps this rank's share of every layer (attention heads and MLP columns,
   Megatron-style), a functional all-reduce after each layer's attention output and MLP: every rank returns the whole
   model's output. The all-reduces are plain graph ops (captured inside pieces) unless listed as splitting ops.
-- Capture-safe: no host sync, no data-dependent shape (cost O(batch x max_context)), fixed addresses: a FULL graph
-  reads the metadata current at its capture, so refill that one in place (the helpers refill the model's own).
+- Capture-safe on CUDA: no host sync, no data-dependent shape, fixed addresses: a FULL graph reads the metadata
+  buffers at its capture, so refill those in place (the helpers refill the model's own).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
@@ -27,19 +25,25 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["LlamaConfig", "LLAMA_1B", "LLAMA_8B", "TINY", "SPLITTING_OPS", "AttentionMetadata", "Llama",
-           "attention_context", "serve_tokens", "decode_batch", "prefill_batch", "shard", "ALL_REDUCE"]
+from .paged_attention import (ATTENTION_OPS, SCRATCH_SLOT, ZERO_SLOT, AttentionMetadata, attention_context,
+                              make_current)
 
-SPLITTING_OPS = ["llama::paged_attention"]
+__all__ = ["LlamaConfig", "LLAMA_1B", "LLAMA_8B", "TINY", "SPLITTING_OPS", "AttentionMetadata", "Llama",
+           "attention_context", "serve_tokens", "decode_batch", "prefill_batch", "shard", "ALL_REDUCE", "SCRATCH_SLOT",
+           "ZERO_SLOT"]
+
+SPLITTING_OPS = [ATTENTION_OPS["unified"]]  # the default attention's; `LlamaConfig.splitting_ops` names any config's
 # The tensor-parallel all-reduce and its wait, to list as splitting ops or not: both or neither (a wait left in the
 # next piece is consumed by that piece's warm-up, and its CUDA graph would read the sum before NCCL writes it).
 ALL_REDUCE = ["_c10d_functional::all_reduce", "_c10d_functional::wait_tensor"]
-ZERO_SLOT, SCRATCH_SLOT = 0, 1  # both in the reserved block 0
 
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
-    """Model shape, then KV-cache sizing: `max_tokens` is both the largest batch and the number of sequences."""
+    """Model shape, then batches and the KV cache: `max_tokens` is the largest batch, `max_seqs` the sequence slots,
+    `max_blocks_per_seq` blocks of `block_size` positions the longest sequence, `cache_blocks` the cache's blocks
+    (default: enough for every slot's longest sequence, plus the reserved block). `attention`: "unified" or "varlen"
+    (paged_attention.py: what a CUDA graph may hold around it)."""
     num_layers: int = 16
     hidden_size: int = 2048
     num_heads: int = 32
@@ -52,85 +56,18 @@ class LlamaConfig:
     block_size: int = 16
     max_blocks_per_seq: int = 16
     max_tokens: int = 512
-    num_blocks = property(lambda self: 1 + self.max_tokens * self.max_blocks_per_seq)
+    max_seqs: int = 512
+    cache_blocks: int | None = None
+    attention: str = "unified"
+    num_blocks = property(lambda self: self.cache_blocks or 1 + self.max_seqs * self.max_blocks_per_seq)
     max_context = property(lambda self: self.block_size * self.max_blocks_per_seq)  # positions per sequence
+    splitting_ops = property(lambda self: [ATTENTION_OPS[self.attention]])
 
 
 LLAMA_1B = LlamaConfig()
 LLAMA_8B = LlamaConfig(num_layers=32, hidden_size=4096, head_dim=128, intermediate_size=14336)
 TINY = LlamaConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
-                   vocab_size=256, block_size=4, max_blocks_per_seq=8, max_tokens=64)
-
-
-class AttentionMetadata(nn.Module):
-    """Static buffers, row i for the batch's token i, allocated once, filled in place once per step (every layer
-    reads them): `slot_mapping` (where its k, v go), `block_tables` (its sequence's blocks), `seq_lens` (positions it
-    attends to, itself included: causal), and from these `key_slots` (the cache slot of each position it may read;
-    masked positions: the zero slot) and `key_mask` (position < seq_len)."""
-
-    def __init__(self, config: LlamaConfig) -> None:
-        super().__init__()
-        self.config, rows = config, config.max_tokens
-        self.register_buffer("slot_mapping", torch.full((rows,), SCRATCH_SLOT), persistent=False)
-        self.register_buffer("block_tables", torch.zeros(rows, config.max_blocks_per_seq, dtype=torch.long), False)
-        self.register_buffer("seq_lens", torch.ones(rows, dtype=torch.long), persistent=False)
-        self.register_buffer("key_slots", torch.zeros(rows, config.max_context, dtype=torch.long), False)
-        self.register_buffer("key_mask", torch.zeros(rows, config.max_context, dtype=torch.bool), False)
-        self.key_mask[:, 0] = True
-
-    def set_tokens(self, seq_ids: torch.Tensor, positions: torch.Tensor) -> None:
-        """Token i: position `positions[i]` of sequence `seq_ids[i]`; later rows: padding. No host sync, no checks."""
-        c, n, device = self.config, seq_ids.shape[0], seq_ids.device
-        blocks = 1 + seq_ids[:, None] * c.max_blocks_per_seq + torch.arange(c.max_blocks_per_seq, device=device)
-        slots = blocks.gather(1, (positions // c.block_size)[:, None])[:, 0] * c.block_size + positions % c.block_size
-        mask = torch.arange(c.max_context, device=device) < positions[:, None] + 1
-        keys = (blocks[:, :, None] * c.block_size + torch.arange(c.block_size, device=device)).flatten(1)
-        for buffer, rows, pad in [(self.block_tables, blocks, 0), (self.seq_lens, positions + 1, 1),
-                                  (self.slot_mapping, slots, SCRATCH_SLOT), (self.key_mask, mask, False),
-                                  (self.key_slots, torch.where(mask, keys, ZERO_SLOT), ZERO_SLOT)]:
-            buffer[:n], buffer[n:] = rows, pad  # in place
-        self.key_mask[n:, 0] = True  # padding rows attend to the zero slot alone
-
-
-_current: AttentionMetadata | None = None  # what llama::paged_attention reads
-
-
-@contextlib.contextmanager
-def attention_context(metadata: AttentionMetadata):
-    """`metadata` is current inside the block (as vLLM's `set_forward_context`), the previous one after it."""
-    global _current
-    previous, _current = _current, metadata
-    try:
-        yield metadata
-    finally:
-        _current = previous
-
-
-_lib = torch.library.Library("llama", "FRAGMENT")  # not @custom_op (see models.py): tens of µs less per eager call
-_lib.define("paged_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor(c!) out, "
-            "float scale) -> ()")
-
-
-def paged_attention(q, k, v, k_cache, v_cache, out, scale: float) -> None:
-    """q, out [T, heads, D]; k, v [T, kv_heads, D]; caches [num_blocks, block_size, kv_heads, D]. Writes k, v at the
-    current metadata's slots, then each token's attention (GQA) over its sequence's first seq_len positions, through
-    its block table, into `out`. Masked positions read the zero slot: stale or NaN cache never reaches a real row."""
-    if (md := _current) is None:
-        raise RuntimeError("llama::paged_attention: no metadata is current (decode_batch, attention_context set it)")
-    (n, heads, dim), kv_heads = q.shape, k_cache.shape[2]
-    k_flat, v_flat = k_cache.view(-1, kv_heads, dim), v_cache.view(-1, kv_heads, dim)
-    k_flat.index_copy_(0, md.slot_mapping[:n], k)
-    v_flat.index_copy_(0, md.slot_mapping[:n], v)
-    slots = md.key_slots[:n]
-    keys, values = k_flat[slots].transpose(1, 2), v_flat[slots].transpose(1, 2)  # [T, kv_heads, S, D]
-    # GQA as a query length: the heads sharing kv head j (j * group ... j * group + group - 1) are its queries.
-    grouped = q.view(n, kv_heads, heads // kv_heads, dim)
-    out.view(grouped.shape).copy_(F.scaled_dot_product_attention(grouped, keys, values, scale=scale,
-                                                                 attn_mask=md.key_mask[:n, None, None]))
-
-
-_lib.impl("paged_attention", paged_attention, "CompositeExplicitAutograd")
-torch.library.register_fake("llama::paged_attention")(lambda *args: None)  # writes only into its mutable arguments
+                   vocab_size=256, block_size=4, max_blocks_per_seq=8, max_tokens=64, max_seqs=64)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -161,7 +98,8 @@ class Block(nn.Module):
         x1, x2 = qkv[:, :heads].chunk(2, dim=-1)  # RoPE on q and k, rotate-half layout (Hugging Face's Llama)
         qk = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
         q, k, out = qk[:, :c.num_heads], qk[:, c.num_heads:], qk.new_empty(qk.shape[0], c.num_heads, c.head_dim)
-        torch.ops.llama.paged_attention(q, k, qkv[:, heads:], self.k_cache, self.v_cache, out, c.head_dim ** -0.5)
+        attention = torch.ops.llama.paged_attention_varlen if c.attention == "varlen" else torch.ops.llama.paged_attention
+        attention(q, k, qkv[:, heads:], self.k_cache, self.v_cache, out, c.head_dim ** -0.5)
         h = x + self.reduced(self.wo(out.flatten(1)))
         gate, up = self.w13(rms_norm(h, self.ffn_norm, c.norm_eps)).chunk(2, dim=-1)
         return h + self.reduced(self.w2(F.silu(gate) * up))
@@ -214,13 +152,12 @@ def shard(model: Llama, group: dist.ProcessGroup | None = None) -> Llama:
 def serve_tokens(model: Llama, seq_ids, positions, device="cpu", seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids < vocab_size - 1, positions) of tokens (seq_ids[i], positions[i]); fills and makes current the
     model's metadata. The last token id is never drawn (free for a poison row)."""
-    global _current
     c, seq_ids, positions = model.config, torch.as_tensor(seq_ids).cpu(), torch.as_tensor(positions).cpu()
-    if len(positions) > c.max_tokens or int(positions.max()) >= c.max_context or int(seq_ids.max()) >= c.max_tokens:
-        raise ValueError(f"at most {c.max_tokens} tokens, sequences < {c.max_tokens}, positions < {c.max_context}")
+    if len(positions) > c.max_tokens or int(positions.max()) >= c.max_context or int(seq_ids.max()) >= c.max_seqs:
+        raise ValueError(f"at most {c.max_tokens} tokens, sequences < {c.max_seqs}, positions < {c.max_context}")
     ids = torch.randint(0, c.vocab_size - 1, positions.shape, generator=torch.Generator().manual_seed(seed))
-    model.attn_metadata.set_tokens(seq_ids.to(device), positions.to(device))
-    _current = model.attn_metadata
+    model.attn_metadata.set_batch(seq_ids, positions)
+    make_current(model.attn_metadata)
     return ids.to(device), positions.to(device)
 
 

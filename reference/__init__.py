@@ -1,9 +1,11 @@
 """pieceworks: piecewise CUDA-graph compilation, the reference implementation.
 
-Public API: `CompilationConfig`, `CUDAGraphMode`, `compile`, `Backend`, `split_graph`, `counters`. Public view for
-tools: `CompiledModel.runtime` (`Runtime`: `graph`, `mode`, `phase`, `pool`, `captured_sizes`, `replay_for(n)`),
-`Runtime.graph` (`CompiledGraph`: `split_module`, `pieces`, `build_seconds`, `cache_dir`), `Piece` (one piece and
-its facts), `ReplayPlan` / `FullGraph` (`batch`, `graphs`, `steps`, `run`).
+Public API: `CompilationConfig`, `CUDAGraphMode`, `compile`, `Backend`, `split_graph`, `counters`; batch kinds
+(batch_kind.py): `uniform_decode()` around a call marks a uniform decode batch, `declare_graph_support(op, ...)`
+says what a CUDA graph around a splitting op may hold. Public view for tools: `CompiledModel.runtime` (`Runtime`:
+`graph`, `mode`, `phase`, `pool`, `captured_sizes`, `mode_for(uniform)`, `replay_for(n, uniform)`), `Runtime.graph`
+(`CompiledGraph`: `split_module`, `pieces`, `build_seconds`, `cache_dir`), `Piece` (one piece and its facts),
+`ReplayPlan` / `FullGraph` (`batch`, `graphs`, `steps`, `run`).
 The name "pieceworks" is registered as a torch.compile backend:
 `torch.compile(model, backend="pieceworks", options={"splitting_ops": [...], ...})`.
 """
@@ -16,6 +18,7 @@ import torch
 
 from .api import CompiledModel, InputError, StateReplacedError, compile
 from .backend import Backend, CompiledGraph
+from .batch_kind import GraphSupport, declare_graph_support, is_uniform_decode, uniform_decode
 from .config import CompilationConfig, ConfigError, CUDAGraphMode, default_capture_sizes
 from .counters import CompilationCounter, counters
 from .dispatch import BatchSizeError
@@ -25,9 +28,9 @@ from .runtime import CaptureMismatchError, Phase, Runtime
 from .split import split_graph
 
 __all__ = ["Backend", "BatchSizeError", "CaptureMismatchError", "CompilationConfig", "CompilationCounter",
-           "CompiledGraph", "CompiledModel", "ConfigError", "CUDAGraphMode", "FullGraph", "InputError", "Phase",
-           "Piece", "ReplayPlan", "Runtime", "StateReplacedError", "compile", "counters", "default_capture_sizes",
-           "split_graph"]
+           "CompiledGraph", "CompiledModel", "ConfigError", "CUDAGraphMode", "FullGraph", "GraphSupport", "InputError",
+           "Phase", "Piece", "ReplayPlan", "Runtime", "StateReplacedError", "compile", "counters",
+           "declare_graph_support", "default_capture_sizes", "is_uniform_decode", "split_graph", "uniform_decode"]
 
 __version__ = "0.1.0"
 

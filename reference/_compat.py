@@ -26,6 +26,10 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
   `_torch_unpickler`, and a fake mode is not pickled (the loader supplies a fresh one); the graph is rebuilt under
   `torch._guards.tracing(TracingContext(fake_mode))`, as a backend call would be. Where any of this is missing or
   fails, the record is not written and warm starts trace as before;
+- the caching allocator's capture routing, `torch._C._cuda_endAllocateToPool(device, pool)` and
+  `_cuda_releasePool(device, pool)` (2.11-2.15; `torch.cuda.use_mem_pool` calls them): a capture whose
+  `capture_end` raises (the stream capture was invalidated: a host sync, a failed launch) never reaches them, and
+  the allocator would keep routing to the pool and assert when it next frees (`end_failed_capture`);
 - `nn.Module._apply(fn)`, through which `.to()`, `.cuda()`, `.half()` reallocate parameters and buffers (no public
   hook sees it): `after_apply` wraps it on one module instance (2.11-2.15).
 
@@ -229,3 +233,11 @@ def tracing(fake_mode: Any) -> Any:
     outside Dynamo."""
     guards = _module("torch._guards", "tracing", "TracingContext")
     return guards.tracing(guards.TracingContext(fake_mode))
+
+
+def end_failed_capture(pool: Any) -> None:
+    """Undo what `CUDAGraph.capture_begin(pool=pool)` told the caching allocator, after a `capture_end` that raised:
+    stop routing this device's allocations to `pool` and drop the capture's hold on it."""
+    device = torch.cuda.current_device()
+    torch._C._cuda_endAllocateToPool(device, pool)
+    torch._C._cuda_releasePool(device, pool)

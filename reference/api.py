@@ -18,7 +18,8 @@ Contracts of the returned `CompiledModel`:
   raises `InputError` naming the argument. Any memory layout is served: pieces are compiled for contiguous
   tensors, so a non-contiguous argument (transposed, sliced) is copied into the static buffers or, without
   graphs, into a contiguous copy (written back where the model writes it in place);
-- with CUDA graphs (`capture()` called, or `lazy_capture`), a batch of b rows is copied into static buffers,
+- with CUDA graphs (`capture()` called, or `lazy_capture`) for the call's kind of batch (`pieceworks.uniform_decode()`
+  marks uniform decode calls; the mode says which kinds have graphs), a batch of b rows is copied into static buffers,
   padded to the smallest captured size n >= b, run, and its outputs cut back to b rows (exactly the outputs whose
   dim 0 the trace shows is the batch, in tuples, lists, dicts and namedtuples). Outputs then alias graph
   memory and are valid until the next call (vLLM's contract): clone what you keep. Batches above the largest
@@ -50,6 +51,7 @@ import torch
 
 from . import _compat, record
 from .backend import CompiledGraph, compile_graph, own_config
+from .batch_kind import _uniform
 from .binding import Binder, StateReplacedError, StateWatch, bind
 from .config import CompilationConfig, ConfigError, CUDAGraphMode
 from .counters import counters
@@ -334,7 +336,8 @@ class CompiledModel:
 
     def _serve(self, args: Sequence[Any], batch: int) -> Any:
         """One call with checked `args` of batch `batch`; see the module doc for the path."""
-        if self.static_inputs is not None and self.runtime.phase is not Phase.WAITING:
+        if self.static_inputs is not None and self.runtime.phase is not Phase.WAITING \
+                and self.runtime.mode_for(_uniform[0]) is not CUDAGraphMode.NONE:  # batches of this kind have graphs
             n = padded_size(self.config.cudagraph_capture_sizes, batch)
             if n is not None:
                 self.static_inputs.load(args, batch)

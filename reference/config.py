@@ -28,21 +28,34 @@ class ConfigError(ValueError):
 
 
 class CUDAGraphMode(enum.Enum):
-    """How compiled code is replayed (vLLM's values).
+    """How compiled code is replayed, per kind of batch (vLLM's modes and meanings; batch_kind.py says the kinds).
 
     NONE: compiled pieces run as they are. PIECEWISE: one CUDA graph per compiled piece and batch size, splitting
-    ops run eagerly between them. FULL: one graph per batch size over the whole model. FULL_AND_PIECEWISE: FULL
-    where a full graph was captured for the batch, else PIECEWISE, else NONE.
+    ops run eagerly between them. FULL: one graph per batch size over the whole model, for every batch.
+    FULL_DECODE_ONLY: full graphs for uniform decode batches, nothing for mixed ones. FULL_AND_PIECEWISE: full graphs
+    for uniform decode batches, PIECEWISE for mixed ones. Where a full graph cannot be had, PIECEWISE serves instead.
     """
 
     NONE = 0
     PIECEWISE = 1
     FULL = 2
     FULL_AND_PIECEWISE = 3
+    FULL_DECODE_ONLY = 4
+
+    @property
+    def decode_mode(self) -> CUDAGraphMode:
+        """The mode of uniform decode batches: NONE, PIECEWISE or FULL."""
+        return CUDAGraphMode.FULL if self.has_full else self
+
+    @property
+    def mixed_mode(self) -> CUDAGraphMode:
+        """The mode of mixed batches: NONE, PIECEWISE or FULL."""
+        return {CUDAGraphMode.FULL_DECODE_ONLY: CUDAGraphMode.NONE,
+                CUDAGraphMode.FULL_AND_PIECEWISE: CUDAGraphMode.PIECEWISE}.get(self, self)
 
     @property
     def has_full(self) -> bool:
-        return self in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE)
+        return self in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY)
 
     @property
     def has_piecewise(self) -> bool:

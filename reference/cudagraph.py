@@ -17,6 +17,8 @@ Contracts (the ones vLLM's users rely on):
   next replay of any graph in the pool may overwrite them.
 - **Inputs must sit where they were captured.** `check_addresses` compares `data_ptr()`s before a replay and raises
   `ReplayAddressError` naming the graph and the input; nothing is computed from stale memory.
+- **A failed capture leaves the process healthy** (`_captured`): the stream capture is ended and the allocator
+  stops routing to the pool before the error reaches the caller, so memory frees and later captures work.
 - Not thread-safe: one forward pass at a time per model.
 """
 
@@ -28,6 +30,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from . import _compat
 from .counters import counters
 
 
@@ -81,6 +84,32 @@ def check_addresses(args: Sequence[Any], checks: Sequence[AddressCheck], batch: 
                                      f"stale memory. Fix: keep inputs in static buffers (pieceworks.compile does this "
                                      f"for model inputs) and keep parameters where they were captured (swap weights "
                                      f"with an in-place copy_)")
+
+
+def _captured(graph: torch.cuda.CUDAGraph, fn: Callable[..., Any], args: Sequence[Any], pool: Any) -> Any:
+    """`fn(*args)` captured into `graph` from `pool`; returns its outputs. However the capture fails (an exception in
+    `fn`, a host sync or failed launch that invalidates the stream capture, out of memory, an interrupt), the stream
+    capture is ended and the allocator stops routing to the pool before the error propagates: a failed capture
+    leaves the process able to free memory and to capture again."""
+    graph.capture_begin(pool=pool)
+    try:
+        outputs = fn(*args)
+    except BaseException:
+        _end(graph, pool)
+        raise
+    _end(graph, pool, reraise=True)
+    return outputs
+
+
+def _end(graph: torch.cuda.CUDAGraph, pool: Any, reraise: bool = False) -> None:
+    """`graph.capture_end()`; where it raises (the capture was invalidated) the allocator's routing to `pool`, which
+    it never reached, is ended too (`_compat.end_failed_capture`); its error is raised if `reraise`."""
+    try:
+        graph.capture_end()
+    except BaseException:
+        _compat.end_failed_capture(pool)
+        if reraise:
+            raise
 
 
 class CapturePool:
@@ -138,11 +167,7 @@ class CapturePool:
                 args[i].copy_(value)
                 value.record_stream(stream)  # freed below, while the copy may still be queued on this stream
             del saved
-            graph.capture_begin(pool=self.handle)
-            try:
-                outputs = fn(*args)
-            finally:
-                graph.capture_end()
+            outputs = _captured(graph, fn, args, self.handle)
         torch.cuda.current_stream().wait_stream(stream)
         graph.replay()  # the capture recorded work without doing it: compute this call's real outputs
         counters.num_cudagraph_captured += 1

@@ -5,6 +5,13 @@ serving: the capture pool (`CapturePool`, which owns its handle), the phase, and
 PIECEWISE `ReplayPlan` (plan.py) captured for padded batch size n. A size without one runs the stitching module
 without graphs. Nothing outside this class writes its state.
 
+Batch kinds (batch_kind.py): a call is uniform decode (inside `pieceworks.uniform_decode()`) or mixed; the mode
+gives each kind its own (`mode_for(uniform)`: FULL, PIECEWISE or NONE), so a size may hold two replays, a FULL graph
+for uniform decode and a PIECEWISE plan for mixed batches (FULL_AND_PIECEWISE), or one shared by both kinds. The mode
+is first lowered to what the graph's splitting ops declare (`declare_graph_support`), logged once: FULL becomes
+FULL_AND_PIECEWISE under an op that supports uniform decode only, and every full mode becomes PIECEWISE (NONE for
+FULL_DECODE_ONLY) under one that supports no graph.
+
 Phases (`Phase`): WAITING (from construction until `capture()`: calls run without graphs and capture nothing),
 CAPTURING (inside `capture()` or one lazy capture: a call at a capture size not yet attempted captures it), SERVING
 (a size without a graph follows `on_missing_graph`, or, with `lazy_capture`, is captured on first sight; a runtime
@@ -32,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._compat import op_identity
+from .batch_kind import GraphSupport, _uniform, graph_support, uniform_decode
 from .config import CompilationConfig, CUDAGraphMode
 from .counters import counters
 from .cudagraph import CapturePool, pool_bytes
@@ -85,8 +94,9 @@ def capture_order(sizes: Iterable[int]) -> list[int]:
 
 
 def effective_mode(config: CompilationConfig, graph: CompiledGraph) -> CUDAGraphMode:
-    """The mode a graph gets: `config.cudagraph_mode`, except NONE without CUDA (warned once), and FULL (or
-    PIECEWISE's one piece, captured per size as a FULL graph would be) where no splitting op split the graph."""
+    """The mode a graph gets: `config.cudagraph_mode`, except NONE without CUDA (warned once), FULL (or
+    PIECEWISE's one piece, captured per size as a FULL graph would be) where no splitting op split the graph, and
+    lowered to what the splitting ops' declared graph support allows (batch_kind.py; logged once)."""
     mode = config.cudagraph_mode
     if mode is CUDAGraphMode.NONE:
         return mode
@@ -100,15 +110,34 @@ def effective_mode(config: CompilationConfig, graph: CompiledGraph) -> CUDAGraph
                  config.splitting_ops, "FULL covers it" if mode.has_full else
                  "its one piece is captured per size, as a FULL graph would be")
         return CUDAGraphMode.FULL if mode.has_full else mode
-    return mode
+    ops = {op_identity(n.target)[0] for p in graph.pieces if p.is_splitting_graph for n in p.graph.graph.nodes
+           if n.op == "call_function" and op_identity(n.target) is not None}
+    support, op = graph_support(ops)
+    lowered = supported_mode(mode, support)
+    if lowered is not mode:
+        log.warning("pieceworks: cudagraph_mode=%s lowered to %s: splitting op %s declares graph support %s (a full "
+                    "graph may not hold it for %s)", mode.name, lowered.name, op, support.name,
+                    "mixed batches" if support is GraphSupport.UNIFORM_DECODE else "any batch")
+    return lowered
+
+
+def supported_mode(mode: CUDAGraphMode, support: GraphSupport) -> CUDAGraphMode:
+    """`mode` lowered to what splitting ops of `support` allow (vLLM's downgrades): under UNIFORM_DECODE, FULL
+    becomes FULL_AND_PIECEWISE (the other modes' full graphs serve uniform decode only already); under NEVER, every
+    mode with full graphs becomes PIECEWISE, FULL_DECODE_ONLY NONE (it asked for no piecewise graphs)."""
+    if not mode.has_full or support is GraphSupport.ALWAYS:
+        return mode
+    if support is GraphSupport.UNIFORM_DECODE:
+        return CUDAGraphMode.FULL_AND_PIECEWISE if mode is CUDAGraphMode.FULL else mode
+    return CUDAGraphMode.NONE if mode is CUDAGraphMode.FULL_DECODE_ONLY else CUDAGraphMode.PIECEWISE
 
 
 class Runtime:
     """Capture and replay of one `CompiledGraph`; see the module doc.
 
     Public view (read it; only this object writes it): `graph`, `config`, `mode` (`effective_mode`), `pool`,
-    `phase`, `full_reason` (why there are no FULL graphs, or None where there are), `captured_sizes` and
-    `replay_for(n)`."""
+    `phase`, `full_reason` (why there are no FULL graphs, or None where there are), `mode_for(uniform)`,
+    `captured_sizes` and `replay_for(n, uniform)`."""
 
     def __init__(self, graph: CompiledGraph, config: CompilationConfig) -> None:
         self.graph = graph
@@ -116,8 +145,10 @@ class Runtime:
         self.pool = CapturePool(config.cudagraph_num_warmups)
         self.mode = effective_mode(config, graph)
         self.phase = Phase.SERVING if config.lazy_capture else Phase.WAITING
-        self._replays: dict[int, FullGraph | ReplayPlan] = {}  # in the order they were captured
-        self._attempted: set[int] = set()
+        # per (padded size, uniform decode): its FULL graph or PIECEWISE plan, in the order they were captured
+        self._replays: dict[tuple[int, bool], FullGraph | ReplayPlan] = {}
+        self._attempted: set[tuple[int, bool]] = set()
+        self._kind_modes = {True: self.mode.decode_mode, False: self.mode.mixed_mode}
         self._warned: set[int] = set()
         self._sizes = list(config.cudagraph_capture_sizes)
         self._max_size = max(self._sizes, default=0)
@@ -133,15 +164,34 @@ class Runtime:
         if self.mode.has_full and self.full_reason is not None:
             counters.num_cudagraph_uncapturable += 1
             log.warning("pieceworks: no FULL CUDA graph: %s", self.full_reason)
+            self._no_full()
+
+    def _no_full(self) -> None:
+        """Kinds meant for FULL graphs get PIECEWISE plans instead (no graphs where no piece can have one)."""
+        instead = CUDAGraphMode.PIECEWISE if self._graph_pieces else CUDAGraphMode.NONE
+        self._kind_modes = {k: instead if m is CUDAGraphMode.FULL else m for k, m in self._kind_modes.items()}
+
+    def mode_for(self, uniform: bool) -> CUDAGraphMode:
+        """What serves a batch of this kind (uniform decode or mixed): FULL, PIECEWISE or NONE (no graph)."""
+        return self._kind_modes[uniform]
+
+    def _capture_kinds(self) -> list[bool]:
+        """The kinds a capture phase captures per size: one capture where both kinds share a mode (under the mixed
+        kind: a graph both may replay), else each kind with graphs, uniform decode (FULL) first."""
+        modes = self._kind_modes
+        if modes[True] is modes[False]:
+            return [] if modes[False] is CUDAGraphMode.NONE else [False]
+        return [k for k in (True, False) if modes[k] is not CUDAGraphMode.NONE]
 
     @property
     def captured_sizes(self) -> tuple[int, ...]:
-        """The sizes with a graph or plan, in the order they were captured."""
-        return tuple(self._replays)
+        """The sizes with a graph or plan (of either kind), in the order they were captured."""
+        return tuple(dict.fromkeys(size for size, _ in self._replays))
 
-    def replay_for(self, size: int) -> FullGraph | ReplayPlan | None:
-        """The FULL graph or PIECEWISE plan captured for padded batch size `size`, or None."""
-        return self._replays.get(size)
+    def replay_for(self, size: int, uniform: bool | None = None) -> FullGraph | ReplayPlan | None:
+        """The FULL graph or PIECEWISE plan that serves padded batch size `size` of kind `uniform` (default: the kind
+        of the call under way, `pieceworks.is_uniform_decode()`), or None."""
+        return self._replays.get((size, _uniform[0] if uniform is None else uniform))
 
     # ---- calls ----------------------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
@@ -149,14 +199,16 @@ class Runtime:
         return self.run(args, None if batch is None else batch.read(args), static=False)
 
     def run(self, args: Sequence[Any], batch: int | None, static: bool) -> Any:
-        """Replay the graph captured for `batch`, capture it, or run without graphs; see the module doc."""
-        replay = self._replays.get(batch)
+        """Replay the graph captured for `batch` and the call's kind, capture it, or run without graphs; see the
+        module doc."""
+        key = (batch, _uniform[0])
+        replay = self._replays.get(key)
         if replay is not None:
             return replay.run(args, replay.all_checks if self._debug else (() if static else replay.cheap_checks))
         if self.phase is not Phase.WAITING and batch is not None and batch <= self._max_size \
-                and self.mode is not CUDAGraphMode.NONE and batch not in self._attempted:
+                and self._kind_modes[key[1]] is not CUDAGraphMode.NONE and key not in self._attempted:
             if batch in self._sizes and (self.phase is Phase.CAPTURING or self.config.lazy_capture):
-                return self._capture_size(batch, args)
+                return self._capture_size(batch, args, key[1])
             if self.phase is Phase.SERVING and self.config.on_missing_graph == "raise":
                 raise CUDAGraphMissingError(
                     f"batch size {batch} has no CUDA graph (captured: {sorted(self._replays)}). Fix: pad batches to "
@@ -184,14 +236,14 @@ class Runtime:
                 gc.enable()
             self.phase = Phase.SERVING
 
-    def _capture_size(self, batch: int, args: Sequence[Any]) -> Any:
-        """Capture the graphs of one batch size from `args` (which stay where they are); return this call's
-        outputs. FULL first where wanted; PIECEWISE where FULL is not (or failed). Outside `capture()` (a lazy
-        capture) it is a capture phase of its own."""
-        self._attempted.add(batch)
-        split_gm = self.graph.split_module
+    def _capture_size(self, batch: int, args: Sequence[Any], uniform: bool) -> Any:
+        """Capture the graph of one batch size and kind from `args` (which stay where they are); return this call's
+        outputs. FULL where the kind's mode is FULL; PIECEWISE where it is PIECEWISE or FULL failed. The replay
+        serves every kind whose mode is the same. Outside `capture()` (a lazy capture) it is a phase of its own."""
+        split_gm, kind = self.graph.split_module, self._kind_modes[uniform]
+        self._attempted.add((batch, uniform))
         with self._capturing() if self.phase is Phase.SERVING else contextlib.nullcontext():
-            if self.full_reason is None:
+            if kind is CUDAGraphMode.FULL and self.full_reason is None:
                 try:
                     graph, out = self.pool.capture(split_gm, args, self.graph.mutated_inputs if self.config.lazy_capture
                                                    else self.graph.restored_inputs)  # a lazy capture is a served call
@@ -200,13 +252,21 @@ class Runtime:
                     counters.num_cudagraph_uncapturable += 1
                     log.warning("pieceworks: no FULL CUDA graph (%s)", self.full_reason)
                     torch.cuda.synchronize()
+                    self._no_full()
                 else:
-                    self._replays[batch] = FullGraph(batch, graph, out, self.graph.placeholder_names, args)
-                    return out
+                    return self._keep(batch, kind, FullGraph(batch, graph, out, self.graph.placeholder_names, args),
+                                      out)
             if not self._graph_pieces:
                 return split_gm(*args)
-            self._replays[batch], out = record_plan(split_gm, batch, args, self._graph_pieces, self.pool.capture_piece)
-            return out
+            return self._keep(batch, self._kind_modes[uniform], *record_plan(split_gm, batch, args, self._graph_pieces,
+                                                                            self.pool.capture_piece))
+
+    def _keep(self, batch: int, kind: CUDAGraphMode, replay: FullGraph | ReplayPlan, out: Any) -> Any:
+        """Keep `replay` for `batch` and every kind whose mode is `kind`; return `out`."""
+        for uniform in (k for k, m in self._kind_modes.items() if m is kind):
+            self._replays[batch, uniform] = replay
+            self._attempted.add((batch, uniform))
+        return out
 
     def reset(self) -> None:
         """Drop every graph and plan: the next capture phase (or, with `lazy_capture`, each size's next call)
@@ -234,7 +294,7 @@ class Runtime:
         if samples < 1:
             raise ValueError(f"samples={samples}: the estimate needs at least 1 sampled size (the largest)")
         report = {"pool_bytes": 0, "sizes": len(sizes), "sampled_sizes": [], "largest_bytes": 0, "seconds": 0.0}
-        if self.mode is CUDAGraphMode.NONE or not sizes:
+        if not self._capture_kinds() or not sizes:
             return report
         step = (len(sizes) - 1) / max(samples - 1, 1)
         picked = sorted({sizes[round(k * step)] for k in range(min(samples, len(sizes)))}, reverse=True)
@@ -244,7 +304,7 @@ class Runtime:
         try:
             with self._capturing():
                 for k, size in enumerate(picked):
-                    run_size(size)
+                    self._capture_kinds_of(run_size, size)
                     if k == 0:
                         torch.cuda.synchronize()
                         largest = pool_bytes(self.pool.handle)
@@ -261,6 +321,12 @@ class Runtime:
                  len(sizes), report["pool_bytes"] / 2**20, picked, report["seconds"])
         return report
 
+    def _capture_kinds_of(self, run_size: Callable[[int], Any], size: int) -> None:
+        """`run_size(size)` once per kind `_capture_kinds` names, each inside `uniform_decode(kind)`."""
+        for uniform in self._capture_kinds():
+            with uniform_decode(uniform):
+                run_size(size)
+
     def capture(self, run_size: Callable[[int], Any], sizes: Iterable[int] | None = None) -> dict[str, Any]:
         """The capture phase: `run_size(n)` for every size in `sizes` (default: every capture size), in
         `capture_order`; each call at a size not yet attempted captures it. Then serving starts: no size is
@@ -274,7 +340,7 @@ class Runtime:
                 (v.device for v in self.graph.inputs if isinstance(v, torch.Tensor) and v.is_cuda), None))
         report = {"sizes": len(sizes), "seconds": 0.0, "free_delta_mib": 0.0, "reserved_delta_mib": 0.0,
                   "graphs": 0, "mode": self.mode.name}
-        if self.mode is CUDAGraphMode.NONE or not sizes:
+        if not self._capture_kinds() or not sizes:
             log.info("pieceworks capture: nothing to capture (mode %s, %d sizes)", self.mode.name, len(sizes))
             self.phase = Phase.SERVING
             return report
@@ -285,7 +351,7 @@ class Runtime:
         graphs, start = counters.num_cudagraph_captured, time.perf_counter()
         with self._capturing():
             for size in progress(sizes, "capture sizes"):
-                run_size(size)
+                self._capture_kinds_of(run_size, size)
         torch.cuda.synchronize()
         report.update(seconds=time.perf_counter() - start, graphs=counters.num_cudagraph_captured - graphs,
                       free_delta_mib=(free - torch.cuda.mem_get_info()[0]) / 2**20,

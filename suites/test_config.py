@@ -112,7 +112,11 @@ def test_a_compiled_config_is_frozen_and_the_model_keeps_its_own_copy():
 
 def test_mode_accepts_names_and_has_vllm_values():
     assert CompilationConfig(cudagraph_mode="full").cudagraph_mode is CUDAGraphMode.FULL
-    assert [m.value for m in CUDAGraphMode] == [0, 1, 2, 3]
+    assert [m.value for m in CUDAGraphMode] == [0, 1, 2, 3, 4]
+    M = CUDAGraphMode  # vLLM's pairs (mode of uniform decode batches, mode of mixed ones)
+    assert {m: (m.decode_mode, m.mixed_mode) for m in M} == {
+        M.NONE: (M.NONE, M.NONE), M.PIECEWISE: (M.PIECEWISE, M.PIECEWISE), M.FULL: (M.FULL, M.FULL),
+        M.FULL_DECODE_ONLY: (M.FULL, M.NONE), M.FULL_AND_PIECEWISE: (M.FULL, M.PIECEWISE)}
 
 
 def test_hash_covers_code_factors_and_nothing_else(tmp_path):

@@ -68,11 +68,39 @@ def test_counters_count_graphs_per_piece_and_size(shared_cache):
     model, inputs = _make("toy_llama")
     layers = model.config.num_layers
     for mode, per_size in [(CUDAGraphMode.PIECEWISE, layers + 1), (CUDAGraphMode.FULL, 1),
-                           (CUDAGraphMode.FULL_AND_PIECEWISE, 1)]:
+                           (CUDAGraphMode.FULL_DECODE_ONLY, 1),  # uniform decode only
+                           (CUDAGraphMode.FULL_AND_PIECEWISE, 1 + layers + 1)]:  # a full graph and a plan per size
         compiled = _compiled(model, inputs, mode, shared_cache)
         with counters.expect(num_cudagraph_captured=per_size * len(SIZES)):
             report = compiled.capture()
         assert report["graphs"] == per_size * len(SIZES) and report["sizes"] == len(SIZES)
+
+
+@pytest.mark.parametrize("mode", [CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY])
+def test_each_kind_of_batch_replays_what_its_mode_gives_it(shared_cache, mode):
+    """Uniform decode calls (inside `uniform_decode()`) replay the size's FULL graph; mixed calls its PIECEWISE plan
+    (FULL_AND_PIECEWISE) or no graph at all, unpadded (FULL_DECODE_ONLY); both like eager."""
+    model, inputs = _make("toy_llama")
+    compiled = _compiled(model, inputs, mode, shared_cache)
+    compiled.capture()
+    runtime, served = compiled.runtime, []
+    for n in SIZES:
+        full, mixed = runtime.replay_for(n, True), runtime.replay_for(n, False)
+        assert isinstance(full, FullGraph)
+        assert isinstance(mixed, ReplayPlan) and not isinstance(mixed, FullGraph) if mode.has_piecewise else mixed is None
+        for replay in {full, mixed} - {None}:
+            replay.run = (lambda run, kind: lambda *a: served.append(kind) or run(*a))(replay.run, type(replay).__name__)
+    for batch in BATCHES:
+        args = inputs(batch)
+        expected = model(*args)
+        for uniform in (True, False):
+            served.clear()
+            with pieceworks.uniform_decode(uniform):
+                got = compiled(*args)
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+            graph = batch <= max(SIZES)
+            want = ["FullGraph"] if graph and uniform else ["ReplayPlan"] if graph and mode.has_piecewise else []
+            assert served == want, f"batch {batch}, uniform decode {uniform}: served by {served}, not {want}"
 
 
 def test_capture_phase_closes(shared_cache, caplog):

@@ -36,7 +36,7 @@ def _qkv(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def _paged(md: L.AttentionMetadata, seq_ids, positions, q, k, v, caches) -> torch.Tensor:
     """The op on tokens (seq_ids[i], positions[i]) of q, k, v, through `md`."""
-    md.set_tokens(torch.as_tensor(seq_ids), torch.as_tensor(positions))
+    md.set_batch(torch.as_tensor(seq_ids), torch.as_tensor(positions))
     out = torch.full_like(q, float("nan"))
     with L.attention_context(md):
         torch.ops.llama.paged_attention(q, k, v, *caches, out, SCALE)
@@ -77,7 +77,7 @@ def test_padding_rows_change_no_real_row_and_write_no_sequence_slot():
     k[len(seqs):], v[len(seqs):] = float("nan"), float("inf")  # poisoned padding rows
     alone_caches, padded_caches = _caches(stale=False), _caches(stale=False)
     alone = _paged(md, seqs, positions, q[:3], k[:3], v[:3], alone_caches)
-    padded = _paged(md, seqs, positions, q, k, v, padded_caches)  # set_tokens made rows 3.. padding rows
+    padded = _paged(md, seqs, positions, q, k, v, padded_caches)  # set_batch made rows 3.. padding rows
     assert md.seq_lens[3:].eq(1).all() and md.slot_mapping[3:].eq(L.SCRATCH_SLOT).all()
     torch.testing.assert_close(padded[:3], alone)
     assert padded[3:].eq(0).all()  # padding rows attend to the zero slot alone: zeros, never NaN
@@ -159,18 +159,39 @@ def test_presets_have_the_published_shapes():
         2, 64, 4, 2, 128, 256)
 
 
+def _mixed_batch(model: L.Llama, device, chunk: int, decodes: int, seed: int) -> tuple:
+    """A mixed batch: a prefill chunk of `chunk` tokens of sequence 40 (positions 8..), then `decodes` decode tokens
+    of sequences 0, 1, ...; the model's metadata filled for it and current."""
+    gen = torch.Generator().manual_seed(seed)
+    positions = [*range(8, 8 + chunk), *torch.randint(0, C.max_context, (decodes,), generator=gen).tolist()]
+    return L.serve_tokens(model, [40] * chunk + list(range(decodes)), positions, device, seed)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL"])
-def test_cuda_graphs_replay_like_eager(cuda, mode):
-    """On CUDA, captured PIECEWISE graphs (the op eager between them) and FULL graphs (the op captured inside) replay
-    decode batches like eager: the op reads the metadata's static buffers, refilled in place per call."""
+@pytest.mark.parametrize("attention", ["unified", "varlen"])
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"])
+def test_cuda_graphs_serve_decode_and_mixed_batches_like_eager(cuda, mode, attention, caplog):
+    """Every mode serves uniform decode batches (inside `uniform_decode()`) and mixed ones like eager, with either
+    attention op; FULL over the varlen op, whose graphs may hold uniform decode batches only, is lowered to
+    FULL_AND_PIECEWISE with a WARNING, and no graph ever replays a mixed batch's plan for another batch."""
     torch.manual_seed(0)
-    model = L.Llama(C).to(cuda)
-    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=L.SPLITTING_OPS, cudagraph_mode=mode,
-                                                           cudagraph_capture_sizes=[1, 4, 8]))
+    config = dataclasses.replace(C, attention=attention)
+    model = L.Llama(config).to(cuda)
+    caplog.set_level("WARNING", logger="pieceworks")
+    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=config.splitting_ops, cudagraph_mode=mode,
+                                                           cudagraph_capture_sizes=[1, 4, 8, 16]))
     compiled(*L.decode_batch(model, 3, cuda))
+    L.decode_batch(model, 16, cuda)  # a uniform decode batch is current while capturing (vLLM's dummy run)
     compiled.capture()
-    for b in [8, 3, 1, 6, 4, 2]:
-        args = L.decode_batch(model, b, cuda, seed=b)
-        expected = model(*args).clone()
-        torch.testing.assert_close(compiled(*args), expected, rtol=1e-4, atol=1e-4, msg=lambda m: f"{b}: {m}")
+    lowered = attention == "varlen" and mode == "FULL"
+    assert (compiled.runtime.mode.name == "FULL_AND_PIECEWISE") == lowered or compiled.runtime.mode.name == mode
+    assert any("lowered to FULL_AND_PIECEWISE" in r.getMessage() for r in caplog.records) == lowered
+    batches = [(lambda b=b: L.decode_batch(model, b, cuda, seed=b), True) for b in [8, 3, 1, 6, 16]] + [
+        (lambda c=c, d=d: _mixed_batch(model, cuda, c, d, seed=c), False) for c, d in [(5, 2), (1, 6), (12, 3)]]
+    for make, uniform in batches * 2:  # twice: replays after other kinds and sizes
+        args = make()
+        expected = model(*args).clone()  # eager writes the same k, v into the same slots
+        with pieceworks.uniform_decode(uniform):
+            got = compiled(*args)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4,
+                                   msg=lambda m: f"{len(args[0])} tokens, uniform decode {uniform}: {m}")

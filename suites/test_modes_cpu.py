@@ -11,12 +11,47 @@ import torch.nn as nn
 
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
+from pieceworks.batch_kind import graph_support
 from pieceworks.piece import moving_inputs, mutated_inputs, uncapturable_reason
 from pieceworks.harness import llama, models
 from pieceworks.harness.checked import CheckedModel, OutputOverwrittenError
 from suites.helpers import dynamo_graph
 from pieceworks.padding import StaticInputs, unpad
+from pieceworks.runtime import supported_mode
 from pieceworks.split import split_graph
+
+
+def test_modes_are_lowered_to_what_the_splitting_ops_support():
+    M, S = CUDAGraphMode, pieceworks.GraphSupport
+    lowered = {(m, s): supported_mode(m, s) for m in M for s in S}
+    assert all(lowered[m, S.ALWAYS] is m for m in M)  # nothing to lower
+    assert {m: lowered[m, S.UNIFORM_DECODE] for m in M} == {  # vLLM: FULL -> FULL_AND_PIECEWISE
+        M.NONE: M.NONE, M.PIECEWISE: M.PIECEWISE, M.FULL: M.FULL_AND_PIECEWISE,
+        M.FULL_DECODE_ONLY: M.FULL_DECODE_ONLY, M.FULL_AND_PIECEWISE: M.FULL_AND_PIECEWISE}
+    assert {m: lowered[m, S.NEVER] for m in M} == {  # no full graph around the op, for any batch
+        M.NONE: M.NONE, M.PIECEWISE: M.PIECEWISE, M.FULL: M.PIECEWISE, M.FULL_DECODE_ONLY: M.NONE,
+        M.FULL_AND_PIECEWISE: M.PIECEWISE}
+    for m in M:  # a lowered mode never puts a full graph where the support forbids one
+        assert lowered[m, S.NEVER].decode_mode is not M.FULL and lowered[m, S.UNIFORM_DECODE].mixed_mode is not M.FULL
+
+
+def test_graph_support_is_the_least_declared_and_uniform_decode_is_scoped():
+    pieceworks.declare_graph_support("pwtest::planned", "uniform_decode")
+    pieceworks.declare_graph_support("pwtest::host", pieceworks.GraphSupport.NEVER)
+    assert graph_support({"pwtest::planned", "silly::attention"}) == (pieceworks.GraphSupport.UNIFORM_DECODE,
+                                                                      "pwtest::planned")
+    assert graph_support({"pwtest::planned", "pwtest::host"})[0] is pieceworks.GraphSupport.NEVER
+    assert graph_support({"silly::attention"}) == (pieceworks.GraphSupport.ALWAYS, None)  # undeclared: ALWAYS
+    for bad in [("pwtest::x.default", "never"), ("pwtest", "never"), ("pwtest::x", "sometimes")]:
+        with pytest.raises(ValueError, match="expected an op packet name"):
+            pieceworks.declare_graph_support(*bad)
+    assert not pieceworks.is_uniform_decode()  # outside: mixed, the kind every mode serves right
+    with pieceworks.uniform_decode():
+        assert pieceworks.is_uniform_decode()
+        with pieceworks.uniform_decode(False):
+            assert not pieceworks.is_uniform_decode()
+        assert pieceworks.is_uniform_decode()
+    assert not pieceworks.is_uniform_decode()
 
 
 @pytest.mark.parametrize("mode", list(CUDAGraphMode))

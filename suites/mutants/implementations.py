@@ -6,7 +6,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import importlib
+import importlib.util
+import inspect
+import tempfile
 import types
+from pathlib import Path
 
 import pytest
 from hypothesis import strategies as st
@@ -22,6 +26,24 @@ from . import mutant
 
 _IMPLS = "suites/test_implementations.py::"
 _TP = "suites/test_tensor_parallel.py::"
+
+
+@mutant("the attention kernels see one position past each sequence (an off-by-one in the length mask)",
+        gpu="suites/test_attention_kernels_gpu.py::test_kernels_match_the_oracle_on_random_batches")
+def attention_sees_one_position_more(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.attention_kernels as kernels  # needs Triton: imported where the mutant applies
+
+    source = inspect.getsource(kernels)
+    mutated = source.replace("length = tl.load(lens + t)", "length = tl.load(lens + t) + 1").replace(
+        "length, row = tl.load(seq_lens + s),", "length, row = tl.load(seq_lens + s) + 1,")
+    assert mutated.count("+ 1") == source.count("+ 1") + 2, "the kernels' length loads moved: update this mutant"
+    path = Path(tempfile.mkdtemp(prefix="pieceworks-mutant-")) / "mutated_attention_kernels.py"
+    path.write_text(mutated)  # Triton compiles from source files: the mutated kernels live in one of their own
+    spec = importlib.util.spec_from_file_location("mutated_attention_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for launcher in ("token_attention", "chunk_attention"):
+        mp.setattr(kernels, launcher, getattr(module, launcher))
 
 
 @mutant("a sharded Llama layer never all-reduces its partial sums",

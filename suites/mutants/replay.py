@@ -28,6 +28,12 @@ def ranks_never_compared(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(runtime, "check_ranks_agree", lambda mode, sizes: None)
 
 
+@mutant("a capture whose capture_end raised leaves the allocator routing to its pool: the process aborts at its next "
+        "free", gpu="suites/test_capture_failures_gpu.py::test_a_failed_full_capture_leaves_the_process_healthy")
+def failed_capture_keeps_routing(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(torch._C, "_cuda_endAllocateToPool", lambda device, pool: None)  # what a failed capture_end skipped
+
+
 @mutant("identical pieces each warm up at every size, though the first one's warm-up served them all",
         gpu=_POOL + "test_each_runnable_warms_up_once_per_size_full_graphs_at_every_size")
 def identical_pieces_all_warm_up(mp: pytest.MonkeyPatch) -> None:
