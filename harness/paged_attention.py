@@ -4,8 +4,9 @@ Triton kernels on CUDA and the ATen oracle on the CPU.
 - The cache: per layer, k and v buffers [num_blocks, block_size, kv_heads, head_dim], written in place only. Block 0
   is reserved: slot 0 (`ZERO_SLOT`) always holds zeros, slot 1 (`SCRATCH_SLOT`) takes padding rows' writes.
 - `AttentionMetadata`: static buffers filled in place once per batch by `set_batch` (every layer reads them): per
-  token its cache slot, its sequence and how many positions it sees (its position + 1: causal); per sequence of the
-  batch (a run of consecutive positions) where its query tokens start, its length and its block-table row; the block
+  token its cache slot, its sequence, how many positions it sees (its position + 1: causal) and where its chunk
+  starts; per chunk (a sequence's consecutive positions in the batch, one chunk per sequence) where its query tokens
+  start, its length, its first position and its block-table row; the block
   tables (one row per sequence slot; the last row, all zeros, is the padding rows'); and, on the host, the batch's
   `plan` (`num_tokens`, `num_seqs`, `max_query_len`, `uniform_decode`: one query token per sequence).
 - The ops read the current metadata (`attention_context`, or the model's, which the batch helpers make current), as
@@ -17,9 +18,9 @@ Triton kernels on CUDA and the ATen oracle on the CPU.
   * `llama::paged_attention_varlen` (UNIFORM_DECODE): uniform decode batches run the same kernel over the per-sequence
     buffers; mixed batches run a chunked kernel whose grid is planned on the host (sequences, longest query), as
     FlashAttention's varlen API and FlashInfer's plan do, so no graph may hold a mixed batch: captured, it raises.
-- On CUDA: two launches per call (the KV write, the attention; one more to zero padding rows of a mixed batch under
-  the varlen op). Elsewhere, or without Triton (warned once): `reference_attention`, ATen ops gathering each token's
-  keys, the oracle the kernels are tested against.
+- On CUDA: one launch per call (attention_kernels.py: each program writes its tokens' k, v and attends; one more to
+  zero padding rows of a mixed batch under the varlen op). Elsewhere, or without Triton (warned once):
+  `reference_attention`, ATen ops gathering each token's keys, the oracle the kernels are tested against.
 Masked positions are never read: a stale or NaN cache never reaches a real row; padding rows read only the zero slot.
 """
 
@@ -55,7 +56,8 @@ class AttentionMetadata(nn.Module):
         int32 = {"dtype": torch.int32}
         for name, size, fill, kind in [("slot_mapping", rows, SCRATCH_SLOT, {"dtype": torch.long}),
                                        ("token_seq", rows, seqs, int32), ("token_lens", rows, 1, int32),
-                                       ("query_start", rows + 1, 0, int32), ("seq_lens", rows, 1, int32),
+                                       ("token_first", rows, 1, int32), ("query_start", rows + 1, 0, int32),
+                                       ("seq_lens", rows, 1, int32), ("seq_first", rows, 1, int32),
                                        ("seq_ids", rows, seqs, int32)]:
             self.register_buffer(name, torch.full((size,), fill, **kind), persistent=False)
         blocks = 1 + torch.arange(seqs * config.max_blocks_per_seq, dtype=torch.int32)
@@ -71,27 +73,31 @@ class AttentionMetadata(nn.Module):
         self.block_tables[seq].copy_(self.host_tables[seq])
 
     def set_batch(self, seq_ids: torch.Tensor, positions: torch.Tensor) -> None:
-        """Token i: position `positions[i]` of sequence slot `seq_ids[i]` (host tensors); tokens of one sequence
-        at consecutive positions, next to each other, are one chunk of it. Later rows: padding. Host work and one
-        copy per buffer; no device sync."""
+        """Token i: position `positions[i]` of sequence slot `seq_ids[i]` (host tensors); a sequence's tokens stand
+        next to each other at consecutive positions (its chunk: `ValueError` otherwise). Later rows: padding. Host
+        work and one copy per buffer; no device sync."""
         c, n = self.config, len(positions)
         seq_ids, positions = seq_ids.to(torch.int32), positions.to(torch.int32)
         starts = torch.cat([torch.ones(1, dtype=torch.bool), (seq_ids[1:] != seq_ids[:-1])
                             | (positions[1:] != positions[:-1] + 1)]).nonzero()[:, 0].to(torch.int32)
         ends = torch.cat([starts[1:], torch.tensor([n], dtype=torch.int32)])
+        if len(set(seq_ids[starts.long()].tolist())) < len(starts):
+            raise ValueError("a sequence's tokens must stand next to each other, at consecutive positions: one chunk "
+                             "per sequence and batch")
         blocks = self.host_tables[seq_ids.long(), (positions // c.block_size).long()].long()
         if not bool(blocks.all()):
             i = int((blocks == 0).nonzero()[0, 0])
             raise ValueError(f"sequence slot {int(seq_ids[i])} owns no cache block for position {int(positions[i])} "
                              f"(the cache has {c.num_blocks} blocks). Fix: assign_blocks first, or a larger cache")
-        plan = self.plan
+        firsts, plan = positions[starts.long()], self.plan
         plan.num_tokens, plan.num_seqs, plan.max_query_len = n, len(starts), int((ends - starts).max())
         plan.uniform_decode = plan.max_query_len == 1
         device = self.slot_mapping.device
         for buffer, rows, pad in [(self.slot_mapping, blocks * c.block_size + positions % c.block_size, SCRATCH_SLOT),
                                   (self.token_seq, seq_ids, c.max_seqs), (self.token_lens, positions + 1, 1),
+                                  (self.token_first, firsts.repeat_interleave((ends - starts).long()), 1),
                                   (self.query_start[1:], ends, n), (self.seq_lens, positions[(ends - 1).long()] + 1, 1),
-                                  (self.seq_ids, seq_ids[starts.long()], c.max_seqs)]:
+                                  (self.seq_first, firsts, 1), (self.seq_ids, seq_ids[starts.long()], c.max_seqs)]:
             buffer[:len(rows)].copy_(rows.to(device, buffer.dtype), non_blocking=True)
             buffer[len(rows):] = pad
 
@@ -158,17 +164,18 @@ def _attention(q, k, v, k_cache, v_cache, out, scale: float, planned: bool) -> N
     kernels = _triton_kernels() if q.is_cuda else None
     if kernels is None:
         return reference_attention(q, k, v, k_cache, v_cache, out, scale, md)
-    kernels.write_kv(k, v, k_cache, v_cache, md.slot_mapping)
     plan = md.plan
     if not planned or plan.uniform_decode:  # per token, or per sequence of one token each: grid fixed by the rows
-        rows, lens = (md.seq_ids, md.seq_lens) if planned else (md.token_seq, md.token_lens)
-        return kernels.token_attention(q, k_cache, v_cache, out, rows, lens, md.block_tables, scale)
+        rows, lens, firsts = (md.seq_ids, md.seq_lens, md.seq_first) if planned else (
+            md.token_seq, md.token_lens, md.token_first)
+        return kernels.token_attention(q, k, v, k_cache, v_cache, out, md.slot_mapping, rows, lens, firsts,
+                                       md.block_tables, scale)
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("llama::paged_attention_varlen plans a mixed batch on the host (sequences, longest query): "
                            "a CUDA graph of it would replay this batch's plan for every batch of its size. Capture it "
                            "for uniform decode batches only (it declares GraphSupport.UNIFORM_DECODE)")
-    kernels.chunk_attention(q, k_cache, v_cache, out, md.query_start, md.seq_lens, md.seq_ids, md.block_tables, scale,
-                            plan.num_seqs, plan.max_query_len)
+    kernels.chunk_attention(q, k, v, k_cache, v_cache, out, md.slot_mapping, md.query_start, md.seq_lens, md.seq_ids,
+                            md.block_tables, scale, plan.num_seqs, plan.max_query_len)
     if q.shape[0] > plan.num_tokens:
         out[plan.num_tokens:].zero_()  # padding rows, as the per-token kernel leaves them
 

@@ -83,7 +83,7 @@ def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got.double() - expected).norm() / expected.norm())
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 @given(batch=batches())
 def test_kernels_match_the_oracle_on_random_batches(cuda, batch):
     config, sequences, padding, dtype, op, seed = batch
@@ -100,11 +100,13 @@ def test_kernels_match_the_oracle_on_random_batches(cuda, batch):
     assert not out.isnan().any(), f"{op}: NaN in rows {out.isnan().flatten(1).any(1).nonzero()[:, 0].tolist()}"
     assert out[real:].eq(0).all(), f"{op}: padding rows must read the zero slot alone"
     for got, want in zip(caches, expected_caches):  # the same slots written, with the same values, nothing else
-        assert torch.equal(got.double().isnan(), want.isnan())
-        assert torch.equal(got.double().nan_to_num(), want.nan_to_num())
+        got, want = got.double().view(-1, *got.shape[2:]), want.view(-1, *want.shape[2:])
+        got[P.SCRATCH_SLOT] = want[P.SCRATCH_SLOT] = 0  # padding rows' writes: any one of them may land last
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(), want.nan_to_num())
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 @given(first=batches(), second=batches())
 def test_a_unified_graph_replays_any_batch_of_its_size(cuda, first, second):
     """A CUDA graph of `llama::paged_attention` captured for one batch serves another of the same row count (a

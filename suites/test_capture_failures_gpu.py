@@ -94,7 +94,7 @@ def capture_fails(failure: str, mode: str) -> dict:
 def test_a_failed_full_capture_leaves_the_process_healthy(cuda, failure):
     from pieceworks.harness.scenario import run_case
 
-    result = run_case(f"{__file__}:capture_fails", {"failure": failure, "mode": "FULL"}, timeout=240)
+    result = run_case("suites.test_capture_failures_gpu:capture_fails", {"failure": failure, "mode": "FULL"}, timeout=240)
     assert result["first_served_right"] and result["second_served_right"], result
     assert result["second_graphs"] == 3, result  # one FULL graph per size: the allocator routes and frees as usual
     if failure == "interrupt":
@@ -107,6 +107,6 @@ def test_a_piecewise_capture_around_a_host_sync_in_a_splitting_op_needs_no_fallb
     """The splitting op runs eagerly between PIECEWISE graphs: its host sync breaks nothing."""
     from pieceworks.harness.scenario import run_case
 
-    result = run_case(f"{__file__}:capture_fails", {"failure": "host_sync", "mode": "PIECEWISE"}, timeout=240)
+    result = run_case("suites.test_capture_failures_gpu:capture_fails", {"failure": "host_sync", "mode": "PIECEWISE"}, timeout=240)
     assert result["first_served_right"] and result["second_served_right"] and result["second_graphs"] == 6, result
 
