@@ -58,6 +58,8 @@ def _draw(strategy: st.SearchStrategy, value_seed: int):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
+    """A run's seed and capture sizes (ascending), and what it serves with them."""
+
     seed: int
     capture_sizes: tuple[int, ...]
 
@@ -123,14 +125,13 @@ def _served(step: Callable[[int, int], None], sequence: list[int]) -> None:
             raise
 
 
-def serve(plan: Plan, step: Callable[[int, int], None], name: str, sequences: st.SearchStrategy | None = None,
-          sweep: list[int] | None = None) -> None:
-    """`step(i, batch)` for every call of `sweep` (default: the plan's), then of sequences drawn from `sequences`
-    (default: `plan.sequences()`), reported under `name` (the property's test)."""
+def serve(plan: Plan, step: Callable[[int, int], None], name: str, sweep: list[int] | None = None) -> None:
+    """`step(i, batch)` for every call of `sweep` (default: the plan's), then of `plan.examples` sequences drawn from
+    `plan.sequences()` under `@seed(plan.seed)`, reported under `name` (the property's test)."""
     def run(sequence: list[int]) -> None:
         _served(step, sequence)
 
     run.__name__ = run.__qualname__ = name
-    test = given(sequence=sequences or plan.sequences())(run)
+    test = given(sequence=plan.sequences())(run)
     test = settings(settings.default, max_examples=plan.examples, report_multiple_bugs=False, **_QUIET)(test)
     example(sequence=plan.sweep if sweep is None else sweep)(seed(plan.seed)(test))()
