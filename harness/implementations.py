@@ -1,9 +1,10 @@
 """Implementations under test: one small adapter per implementation, one registry (docs/conformance.md).
 
 An adapter's `build(model, make_inputs, capture_sizes, splitting_ops)` returns a `Built`: a callable that serves any
-batch size, plus what the harness can observe. `Capabilities` say what it claims; `contracts` map a capability not
-claimed (or "pool", "compiles": a `Built` field not observable) to why, so a check needing it is reported as not
-applicable with that reason. An adapter whose package is missing is unavailable (`unavailable_reason()`).
+batch size, plus what the harness can observe; `make_inputs(batch)` gives the model's arguments for `batch` rows.
+`Capabilities` say what it claims; `contracts` map a capability not claimed (or "pool", "compiles": a `Built` field
+not observable; "argument_writes": the model's in-place writes to its arguments do not reach the caller's) to why,
+so a check needing it is reported as not applicable with that reason. An adapter whose package is missing is unavailable (`unavailable_reason()`).
 
 Contract of `Built.__call__`: called like the model; outputs are valid until the next call (clone what you keep);
 inference only (under `torch.no_grad()`); not thread-safe. A `Built` owns its graphs and pools: dropping the last
@@ -102,6 +103,11 @@ def _batch_of(args: Sequence[Any]) -> int:
         if isinstance(a, torch.Tensor):
             return a.shape[0]
     raise ValueError("no tensor argument: the harness reads the batch size from dim 0 of a tensor argument")
+
+
+_STATIC_ARGUMENTS = ("{} copies arguments into static input buffers and never back: what the model writes into "
+                     "its arguments stays there (models served this way write state such as a KV cache, never "
+                     "their inputs)")
 
 
 def _padded_server(sizes: Sequence[int], static: list[Any], replay: Callable[[int], Any],
@@ -251,7 +257,8 @@ class GraphedCallables(Implementation):
     name = "make-graphed-callables"
     capabilities = Capabilities(cuda_graphs=True, needs_cuda=True)
     contracts = {"padding": "one graphed callable per captured size; other sizes run eagerly: no padding",
-                 "shared_pool": "each graphed callable captures into a pool of its own"}
+                 "shared_pool": "each graphed callable captures into a pool of its own",
+                 "argument_writes": _STATIC_ARGUMENTS.format("a graphed callable")}
 
     def build(self, model, make_inputs, capture_sizes, splitting_ops):
         sizes = sorted(set(capture_sizes), reverse=True)
@@ -291,6 +298,7 @@ class MetaPCG(Implementation):
     arguments must equal the example's."""
 
     capabilities = Capabilities(cuda_graphs=True, padding=True, piecewise=True, shared_pool=True, needs_cuda=True)
+    contracts = {"argument_writes": _STATIC_ARGUMENTS.format("the adapter (an engine's model runner)")}
 
     def __init__(self, name: str = "meta-pcg", module: str = "piecewise_cuda_graphs",
                  sequence: str = "CUDAGraphSequence", capture: str = "piecewise_graph") -> None:
@@ -357,7 +365,8 @@ class VLLM(Implementation):
     contracts = {"pool": "vLLM captures into one graph pool global to the process "
                          "(current_platform.get_global_graph_pool()): not observable per model",
                  "compile_cache": "vLLM keeps its own compile cache (~/.cache/vllm/torch_compile_cache); this adapter "
-                                  "does not observe its compiles"}
+                                  "does not observe its compiles",
+                 "argument_writes": _STATIC_ARGUMENTS.format("vLLM's model runner")}
 
     def unavailable_reason(self) -> str | None:
         exc = _missing("vllm")

@@ -170,9 +170,14 @@ def corrupt(data: bytes, damage: tuple) -> bytes:
     return data.replace(b'"version": 1', b'"version": 2')
 
 
+_LOADED: list[str] = []  # the profile register_profiles loaded, once per process
+
+
 def register_profiles() -> None:
-    """Register `ci` (derandomized, bounded), `dev`, `nightly` and `find-only`, none with a deadline, and load
-    $PIECEWORKS_HYPOTHESIS_PROFILE (default `ci` under CI=true, else `dev`; `--hypothesis-profile NAME` overrides)."""
+    """Register `ci` (derandomized, bounded), `dev`, `nightly` and `find-only`, none with a deadline, and, at the
+    first call in a process only, load $PIECEWORKS_HYPOTHESIS_PROFILE (default `ci` under CI=true, else `dev`;
+    `--hypothesis-profile NAME` overrides: a later call, from a conftest imported after pytest read the option, does
+    not undo it)."""
     # Tests take fixtures for the whole test (a fresh Dynamo, no_grad), and reset Dynamo per example themselves.
     common = dict(deadline=None, print_blob=True, suppress_health_check=[
         HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
@@ -181,8 +186,9 @@ def register_profiles() -> None:
     settings.register_profile("nightly", max_examples=1000, **common)
     # finds a failure without shrinking it (mutant runs on a GPU, where a shrink step compiles and captures)
     settings.register_profile("find-only", max_examples=25, derandomize=True, phases=_NO_SHRINK, **common)
-    default = "ci" if os.environ.get("CI") else "dev"
-    settings.load_profile(os.environ.get("PIECEWORKS_HYPOTHESIS_PROFILE", default))
+    if not _LOADED:
+        _LOADED.append(os.environ.get("PIECEWORKS_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+        settings.load_profile(_LOADED[0])
 
 
 def gpu_settings(fraction: int = 3, **overrides: Any) -> settings:

@@ -4,17 +4,29 @@
 - Call signatures for the tests of pieceworks' argument checks (`InputError`): `signatures()` draws one,
   `signature_args` makes its arguments, `SignatureModule` takes any of them, `mismatches()` draws one way a call can
   differ from it and `apply_mismatch` applies that.
+- `docs_adapter`: the CPU adapter docs/conformance.md shows, as written there.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
 import torch.nn as nn
 from hypothesis import strategies as st
+
+
+def docs_adapter() -> str:
+    """The python block after "A padded runner on a CPU" in docs/conformance.md."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "conformance.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text[text.index("A padded runner on a CPU"):], re.S)
+    assert block, "docs/conformance.md: no python block after 'A padded runner on a CPU'"
+    return block.group(1)
+
 
 def dynamo_graph(model: Callable[..., Any], args: Sequence[Any]) -> tuple[torch.fx.GraphModule, list[Any]]:
     """Trace `model(*args)` with Dynamo (dim 0 of tensor arguments dynamic); return the graph and its inputs.

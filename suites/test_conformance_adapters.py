@@ -1,6 +1,7 @@
 """The conformance suite's new adapters and tools, on a CPU: the vLLM adapter's contract against a fake `vllm`
 (vLLM is not installable on the GPU image), user adapters by file path, dict outputs cut back, the HF Llama's
-splitting op and row independence, the plugin's failure examples, and the table from a results document."""
+splitting op and row independence, the plugin's failure examples and one-line verdicts, why a property does not
+apply, and the table from a results document."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import types
 import pytest
 import torch
 
-from pieceworks.conformance.plugin import failure_example
+from pieceworks.conformance.plugin import failure_example, first_line
 from pieceworks.conformance import table as conformance_table
 from pieceworks.harness import implementations, models
 from pieceworks.harness.implementations import VLLM, _cut, resolve
@@ -165,6 +166,52 @@ def test_failure_example_keeps_the_falsifying_example_and_the_message():
     assert example.splitlines() == ["AssertionError: call 1 (batch 5): shape (8,), eager's (5,)",
                                     "Falsifying example: test_x(", "    sequence=[8, 5],", ")",
                                     "E   You can reproduce this example by temporarily adding @reproduce_failure('6', b'AX')"]
+
+
+def test_failure_example_joins_an_argument_printed_over_several_lines():
+    text = "\n".join(["E   Failing explicit example: test_x(", "E       sequence=[1,", "E        2,", "E        3],",
+                      "E   )"])
+    assert failure_example(text).splitlines() == ["Failing explicit example: test_x(", "    sequence=[1, 2, 3],", ")"]
+
+
+def _failed(message: str, text: str = "") -> types.SimpleNamespace:
+    return types.SimpleNamespace(longrepr=types.SimpleNamespace(reprcrash=types.SimpleNamespace(message=message)),
+                                 longreprtext=text)
+
+
+def test_the_verdict_is_the_first_line_of_the_assertion_not_hypothesis_report():
+    assert first_line(_failed("AssertionError: batches [1, 2, 3]: call 2 (batch 3): rows [2] of 3 differ\nTensor-likes"
+                              )) == "batches [1, 2, 3]: call 2 (batch 3): rows [2] of 3 differ"
+    group = 'AssertionError("batches [2, 2]: call 1 (batch 2): rows [0] of 2 differ\\nTensor-likes are not close!'
+    assert first_line(_failed(group)) == "batches [2, 2]: call 1 (batch 2): rows [0] of 2 differ"
+    assert first_line(_failed("RuntimeError: boom\nmore")) == "RuntimeError: boom"
+    text = "def test():\nE   ValueError: bad input\nE   Falsifying example: t(\nE   )"
+    assert first_line(types.SimpleNamespace(longrepr=text, longreprtext=text)) == "ValueError: bad input"
+
+
+def test_a_property_says_why_it_does_not_apply():
+    from pieceworks.conformance import subjects
+    from pieceworks.conformance.cases import CASES
+    from pieceworks.conformance.padded_runner import PaddedRunner
+
+    registry = implementations.IMPLEMENTATIONS
+    runner, silly, writer = PaddedRunner(), CASES["silly"], CASES["silly-inplace"]
+
+    def why(impl, case, prop, device="cpu"):
+        return subjects.not_applicable(subjects.Subject(impl.name, impl, case), prop, device)
+
+    assert why(runner, silly, "moved-inputs-never-stale") is None  # padding will do: no CUDA graph needed
+    assert why(registry["eager"], silly, "moved-inputs-never-stale") == (
+        "eager: runs the model eagerly: no CUDA graphs (the reference the others are compared with)")
+    assert why(runner, writer, "argument-writes-reach-the-caller") is None
+    assert "silly model writes none of its arguments" in why(runner, silly, "argument-writes-reach-the-caller")
+    for name in ("make-graphed-callables", "meta-pcg", "vllm"):
+        assert "never back" in why(registry[name], writer, "argument-writes-reach-the-caller", "cuda")
+    assert "CUDA caching allocator" in why(registry["pieceworks-piecewise"], silly, "replays-grow-no-memory")
+    assert why(registry["pieceworks-piecewise"], silly, "replays-grow-no-memory", "cuda") is None
+    llama = subjects.Subject("eager", registry["eager"], CASES["llama"])
+    assert subjects.unavailable(llama, "cpu", 64) is None
+    assert "at most 64 rows" in subjects.unavailable(llama, "cpu", 65)
 
 
 def test_the_table_shows_outcomes_reasons_and_failures():

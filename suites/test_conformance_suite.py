@@ -1,63 +1,38 @@
 """The conformance suite end to end, on a CPU, as a user runs it: `pytest -p pieceworks.conformance.plugin --pyargs
-pieceworks.conformance` from another directory, with adapters from a file of the user's (`--impl
+pieceworks.conformance` from another directory, with adapters from files of the user's (`--impl
 path/to/file.py:Class`), then the table.
 
-The user's file holds two adapters that pad on the CPU (eager model on static buffers): `Padding`, correct, and
-`Uncut`, which forgets to cut outputs back to the batch. The run must pass Padding's applicable properties, fail
-Uncut's with a minimal example, report every other property as not applicable with the reason, write the JSON,
-and the table must show all of it.
+- The padded runner of docs/conformance.md, copied from the page into a user's file, passes every property that
+  applies to it on SillyModel, silly-inplace and ToyLlama; the rest are not applicable, with the reason.
+- Each runtime of suites/planted_runtimes.py (that runner with one bug) fails the property it is planted for: one
+  stale input row at batches 3, 6 and 7 fails replay-matches-eager, whatever capture sizes the seed draws (the sweep
+  serves every batch up to just above the largest); the one-line verdict names the batches served and the rows that
+  differ, and the example ends with the seed to replay it. The runtime that never copies argument writes back
+  fails that property and nothing else.
+- The seed: `--hypothesis-seed N` draws the sizes `Plan.draw(N)` draws; without it the derandomized `ci` profile
+  uses seed 0; `--hypothesis-profile` and the size options reach the plan the header prints.
+- A run in which nothing ran fails; a usage error (cuda without CUDA, an unknown implementation) is reported once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from pieceworks.conformance import table as conformance_table
+from pieceworks.conformance.plan import Plan
+from suites.helpers import docs_adapter
+from suites.planted_runtimes import PLANTED
 
-ADAPTERS = textwrap.dedent('''
-    import bisect
-
-    import torch
-
-    from pieceworks.harness.implementations import Built, Capabilities, Implementation
-
-
-    class Padding(Implementation):
-        """Pads each batch to the next capture size in static buffers and runs the eager model there."""
-
-        name = "user-padding"
-        capabilities = Capabilities(padding=True)
-        cut = True
-
-        def build(self, model, make_inputs, capture_sizes, splitting_ops):
-            sizes = sorted(capture_sizes)
-            static = [a.clone() for a in make_inputs(sizes[-1])]
-
-            def serve(*args):
-                batch = args[0].shape[0]
-                i = bisect.bisect_left(sizes, batch)
-                if i == len(sizes):
-                    return model(*args)
-                n = sizes[i]
-                for buffer, a in zip(static, args):
-                    buffer[:batch].copy_(a)
-                out = model(*[s[:n] for s in static])
-                return out[:batch] if self.cut else out
-
-            return Built(serve)
-
-
-    class Uncut(Padding):
-        name = "user-uncut"
-        cut = False
-''')
+REPO = Path(__file__).resolve().parent.parent
+PLANTED_FILE = REPO / "suites" / "planted_runtimes.py"
+SEED = 7
 
 
 def _start(early_processes, test, folder, *args, cuda_visible: str | None = None) -> None:
@@ -66,7 +41,7 @@ def _start(early_processes, test, folder, *args, cuda_visible: str | None = None
     if cuda_visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible
     early_processes.start(test, [sys.executable, "-m", "pytest", "-p", "pieceworks.conformance.plugin", "--pyargs",
-                                 "pieceworks.conformance", "-q", "-p", "no:cacheprovider", *args],
+                                 "pieceworks.conformance", "-p", "no:cacheprovider", *args],
                           env=env, cwd=folder, timeout=300)
 
 
@@ -74,29 +49,42 @@ def _start(early_processes, test, folder, *args, cuda_visible: str | None = None
 def folders(early_processes, tmp_path_factory):
     """Every test's conformance run (a pytest process of its own: seconds, mostly imports), each in a folder of its
     own, all started together before the first test (conftest's EarlyProcesses). The folders, by test name."""
-    folder = {test.__name__: tmp_path_factory.mktemp(test.__name__[5:35]) for test in (
-        test_a_users_adapters_run_through_the_installed_suite_and_make_a_table,
-        test_the_device_defaults_to_what_the_machine_has, test_a_run_in_which_nothing_ran_fails_saying_why,
-        test_cuda_asked_for_without_cuda_is_a_usage_error_naming_the_fix)}
+    tests = (test_the_docs_padded_runner_passes_as_written, test_each_planted_bug_fails_its_property,
+             test_the_device_defaults_to_what_the_machine_has, test_a_run_in_which_nothing_ran_fails_saying_why,
+             test_cuda_asked_for_without_cuda_is_a_usage_error_naming_the_fix, test_a_usage_error_is_reported_once,
+             test_the_seed_profile_and_size_options_reach_the_plan)
+    folder = {test.__name__: tmp_path_factory.mktemp(test.__name__[5:35]) for test in tests}
 
-    test = test_a_users_adapters_run_through_the_installed_suite_and_make_a_table
-    users = folder[test.__name__]
-    (users / "my_adapters.py").write_text(ADAPTERS)
-    _start(early_processes, test, users, "--conformance-device", "cpu", "--conformance-model", "silly",
-           "--conformance-model", "toy-llama", "--impl", "my_adapters.py:Padding",
-           "--impl", f"{users / 'my_adapters.py'}:Uncut", "--conformance-json", users / "run.json")
+    test = test_the_docs_padded_runner_passes_as_written
+    (folder[test.__name__] / "my_adapter.py").write_text(docs_adapter())
+    _start(early_processes, test, folder[test.__name__], "-q", "--conformance-device", "cpu",
+           "--conformance-model", "silly", "--conformance-model", "silly-inplace", "--conformance-model", "toy-llama",
+           "--impl", "my_adapter.py:PaddedRunner", "--conformance-json", folder[test.__name__] / "run.json")
+
+    test = test_each_planted_bug_fails_its_property
+    impls = [arg for planted in PLANTED for arg in ("--impl", f"{PLANTED_FILE}:{planted.__name__}")]
+    _start(early_processes, test, folder[test.__name__], "-q", "--conformance-model", "silly",
+           "--conformance-model", "silly-inplace", *impls, "--hypothesis-seed", str(SEED),
+           "--conformance-json", folder[test.__name__] / "run.json")
 
     test = test_the_device_defaults_to_what_the_machine_has
-    _start(early_processes, test, folder[test.__name__], "--impl", "eager", "--conformance-model", "silly",
+    _start(early_processes, test, folder[test.__name__], "-q", "--impl", "eager", "--conformance-model", "silly",
            "--conformance-json", folder[test.__name__] / "run.json", cuda_visible="")
 
     test = test_a_run_in_which_nothing_ran_fails_saying_why
-    _start(early_processes, test, folder[test.__name__], "--impl", "reduce-overhead", "--conformance-model", "silly",
-           "--conformance-device", "cpu")
+    _start(early_processes, test, folder[test.__name__], "-q", "--impl", "reduce-overhead",
+           "--conformance-model", "silly", "--conformance-device", "cpu")
 
     test = test_cuda_asked_for_without_cuda_is_a_usage_error_naming_the_fix
-    _start(early_processes, test, folder[test.__name__], "--impl", "eager", "--conformance-model", "silly",
+    _start(early_processes, test, folder[test.__name__], "-q", "--impl", "eager", "--conformance-model", "silly",
            "--conformance-device", "cuda", cuda_visible="")
+
+    test = test_a_usage_error_is_reported_once
+    _start(early_processes, test, folder[test.__name__], "-q", "--impl", "no-such-runtime")
+
+    test = test_the_seed_profile_and_size_options_reach_the_plan
+    _start(early_processes, test, folder[test.__name__], "--collect-only", "--impl", "eager", "--hypothesis-seed",
+           "3", "--hypothesis-profile", "nightly", "--conformance-max-size", "40", "--conformance-sizes", "6")
     return folder
 
 
@@ -107,37 +95,68 @@ def run(request, early_processes, folders) -> tuple[subprocess.CompletedProcess,
     return proc, folders[request.function.__name__]
 
 
-def test_a_users_adapters_run_through_the_installed_suite_and_make_a_table(run):
+def _outcomes(folder: Path) -> tuple[dict, dict]:
+    document = json.loads((folder / "run.json").read_text())
+    return document, {(r["impl"], r["model"], r["property"]): r for r in document["results"]}
+
+
+def test_the_docs_padded_runner_passes_as_written(run):
     proc, folder = run
-    out = folder / "run.json"
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # Uncut fails, nothing else goes wrong
-    assert "pieceworks conformance" in proc.stdout and "n/a: user-padding: does not claim" in proc.stdout
-    document = json.loads(out.read_text())
-    outcomes = {(r["impl"], r["model"], r["property"]): r for r in document["results"]}
-    assert len(outcomes) == 2 * 2 * len(document["meta"]["properties"])
-    for model in ["silly", "toy-llama"]:
-        for prop in ["replay-matches-eager", "outputs-cut-to-batch", "poison-stays-in-its-rows"]:
-            assert outcomes["user-padding", model, prop]["outcome"] == "pass", outcomes["user-padding", model, prop]
-            failed = outcomes["user-uncut", model, prop]
-            assert failed["outcome"] == "fail" and "shape" in failed["example"], failed
-        moved = outcomes["user-padding", model, "moved-inputs-never-stale"]
-        assert moved["outcome"] == "n/a" and "does not claim cuda_graphs" in moved["reason"]
-    example = outcomes["user-uncut", "silly", "replay-matches-eager"]["example"]
-    assert "example: test_replay_matches_eager" in example and "    sequence=[" in example and "served=" not in example
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    document, outcomes = _outcomes(folder)
+    assert len(outcomes) == 3 * len(document["meta"]["properties"])
+    ran = {"replay-matches-eager", "outputs-cut-to-batch", "poison-stays-in-its-rows", "moved-inputs-never-stale",
+           "repeats-give-fresh-outputs"}
+    for (_, model, prop), result in outcomes.items():
+        expected = "pass" if prop in ran or (model, prop) == ("silly-inplace", "argument-writes-reach-the-caller") \
+            else "n/a"
+        assert result["outcome"] == expected, result
+    assert "runs the eager model on static buffers" in outcomes["padded-runner", "silly", "replays-grow-no-memory"][
+        "reason"]
     table = conformance_table.render(document)
-    assert "| user-padding | pass | pass | pass | n/a [" in table and "| user-uncut | **FAIL** |" in table
-    assert "### user-uncut / toy-llama / outputs-cut-to-batch (fail)" in table
+    assert "| padded-runner | pass | pass | pass | pass | pass | n/a [" in table
+    assert f"seed {document['meta']['seed']} (replay: --hypothesis-seed" in table
+
+
+def test_each_planted_bug_fails_its_property(run):
+    proc, folder = run
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    document, outcomes = _outcomes(folder)
+    assert document["meta"]["seed"] == SEED
+    assert document["meta"]["capture_sizes"] == list(Plan.draw(SEED).capture_sizes)
+    for planted in PLANTED:
+        model = "silly-inplace" if planted.caught_by == "argument-writes-reach-the-caller" else "silly"
+        result = outcomes[planted.name, model, planted.caught_by]
+        assert result["outcome"] == "fail", (planted.name, result)
+        assert result["example"].endswith(f"replay: --hypothesis-seed {SEED}"), result["example"]
+    others = {k: r["outcome"] for k, r in outcomes.items()
+              if k[0] == "no-write-back" and k[2] != "argument-writes-reach-the-caller"}
+    assert set(others.values()) == {"pass", "n/a"} and "pass" in others.values(), others
+
+    stale = outcomes["stale-row", "silly", "replay-matches-eager"]
+    assert re.fullmatch(r"call: batches \[[\d, ]*\b([367])\]: call \d+ \(batch \1\): output: rows \[\d+\] of \1 "
+                        r"differ from eager's \(largest difference \S+\)", stale["reason"]), stale["reason"]
+    uncut = outcomes["uncut", "silly", "outputs-cut-to-batch"]
+    assert "shape" in uncut["reason"] and "explicit example: test_padded_outputs" in uncut["example"]
+    assert "    sequence=[1, 2," in uncut["example"] and "served=" not in uncut["example"]
+    for line in (f"FAIL: stale-row/silly/replay-matches-eager: {stale['reason']}",
+                 f"FAIL: uncut/silly/outputs-cut-to-batch: {uncut['reason']}"):
+        assert line in proc.stdout
+    table = conformance_table.render(document)
+    assert "| stale-row | **FAIL** |" in table and "### no-write-back / silly-inplace / argument-writes" in table
 
 
 def test_the_device_defaults_to_what_the_machine_has(run):
     """No --conformance-device on a machine without CUDA (hidden here): the CPU properties run, and the JSON and
-    the table name the device they ran on."""
+    the table name the device they ran on; no seed given, under the derandomized profile: seed 0."""
     proc, folder = run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    document = json.loads((folder / "run.json").read_text())
+    document, outcomes = _outcomes(folder)
     assert document["meta"]["device"] == "cpu"
-    assert [r["outcome"] for r in document["results"]].count("pass") >= 1
+    assert document["meta"]["seed"] == 0 and document["meta"]["capture_sizes"] == list(Plan.draw(0).capture_sizes)
+    assert [r["outcome"] for r in outcomes.values()].count("pass") >= 1
     assert conformance_table.render(document).startswith("# Conformance: cpu")
+    assert "seed 0 (replay: --hypothesis-seed 0)" in proc.stdout
 
 
 def test_a_run_in_which_nothing_ran_fails_saying_why(run):
@@ -151,3 +170,21 @@ def test_cuda_asked_for_without_cuda_is_a_usage_error_naming_the_fix(run):
     proc, _ = run
     assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]  # pytest's usage-error status
     assert "sees no CUDA device" in proc.stderr and "--conformance-device cpu" in proc.stderr
+
+
+def test_a_usage_error_is_reported_once(run):
+    proc, _ = run
+    assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    assert output.count("unknown implementation 'no-such-runtime'") == 1, output[-3000:]
+    assert "Fix: pass one of those" in output and "error" not in proc.stdout.lower(), output[-3000:]
+
+
+def test_the_seed_profile_and_size_options_reach_the_plan(run):
+    proc, _ = run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    plan = Plan.draw(3, 40, 6)
+    assert len(plan.capture_sizes) <= 6 and 8 <= max(plan.capture_sizes) <= 40
+    assert (f"pieceworks conformance: seed 3 (replay: --hypothesis-seed 3), capture sizes {list(plan.capture_sizes)},"
+            in proc.stdout), proc.stdout[-3000:]
+    assert "then 200 drawn sequences per property" in proc.stdout  # the nightly profile's 1000 examples / 5

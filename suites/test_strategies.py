@@ -127,3 +127,15 @@ def _has(o, kind) -> bool:
 def test_calls_and_outputs_reach(boundary):
     strategy, condition = CALL_BOUNDARIES[boundary]
     reaches(strategy(), condition)
+
+
+def test_profiles_are_loaded_once_so_a_later_conftest_keeps_the_chosen_one():
+    """pytest loads --hypothesis-profile after the first conftests; a conftest imported later (the conformance
+    suite's parents, in a --pyargs run) calls register_profiles again, which must not load the default again."""
+    chosen = settings.get_current_profile_name()
+    try:
+        settings.load_profile("nightly")
+        strategies.register_profiles()
+        assert settings.get_current_profile_name() == "nightly" and settings.default.max_examples == 1000
+    finally:
+        settings.load_profile(chosen)

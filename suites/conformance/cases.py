@@ -3,7 +3,8 @@ has one a closed form.
 
 Every model keeps dim 0 of every argument as the batch, and its rows independent of each other (so a poisoned row can
 only show in its own output row). Integer inputs cannot hold NaN: the token-id models reserve `POISON_TOKEN`, whose
-embedding row is NaN, and never draw it for real rows.
+embedding row is NaN, and never draw it for real rows. `silly-inplace` writes into its argument (the property
+argument-writes-reach-the-caller needs such a model); the others write none of theirs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ _TOY_POISON = _TOY.vocab_size - 1
 class ModelCase:
     """`make(device)` -> eager module; `inputs(batch, seed, device)` -> argument tuple; `poison(args, rows, value)`
     -> args with `rows` (a slice or index tensor) poisoned (NaN/inf for float arguments, the NaN token for token ids);
-    `closed_form(args)` -> the exact output, or None; `unavailable()` -> why the model cannot be built here, or None."""
+    `closed_form(args)` -> the exact output, or None; `unavailable()` -> why the model cannot be built here, or None;
+    `max_batch`: the largest batch the model serves (None: any); `writes_arguments`: the model writes its arguments
+    in place."""
 
     name: str
     splitting_ops: tuple[str, ...]
@@ -38,6 +41,8 @@ class ModelCase:
     poison: Callable[[tuple, Any, float], tuple]
     closed_form: Callable[[tuple], torch.Tensor] | None = None
     unavailable: Callable[[], str | None] = lambda: None
+    max_batch: int | None = None
+    writes_arguments: bool = False
 
 
 # ---- SillyModel: x -> 9x + 19 ------------------------------------------------------------------------------------
@@ -51,6 +56,19 @@ def _poison_floats(args: tuple, rows: Any, value: float) -> tuple:
         if a.is_floating_point():
             a[rows] = value
     return out
+
+
+class WritesItsArgument(torch.nn.Module):
+    """SillyModel after writing |x| into its argument in place: returns 9|x| + 19 and leaves |x| in x. The write is
+    idempotent, so calling again on the same tensor gives the same output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.silly = models.SillyModel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.abs_()
+        return self.silly(x)
 
 
 # ---- ToyLlama (random weights, and the tractable identity variant) --------------------------------------------------
@@ -90,9 +108,13 @@ def _tractable_closed_form(args: tuple) -> torch.Tensor:
 # is prefilled once by `make` and never written again, and each call writes only its own slot before reading it, so a
 # row depends on its token alone, not on earlier calls (poisoned ones included). The metadata of every row is filled
 # once (`decode_batch` of max_tokens rows) and stays current: a call of b rows reads the first b rows (pad rows too).
+# A batch serves at most _LLAMA_ROWS rows (its sequences).
+_LLAMA_ROWS = llama.TINY.max_tokens
+
+
 def _llama_config(device: torch.device) -> llama.LlamaConfig:
     return llama.TINY if torch.device(device).type == "cpu" else dataclasses.replace(
-        llama.LLAMA_1B, num_layers=2, max_tokens=64, max_blocks_per_seq=4)
+        llama.LLAMA_1B, num_layers=2, max_tokens=_LLAMA_ROWS, max_blocks_per_seq=4)
 
 
 def _positions(config: llama.LlamaConfig) -> torch.Tensor:
@@ -125,11 +147,14 @@ def _llama_poison(args: tuple, rows: Any, value: float) -> tuple:
 CASES: dict[str, ModelCase] = {case.name: case for case in [
     ModelCase("silly", tuple(models.SPLITTING_OPS), lambda device: models.SillyModel().to(device), _silly_inputs,
               _poison_floats, closed_form=lambda args: models.silly_model_expected(args[0])),
+    ModelCase("silly-inplace", tuple(models.SPLITTING_OPS), lambda device: WritesItsArgument().to(device),
+              _silly_inputs, _poison_floats, closed_form=lambda args: models.silly_model_expected(args[0].abs()),
+              writes_arguments=True),
     ModelCase("toy-llama", tuple(models.SPLITTING_OPS), _toy(False), _toy_inputs, _poison_tokens(_TOY_POISON)),
     ModelCase("toy-llama-tractable", tuple(models.SPLITTING_OPS), _toy(True), _toy_inputs,
               _poison_tokens(_TOY_POISON), closed_form=_tractable_closed_form),
     ModelCase("hf-llama", tuple(hf.SPLITTING_OPS), lambda device: hf.hf_llama(device),
               lambda batch, seed, device: hf.hf_llama_inputs(batch, seed, device), _poison_tokens(hf.POISON_TOKEN),
               unavailable=hf.unavailable_reason),
-    ModelCase("llama", tuple(llama.SPLITTING_OPS), _llama, _llama_inputs, _llama_poison),
+    ModelCase("llama", tuple(llama.SPLITTING_OPS), _llama, _llama_inputs, _llama_poison, max_batch=_LLAMA_ROWS),
 ]}

@@ -1,4 +1,9 @@
-"""Comparisons the properties share: outputs against eager, structure first, with dtype-appropriate tolerances."""
+"""Comparisons the properties share: outputs against eager, structure first, with dtype-appropriate tolerances.
+
+An implementation's output is judged against eager's output for the same inputs: the same structure (tuple, list and
+dict types, keys, lengths), every tensor with eager's shape and dtype (so a padded implementation cuts back exactly
+the tensors whose dim 0 is the batch in eager's output, and no other), values within `tolerances`.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CAPTURE_SIZES", "BATCHES", "assert_same", "clone", "main_tensor", "tolerances", "is_clear_error"]
-
-# Few capture sizes keep per-size compilers (reduce-overhead) quick; the served batches hit every captured size, sizes
-# between them (padded, or recorded anew), and one above the largest (no graph).
-CAPTURE_SIZES = [1, 4, 8]
-BATCHES = [1, 2, 4, 5, 8, 11]
+__all__ = ["assert_same", "clone", "main_tensor", "tolerances", "is_clear_error"]
 
 
 def tolerances(dtype: torch.dtype) -> dict[str, float]:
@@ -50,8 +50,10 @@ def assert_same(got: Any, expected: Any, where: str = "output") -> None:
         assert isinstance(got, torch.Tensor), f"{where}: a {type(got).__name__}, eager gives a tensor"
         assert got.shape == expected.shape, f"{where}: shape {tuple(got.shape)}, eager's {tuple(expected.shape)}"
         assert got.dtype == expected.dtype, f"{where}: dtype {got.dtype}, eager's {expected.dtype}"
-        torch.testing.assert_close(got, expected, equal_nan=True, msg=lambda m: f"{where}: {m}",
-                                   **tolerances(expected.dtype))
+        try:
+            torch.testing.assert_close(got, expected, equal_nan=True, **tolerances(expected.dtype))
+        except AssertionError as exc:
+            raise AssertionError(f"{where}: {_differing(got, expected)}\n{exc}") from None
     elif isinstance(expected, dict):
         assert isinstance(got, dict) and list(got) == list(expected), f"{where}: keys {list(got)}, eager's {list(expected)}"
         for k in expected:
@@ -63,6 +65,18 @@ def assert_same(got: Any, expected: Any, where: str = "output") -> None:
             assert_same(g, e, f"{where}[{i}]")
     else:
         assert got == expected, f"{where}: {got!r}, eager gives {expected!r}"
+
+
+def _differing(got: torch.Tensor, expected: torch.Tensor) -> str:
+    """Which rows (dim 0) of `got` differ from `expected`'s (same shape), and by how much at most."""
+    close = torch.isclose(got, expected, equal_nan=True, **tolerances(expected.dtype))
+    if got.dim() == 0:
+        return f"{got.item()!r}, eager's {expected.item()!r}"
+    rows = (~close).reshape(close.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
+    diff = (got.double() - expected.double()).abs()[~close]
+    largest = diff.max().item() if diff.numel() else 0.0
+    shown = f"{rows[:8]}" + (f" and {len(rows) - 8} more" if len(rows) > 8 else "")
+    return f"rows {shown} of {got.shape[0]} differ from eager's (largest difference {largest:.3g})"
 
 
 _CLEAR = re.compile(r"input|address|argument|moved", re.IGNORECASE)

@@ -1,13 +1,13 @@
-"""Parametrisation, order and builds of the conformance suite (its options and results: plugin.py).
+"""Parametrisation, order and builds of the conformance suite (its options and results: plugin.py; the run the
+options make: run.py; the sizes and batches it serves: plan.py).
 
 - Every test taking `subject` runs once per selected implementation x model (`--impl`, `--conformance-model`).
 - Tests run subject by subject (model, then implementation, then property), so each subject is built once
-  (`Builds`); the compile-cache tests of a model run after all its other tests, when every implementation has
-  written its cache entries.
+  (`Builds`), for the run's drawn capture sizes; the compile-cache tests of a model run after all its other tests,
+  when every implementation has written its cache entries.
 - The device is `--conformance-device`: auto (the default) is cuda where the machine has CUDA, else cpu. On cuda
-  every subject test is a gpu test with a timeout of 300 s (its build included); cuda asked for on a machine
-  without CUDA is a usage error. On cpu the properties that need a CUDA graph are "not applicable"; a run in which
-  no test ran at all fails (`plugin.nothing_ran`).
+  every subject test is a gpu test with a timeout of 300 s (its build included). On cpu the properties that read
+  the CUDA caching allocator are "not applicable"; a run in which no test ran at all fails (`plugin.nothing_ran`).
 - No Dynamo reset between tests (it would invalidate torch.compile-based builds); calls run under no_grad; one
   pieceworks cache directory for the session (what the warm-start property's fresh process reads).
 """
@@ -20,46 +20,20 @@ import os
 import pytest
 import torch
 
-from pieceworks.harness.strategies import register_profiles
-
-from .checks import BATCHES, CAPTURE_SIZES
-from .subjects import (PROPERTIES, Builds, Subject, impl_unavailable, not_applicable, not_observable, select,
-                       unavailable)
+from .plan import Plan
+from .run import resolve
+from .subjects import PROPERTIES, Builds, Subject, impl_unavailable, not_applicable, not_observable, unavailable
 
 # `pytest path/to/conformance` loads the plugin here; `--pyargs` runs need `-p pieceworks.conformance.plugin`, since
 # the options must exist before pytest reads the arguments.
 pytest_plugins = ["pieceworks.conformance.plugin"]
-register_profiles()
 
-_SUBJECTS = pytest.StashKey[list]()
-_BUILDS = pytest.StashKey[Builds]()
 _ORDER = list(PROPERTIES)
-
-
-def _device(config: pytest.Config) -> str:
-    """cuda or cpu: --conformance-device, with auto resolved to what this machine has."""
-    device = config.getoption("--conformance-device")
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise pytest.UsageError(f"pieceworks conformance: --conformance-device cuda, but torch {torch.__version__} "
-                                "sees no CUDA device here: leave the option out (auto) or pass "
-                                "--conformance-device cpu to run the properties that need no CUDA graph")
-    return device
-
-
-def _subjects(config: pytest.Config) -> list[Subject]:
-    if _SUBJECTS not in config.stash:
-        try:
-            config.stash[_SUBJECTS] = select(config.getoption("--impl"), config.getoption("--conformance-model"))
-        except (KeyError, ImportError, AttributeError, TypeError, ValueError) as exc:
-            raise pytest.UsageError(f"pieceworks conformance: {exc}") from exc
-    return config.stash[_SUBJECTS]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "subject" in metafunc.fixturenames:
-        subjects = _subjects(metafunc.config)
+        subjects = resolve(metafunc.config).subjects
         metafunc.parametrize("subject", subjects, ids=[s.id for s in subjects])
 
 
@@ -75,10 +49,9 @@ def _property_of(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from pieceworks.conformance.plugin import CONFORMANCE_KEY, CONFORMANCE_META  # imported once pytest_plugins has it
 
-    subjects = config.stash.get(_SUBJECTS, [])
-    rank = {s.id: i for i, s in enumerate(subjects)}
-    models = list(dict.fromkeys(s.case.name for s in subjects))
-    gpu = _device(config) == "cuda"
+    run = resolve(config)
+    rank = {s.id: i for i, s in enumerate(run.subjects)}
+    models = list(dict.fromkeys(s.case.name for s in run.subjects))
 
     def key(item: pytest.Item) -> tuple:
         subject = getattr(item, "callspec", None) and item.callspec.params.get("subject")
@@ -95,30 +68,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.user_properties.append((CONFORMANCE_KEY, {
             "impl": subject.impl.name, "model": subject.case.name, "property": _property_of(item),
             "fixtures": list(item.fixturenames)}))
-        if gpu:
+        if run.device == "cuda":
             item.add_marker(pytest.mark.gpu)
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(300))
     items.sort(key=key)
-    config.stash[CONFORMANCE_META] = _describe(config, subjects)
+    config.stash[CONFORMANCE_META] = _describe(config)
 
 
-def _describe(config: pytest.Config, subjects: list[Subject]) -> dict:
-    """The run, for the JSON: device, versions, capture sizes, implementations with capabilities and reasons."""
-    device = _device(config)
+def _describe(config: pytest.Config) -> dict:
+    """The run, for the JSON: device, versions, seed, capture sizes, batches, implementations with capabilities and
+    reasons."""
+    run = resolve(config)
     impls, cases = {}, {}
-    for s in subjects:
+    for s in run.subjects:
         impls.setdefault(s.impl.name, {
             "spec": s.spec, "capabilities": dataclasses.asdict(s.impl.capabilities), "contracts": dict(s.impl.contracts),
-            "unavailable": impl_unavailable(s.impl, device),
+            "unavailable": impl_unavailable(s.impl, run.device),
         })
         cases.setdefault(s.case.name, {"splitting_ops": list(s.case.splitting_ops), "unavailable": s.case.unavailable()})
     cuda = torch.cuda.is_available()
+    plan = run.plan
     return {
-        "device": device,
-        "gpu": torch.cuda.get_device_name() if cuda and device == "cuda" else None,
+        "device": run.device,
+        "gpu": torch.cuda.get_device_name() if cuda and run.device == "cuda" else None,
         "torch": torch.__version__, "cuda": torch.version.cuda,
-        "capture_sizes": CAPTURE_SIZES, "batches": BATCHES,
+        "seed": plan.seed, "capture_sizes": list(plan.capture_sizes), "batches": plan.batches,
+        "largest_batch": plan.largest_batch, "plan": plan.describe(),
         "properties": {name: text for name, (_, text) in PROPERTIES.items()},
         "implementations": impls, "models": cases,
     }
@@ -142,28 +118,35 @@ def _session_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def builds(request) -> Builds:
-    value = Builds(_device(request.config))
+    run = resolve(request.config)
+    value = Builds(run.device, list(run.plan.capture_sizes))
     yield value
     value.drop()
 
 
 @pytest.fixture
 def device(request) -> str:
-    return _device(request.config)
+    return resolve(request.config).device
+
+
+@pytest.fixture
+def plan(request) -> Plan:
+    """The run's seed, capture sizes and batch sequences."""
+    return resolve(request.config).plan
 
 
 @pytest.fixture
 def selected(request) -> list[Subject]:
     """Every subject of this run."""
-    return _subjects(request.config)
+    return resolve(request.config).subjects
 
 
 @pytest.fixture
-def served(request, subject: Subject, builds: Builds, device: str):
+def served(request, subject: Subject, builds: Builds, device: str, plan: Plan):
     """(eager model, build) of the subject, after the checks that make the test's property not applicable or the
     subject unavailable (each a skip whose reason starts with "not applicable:" / "unavailable:")."""
     prop = _property_of(request.node)
-    reason = unavailable(subject, device)
+    reason = unavailable(subject, device, plan.largest_batch)
     if reason:
         pytest.skip(f"unavailable: {reason}")
     reason = not_applicable(subject, prop, device)

@@ -2,11 +2,13 @@
 
 Load it before pytest reads the arguments: `pytest -p pieceworks.conformance.plugin --pyargs pieceworks.conformance`
 (the suite's conftest also lists it, for `pytest path/to/conformance`); it loads `pieceworks.harness.pytest_plugin`
-(the `gpu` marker and timeouts) too. Each conformance test carries the user property "conformance" ({impl, model,
-property}); the plugin folds each such test's reports into one result (pass, fail, error, n/a, unavailable,
-skipped, with the reason and a failure's example), prints a summary naming every reason a test did not run, writes
-all results as JSON to `--conformance-json PATH` (`python -m pieceworks.conformance.table PATH` makes the
-table), and fails a run in which no test ran.
+(the `gpu` marker and timeouts) too, and registers the hypothesis profiles. When collection starts it resolves the
+run from the options (`run.resolve`: a usage error is reported once) and prints its seed and capture sizes in the
+header. Each conformance test carries the user property "conformance" ({impl, model, property}); the plugin folds
+each such test's reports into one result (pass, fail, error, n/a, unavailable, skipped, with the reason: for a
+failure the assertion's first line, which names the batches served; and the failure's example), prints a summary
+naming every reason a test did not run, writes all results as JSON to `--conformance-json PATH` (`python -m
+pieceworks.conformance.table PATH` makes the table), and fails a run in which no test ran.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ import sys
 
 import pytest
 
+from pieceworks.harness.strategies import register_profiles
+
+from .plan import DEFAULT_MAX_COUNT, DEFAULT_MAX_SIZE
+
 pytest_plugins = ["pieceworks.harness.pytest_plugin"]
+register_profiles()
 
 CONFORMANCE_KEY = "conformance"  # the user property a conformance test carries: {"impl", "model", "property"}
 # What the conformance suite's conftest tells the plugin about the run (implementations, models, device), for the JSON.
@@ -38,10 +45,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="a registered implementation, package.module:Adapter or path/to/file.py:Adapter (repeatable; "
                          "default: every registered one)")
     group.addoption("--conformance-model", action="append", default=[], metavar="NAME",
-                    help="model to test (repeatable; default: silly, toy-llama, hf-llama; 'all': every model)")
+                    help="model to test (repeatable; default: silly, silly-inplace, toy-llama, hf-llama, llama; "
+                         "'all': every model)")
     group.addoption("--conformance-device", choices=["auto", "cuda", "cpu"], default="auto",
                     help="cuda: every property, as gpu tests; cpu: those that need no CUDA graph; auto (default): "
                          "cuda where this machine has CUDA, else cpu")
+    group.addoption("--conformance-max-size", type=int, default=DEFAULT_MAX_SIZE, metavar="N",
+                    help=f"the largest capture size a run may draw (default {DEFAULT_MAX_SIZE}; the largest size is "
+                         "drawn from 8..N); the seed is --hypothesis-seed")
+    group.addoption("--conformance-sizes", type=int, default=DEFAULT_MAX_COUNT, metavar="N",
+                    help=f"at most N capture sizes per run (default {DEFAULT_MAX_COUNT})")
     group.addoption("--conformance-json", default=None, metavar="PATH", help="write every result as JSON here")
 
 
@@ -52,10 +65,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(lambda: _ACTIVE.remove(config))
 
 
+def pytest_collection(session: pytest.Session) -> None:
+    from .run import resolve  # imports torch and the adapters: only once a run starts
+
+    resolve(session.config)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from .run import resolve
+
+    try:
+        return [f"pieceworks conformance: {resolve(config).plan.describe()}"]
+    except pytest.UsageError:
+        return []  # reported once, when collection starts
+
+
 def failure_example(text: str, skip: tuple[str, ...] = (), limit: int = 1500) -> str:
     """What a failure's report says about reproducing it: the assertion's message, hypothesis' falsifying (or failing
-    explicit) example without the arguments named in `skip` (fixtures, whose reprs are long and not drawn), and its
-    seed or reproduce_failure blob; at most `limit` characters."""
+    explicit) example without the arguments named in `skip` (fixtures, whose reprs are long and not drawn), each
+    argument on one line, and its seed or reproduce_failure blob; at most `limit` characters."""
     lines = [line[1:] for line in text.splitlines() if line.startswith("E ")]
     start = next((i for i, line in enumerate(lines)
                   if re.match(r"\s*(Falsifying|Failing explicit) example", line)), len(lines))
@@ -64,13 +92,19 @@ def failure_example(text: str, skip: tuple[str, ...] = (), limit: int = 1500) ->
         header = lines[start]
         indent = len(header) - len(header.lstrip())
         keep.append(header.strip())
+        kept = False  # whether the argument being printed is kept (its continuation lines join its line)
         for line in lines[start + 1:]:
-            if line.strip() == ")" and len(line) - len(line.lstrip()) == indent:
+            depth = len(line) - len(line.lstrip())
+            if line.strip() == ")" and depth == indent:
                 keep.append(")")
                 break
             match = re.match(r"\s*(\w+)=", line)
-            if match and len(line) - len(line.lstrip()) == indent + 4 and match.group(1) not in skip:
-                keep.append("    " + line.strip())
+            if match and depth == indent + 4:
+                kept = match.group(1) not in skip
+                if kept:
+                    keep.append("    " + line.strip())
+            elif kept and depth > indent + 4:
+                keep[-1] += " " + line.strip()
     keep.extend(line.strip() for line in text.splitlines()
                 if re.search(r"reproduce_failure\(|@seed\(|--hypothesis-seed", line) and line.strip() not in keep)
     return "\n".join(keep)[:limit]
@@ -89,10 +123,21 @@ def _outcome(report: pytest.TestReport) -> tuple[str, str | None, str | None]:
     if report.failed:
         text = report.longreprtext
         kind = "fail" if report.when == "call" else "error"
-        last = next((line[1:].strip() for line in reversed(text.splitlines()) if line.startswith("E ")), "")
         skip = tuple(dict(report.user_properties).get(CONFORMANCE_KEY, {}).get("fixtures", ()))
-        return kind, f"{report.when}: {last}"[:300], failure_example(text, skip)
+        return kind, f"{report.when}: {first_line(report)}"[:300], failure_example(text, skip)
     return "pass", None, None
+
+
+def first_line(report: pytest.TestReport) -> str:
+    """The first line of a failed report's exception message (an AssertionError's without its type name)."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = crash.message if crash is not None else next(
+        (line[1:].strip() for line in report.longreprtext.splitlines() if line.startswith("E ")), "")
+    line = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    quoted = re.match(r"\w+\((['\"])(.*)", line)  # an exception group's: the repr of its first exception
+    if quoted:
+        line = quoted.group(2).split("\\n")[0]
+    return line.removeprefix("AssertionError: ")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -109,6 +154,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.passed and report.when != "call":
         return
     outcome, reason, example = _outcome(report)
+    if outcome == "fail":
+        from .run import resolve
+
+        example = f"{example}\nreplay: --hypothesis-seed {resolve(_ACTIVE[-1]).plan.seed}".lstrip()
     if entry["outcome"] is None or _RANK[outcome] > _RANK[entry["outcome"]]:
         entry.update(outcome=outcome, reason=reason, example=example)
 
@@ -130,6 +179,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     counts = collections.Counter(r["outcome"] for r in results)
     tr = terminalreporter
     tr.section("pieceworks conformance")
+    from .run import resolve
+
+    tr.line(resolve(config).plan.describe())
     tr.line(", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: _RANK[kv[0]])))
     reasons: dict[tuple[str, str], list[str]] = {}
     for r in results:

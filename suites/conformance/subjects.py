@@ -1,9 +1,11 @@
 """What the conformance suite tests: subjects (implementation x model), which properties apply to each, and builds.
 
 - `PROPERTIES`: each property's table name -> (capabilities it needs, what it checks). A subject whose
-  implementation lacks a needed capability gets "not applicable: <why>" (`not_applicable`), the why taken from the
-  adapter's `contracts` where it states one.
-- `Builds`: one build at a time, shared by every property of a subject (tests are ordered subject by subject).
+  implementation lacks a needed capability, whose model lacks what the property reads (argument writes), or whose
+  run lacks the CUDA allocator a property reads gets "not applicable: <why>" (`not_applicable`), the why taken from
+  the adapter's `contracts` where it states one. A model that cannot serve the run's batches is unavailable.
+- `Builds`: one build at a time, for the run's capture sizes, shared by every property of a subject (tests are
+  ordered subject by subject).
   torch.compile-based adapters reset Dynamo when they build, which would invalidate an earlier build, so building
   another subject drops the current one.
 - `warm_start_case`: the compile-cache property's fresh process (run by `scenario.run_case`).
@@ -20,23 +22,31 @@ import torch
 from pieceworks.harness.implementations import IMPLEMENTATIONS, Built, Implementation, load_user_implementations, resolve
 
 from .cases import CASES, ModelCase
-from .checks import CAPTURE_SIZES
 
 __all__ = ["PROPERTIES", "DEFAULT_MODELS", "Subject", "select", "impl_unavailable", "unavailable", "not_applicable",
            "not_observable", "Builds", "warm_start_case"]
 
+# name -> (what it needs, what it checks). A need is a capability of `Capabilities`, or several joined by "|" (any one
+# will do); a property that needs a model writing its arguments says so in `not_applicable`.
 PROPERTIES: dict[str, tuple[tuple[str, ...], str]] = {
-    "replay-matches-eager": ((), "any batch sequence (captured, between, above) gives eager's outputs, padding "
-                                 "rows poisoned with NaN/inf first"),
+    "replay-matches-eager": ((), "the sweep and drawn batch sequences give eager's outputs, every row of the largest "
+                                 "size poisoned with NaN/inf before each call"),
     "outputs-cut-to-batch": (("padding",), "a padded call's outputs have eager's structure and batch-sized shapes"),
     "poison-stays-in-its-rows": (("padding",), "rows poisoned in one call never reach a later call's real rows"),
-    "moved-inputs-never-stale": (("cuda_graphs",), "an input that moves or changes in place between calls gives "
-                                                   "fresh results or a clear error, never stale ones"),
+    "moved-inputs-never-stale": (("cuda_graphs|padding",), "an input that moves, changes in place or is freed and "
+                                                           "reallocated between calls gives fresh results or a clear "
+                                                           "error, never stale ones"),
+    "repeats-give-fresh-outputs": ((), "a batch size served again at once (new inputs, the same inputs again, a "
+                                       "neighbour padded to the same size) gives each call's own outputs"),
+    "argument-writes-reach-the-caller": ((), "what the model writes into its arguments in place reaches the "
+                                             "caller's arguments, at every batch size"),
     "capture-largest-first": (("shared_pool",), "sizes are captured largest first into the shared pool"),
     "one-pool-for-all-sizes": (("shared_pool",), "the pool of every size holds <= 1.05x the largest size alone"),
     "replays-grow-no-memory": (("cuda_graphs",), "hundreds of replays of random sizes grow no reserved bytes"),
     "warm-start-compiles-nothing": (("compile_cache",), "a fresh process with the cache compiles nothing"),
 }
+CUDA_ONLY = {"one-pool-for-all-sizes": "reads the CUDA caching allocator's pool bytes",
+             "replays-grow-no-memory": "reads the CUDA caching allocator's reserved bytes"}
 
 _MEANING = {
     "cuda_graphs": "replays CUDA graphs", "padding": "pads a batch to a captured size",
@@ -55,10 +65,10 @@ class Subject:
         return f"{self.impl.name}@{self.case.name}"
 
 
-# The default models: one of each kind (tiny, llama-shaped, Hugging Face, paged-KV attention). ToyLlama's
-# closed-form variant (`toy-llama-tractable`) repeats ToyLlama's pieces with an answer known in closed form: name it,
-# or "all", to run it too.
-DEFAULT_MODELS = ("silly", "toy-llama", "hf-llama", "llama")
+# The default models: one of each kind (tiny, writing its argument, llama-shaped, Hugging Face, paged-KV attention).
+# ToyLlama's closed-form variant (`toy-llama-tractable`) repeats ToyLlama's pieces with an answer known in closed form:
+# name it, or "all", to run it too.
+DEFAULT_MODELS = ("silly", "silly-inplace", "toy-llama", "hf-llama", "llama")
 
 
 def select(impl_specs: list[str], model_names: list[str]) -> list[Subject]:
@@ -82,9 +92,14 @@ def impl_unavailable(impl: Implementation, device: str) -> str | None:
     return impl.unavailable_reason()
 
 
-def unavailable(subject: Subject, device: str) -> str | None:
-    """Why the subject cannot run here (the implementation or the model), or None."""
-    return impl_unavailable(subject.impl, device) or subject.case.unavailable()
+def unavailable(subject: Subject, device: str, largest_batch: int) -> str | None:
+    """Why the subject cannot run here (the implementation, the model, or a batch larger than the model serves), or
+    None."""
+    case = subject.case
+    if case.max_batch is not None and largest_batch > case.max_batch:
+        return (f"the {case.name} model serves at most {case.max_batch} rows, this run up to {largest_batch}: lower "
+                f"--conformance-max-size to run it")
+    return impl_unavailable(subject.impl, device) or case.unavailable()
 
 
 def _why_not(impl: Implementation, key: str, fallback: str) -> str:
@@ -94,11 +109,19 @@ def _why_not(impl: Implementation, key: str, fallback: str) -> str:
 def not_applicable(subject: Subject, prop: str, device: str) -> str | None:
     """Why `prop` does not apply to the subject, before building it (capabilities, device), or None."""
     impl = subject.impl
-    for capability in PROPERTIES[prop][0]:
-        if not getattr(impl.capabilities, capability):
-            return _why_not(impl, capability, f"does not claim {capability} ({_MEANING[capability]})")
-    if device != "cuda" and prop in ("one-pool-for-all-sizes", "replays-grow-no-memory"):
-        return "memory properties read the CUDA caching allocator; this run is --conformance-device cpu"
+    for need in PROPERTIES[prop][0]:
+        options = need.split("|")
+        if not any(getattr(impl.capabilities, capability) for capability in options):
+            key = next((c for c in options if c in impl.contracts), options[0])
+            claims = " or ".join(f"{c} ({_MEANING[c]})" for c in options)
+            return _why_not(impl, key, f"does not claim {claims}")
+    if prop == "argument-writes-reach-the-caller":
+        if not subject.case.writes_arguments:
+            return f"the {subject.case.name} model writes none of its arguments (silly-inplace does)"
+        if "argument_writes" in impl.contracts:
+            return _why_not(impl, "argument_writes", "")
+    if device != "cuda" and prop in CUDA_ONLY:
+        return f"{CUDA_ONLY[prop]}; this run is --conformance-device cpu"
     return None
 
 
@@ -113,14 +136,16 @@ def not_observable(subject: Subject, prop: str, built: Built) -> str | None:
 
 
 def make_inputs(case: ModelCase, device: str):
+    """What an adapter's `build` gets: `make_inputs(batch)` -> the model's arguments for `batch` rows, on `device`,
+    the same values for the same batch."""
     return lambda batch: case.inputs(batch, batch, torch.device(device))
 
 
 class Builds:
     """The current build (one subject at a time) and the subjects built at least once in this pytest run."""
 
-    def __init__(self, device: str) -> None:
-        self.device = device
+    def __init__(self, device: str, capture_sizes: list[int]) -> None:
+        self.device, self.capture_sizes = device, list(capture_sizes)
         self.key: str | None = None
         self.current: tuple[torch.nn.Module, Built] | None = None
         self.compiles: dict[str, int | None] = {}  # subject id -> Built.compiles of its (first) build in this run
@@ -136,7 +161,7 @@ class Builds:
             try:
                 model = case.make(torch.device(self.device))
                 with torch.no_grad():
-                    built = subject.impl.build(model, make_inputs(case, self.device), CAPTURE_SIZES,
+                    built = subject.impl.build(model, make_inputs(case, self.device), list(self.capture_sizes),
                                                list(case.splitting_ops))
             except Exception as exc:
                 self.failed[subject.id] = f"{type(exc).__name__}: {exc}"[:500]
@@ -154,10 +179,12 @@ class Builds:
             torch.cuda.empty_cache()
 
 
-def warm_start_case(specs: list[str], model: str, device: str) -> dict[str, Any]:
+def warm_start_case(specs: list[str], model: str, device: str, capture_sizes: list[int],
+                    batches: list[int]) -> dict[str, Any]:
     """In a fresh process (the cache directory from $PIECEWORKS_CACHE_DIR): build `model` with each implementation
-    in `specs` and report, per spec, the pieces it compiled afresh, how many outputs matched eager, or its error."""
-    from .checks import BATCHES, assert_same
+    in `specs` for `capture_sizes`, serve `batches`, and report, per spec, the pieces it compiled afresh, how many
+    outputs matched eager, or its error."""
+    from .checks import assert_same, clone
 
     load_user_implementations()
     case = CASES[model]
@@ -166,11 +193,12 @@ def warm_start_case(specs: list[str], model: str, device: str) -> dict[str, Any]
         try:
             eager = case.make(torch.device(device))
             with torch.no_grad():
-                built = resolve(spec).build(eager, make_inputs(case, device), CAPTURE_SIZES, list(case.splitting_ops))
-                for batch in BATCHES:
+                built = resolve(spec).build(eager, make_inputs(case, device), capture_sizes, list(case.splitting_ops))
+                for batch in batches:
                     args = case.inputs(batch, 7 + batch, torch.device(device))
-                    assert_same(built(*args), eager(*args), f"batch {batch}")
-            report[spec] = {"compiles": built.compiles, "checked": len(BATCHES), "error": None}
+                    expected = eager(*clone(args))
+                    assert_same(built(*args), expected, f"batch {batch}")
+            report[spec] = {"compiles": built.compiles, "checked": len(batches), "error": None}
         except Exception as exc:  # noqa: BLE001 - reported per spec, the others still run
             report[spec] = {"compiles": None, "checked": 0, "error": f"{type(exc).__name__}: {exc}"[:2000]}
         finally:

@@ -41,9 +41,9 @@ def render(document: dict[str, Any]) -> str:
     device = meta.get("gpu") or meta.get("device", "?")
     counts = collections.Counter(r["outcome"] for r in results)
     lines = [f"# Conformance: {device}, torch {meta.get('torch', '?')}", "",
-             f"Run {document.get('created', '?')}: `{' '.join(document.get('argv', []))}`; capture sizes "
-             f"{meta.get('capture_sizes')}, batches served {meta.get('batches')}. Regenerate: `python -m "
-             f"pieceworks.conformance.table <json> --out <this file>`.", "",
+             f"Run {document.get('created', '?')}: `{' '.join(document.get('argv', []))}`; "
+             + (meta.get("plan") or f"capture sizes {meta.get('capture_sizes')}, batches served {meta.get('batches')}")
+             + ". Regenerate: `python -m pieceworks.conformance.table <json> --out <this file>`.", "",
              "Cells: pass; **FAIL** (listed below with its example); n/a [k]: the property needs what the "
              "implementation does not claim or expose, note k says why (a contract, not a bug); skipped [k]: not run "
              "here, note k says why.", "",

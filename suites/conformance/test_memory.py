@@ -5,8 +5,9 @@
 - one-pool-for-all-sizes: the pool holding every captured size has at most 1.05x the bytes of a build capturing the
   largest size alone; needs an observable `Built.pool`. (The suite's models are small: their pools are a few small-
   block segments; test_pool_gpu.py measures pieceworks on a model whose pools are hundreds of MiB.)
-- replays-grow-no-memory: a stream of random sizes (captured, padded, above), served once to warm the allocator, then
-  again: reserved bytes (and the pool's, where observable) are the same after as before; outputs stay eager's.
+- replays-grow-no-memory: a stream of random sizes of the run's sweep (captured, padded, above), served once to warm
+  the allocator, then again: reserved bytes (and the pool's, where observable) are the same after as before; outputs
+  stay eager's (silly-inplace's write is idempotent, so the stream's reused arguments give the same outputs).
 """
 
 from __future__ import annotations
@@ -19,22 +20,23 @@ import torch
 
 from pieceworks.harness.memory import pool_bytes
 
-from .checks import BATCHES, CAPTURE_SIZES, assert_same, clone
+from .checks import assert_same, clone
 from .subjects import make_inputs
 
 
 @pytest.mark.conformance("capture-largest-first")
-def test_sizes_are_captured_largest_first(served):
+def test_sizes_are_captured_largest_first(served, plan):
     _, built = served
-    assert built.capture_order == sorted(CAPTURE_SIZES, reverse=True)
+    assert built.capture_order == sorted(plan.capture_sizes, reverse=True)
 
 
 @pytest.mark.conformance("one-pool-for-all-sizes")
-def test_one_pool_for_all_sizes_costs_no_more_than_the_largest_alone(subject, served, builds, device):
+def test_one_pool_for_all_sizes_costs_no_more_than_the_largest_alone(subject, served, builds, device, plan):
     model, built = served
+    sizes = list(plan.capture_sizes)
     shared = pool_bytes(built.pool)
     try:
-        alone = subject.impl.build(model, make_inputs(subject.case, device), [max(CAPTURE_SIZES)],
+        alone = subject.impl.build(model, make_inputs(subject.case, device), [max(sizes)],
                                    list(subject.case.splitting_ops))
         torch.cuda.synchronize()
         largest = pool_bytes(alone.pool)
@@ -42,18 +44,18 @@ def test_one_pool_for_all_sizes_costs_no_more_than_the_largest_alone(subject, se
         builds.drop()  # a second build may have reset Dynamo under the first: build again for later tests
     assert largest > 0, "capturing the largest size alone put nothing in its pool"
     assert shared <= 1.05 * largest, (
-        f"one pool for sizes {CAPTURE_SIZES} holds {shared / 2**20:.2f} MiB, the largest size alone "
+        f"one pool for sizes {sizes} holds {shared / 2**20:.2f} MiB, the largest size alone "
         f"{largest / 2**20:.2f} MiB: smaller sizes should reuse the blocks the larger ones freed")
 
 
 @pytest.mark.conformance("replays-grow-no-memory")
-def test_replays_of_random_sizes_grow_no_memory(subject, served, device):
+def test_replays_of_random_sizes_grow_no_memory(subject, served, device, plan):
     model, built = served
     case = subject.case
-    args = {b: case.inputs(b, 8000 + b, device) for b in BATCHES}
-    expected = {b: model(*clone(args[b])) for b in BATCHES}
-    rng = random.Random(0)
-    stream = [rng.choice(BATCHES) for _ in range(300)]
+    args = {b: case.inputs(b, 8000 + b, device) for b in plan.batches}
+    expected = {b: model(*clone(args[b])) for b in plan.batches}
+    rng = random.Random(plan.seed)
+    stream = [rng.choice(plan.batches) for _ in range(300)]
 
     def measure():
         gc.collect()
