@@ -242,6 +242,40 @@ class InductorPartition(_PerSizeRecording):
                                               "custom_should_partition_ops": list(splitting_ops)}}
 
 
+class _Padded:
+    """A per-size recording peer served as an engine's model runner serves one: compiled with automatic dynamic
+    shapes (a static compile, a dynamic one, and batch 1's), one CUDA graph recorded per capture size, and every
+    batch padded to the next capture size in static buffers (`_padded_server`); above the largest, run as called."""
+
+    capabilities = Capabilities(cuda_graphs=True, padding=True, shared_pool=True, needs_cuda=True)
+
+    def build(self, model, make_inputs, capture_sizes, splitting_ops):
+        sizes = sorted(set(capture_sizes))
+        static = [a.clone() if isinstance(a, torch.Tensor) else a for a in make_inputs(sizes[-1])]
+
+        def views(n: int) -> list[Any]:
+            return [a[:n] if isinstance(a, torch.Tensor) else a for a in static]
+
+        built = super().build(model, views, sizes, splitting_ops)
+        return Built(_padded_server(sizes, static, lambda n: built(*views(n)), built), owner=(built, static))
+
+
+class ReduceOverheadPadded(_Padded, ReduceOverhead):
+    name = "reduce-overhead-padded"
+    options = {"mode": "reduce-overhead"}
+    contracts = {"pool": ReduceOverhead.contracts["pool"],
+                 "argument_writes": _STATIC_ARGUMENTS.format("the adapter (an engine's model runner)")}
+
+
+class InductorPartitionPadded(_Padded, InductorPartition):
+    name = "inductor-partition-padded"
+    capabilities = dataclasses.replace(_Padded.capabilities, piecewise=True)
+    contracts = ReduceOverheadPadded.contracts
+
+    def compile_options(self, splitting_ops):
+        return {key: value for key, value in super().compile_options(splitting_ops).items() if key != "dynamic"}
+
+
 class DynamoCudagraphs(_PerSizeRecording):
     """`torch.compile(model, backend="cudagraphs", dynamic=False)`: AOT eager (no Inductor) plus CUDA-graph trees."""
 
@@ -433,7 +467,8 @@ def register(impl: Implementation) -> Implementation:
 
 
 for _impl in [Eager(), Inductor(), ReduceOverhead(), InductorPartition(), DynamoCudagraphs(), GraphedCallables(),
-              *(Pieceworks(m) for m in ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")), MetaPCG(),
+              *(Pieceworks(m) for m in ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")),
+              ReduceOverheadPadded(), InductorPartitionPadded(), MetaPCG(),
               MetaPCG("breakable", "breakable_cuda_graphs", "BreakableCUDAGraph", "breakable_graph"), VLLM()]:
     register(_impl)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["kernel_profile", "kernels_only_in", "host_profile"]
+__all__ = ["kernel_profile", "kernels_only_in", "host_profile", "launch_gaps"]
 
 _LIBRARY = re.compile(r"gemm|gemv|xmma|cublas|cutlass|nvjet|splitk", re.IGNORECASE)  # cuBLAS(Lt), CUTLASS kernels
 
@@ -74,3 +74,36 @@ def host_profile(fn: Callable[[], Any], top: int | None = 8) -> dict[str, Any]:
     rows.sort(key=lambda r: -r["tottime_s"])
     return {"seconds": seconds, "top": rows[:top]}
 
+
+
+def launch_gaps(fn: Callable[[], Any], ops: tuple[str, ...], calls: int = 20) -> dict[str, float]:
+    """The host time of `fn()` (a forward) spent outside its CUDA-graph launches and the ops named in `ops` (its
+    splitting ops, whatever they launch): the runtime's own host time, launch to launch. Each call under the
+    profiler's CPU activity: the call's span less the union of those events inside it, a sum of gaps that cannot go
+    below zero (the profiler's own cost per event included: an upper bound). Returns, per call, the medians of
+    `call_us`, `gaps_us` and `launches` (graph launches plus ops), and `gap_us_per_launch`."""
+    import statistics
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            with record_function("launch_gaps.call"):
+                fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    spans = [e.time_range for e in events if e.name == "launch_gaps.call"]
+    work = sorted((e.time_range for e in events if e.name == "cudaGraphLaunch" or e.name in ops), key=lambda w: w.start)
+    rows = []
+    for span in spans:
+        inside = [(max(w.start, span.start), min(w.end, span.end)) for w in work
+                  if w.end > span.start and w.start < span.end]
+        covered, reach = 0.0, span.start
+        for start, end in inside:  # the union of the intervals, sorted by start
+            covered += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        rows.append((span.end - span.start, span.end - span.start - covered, len(inside)))
+    call, gaps, launches = (statistics.median(column) for column in zip(*rows))
+    return {"call_us": call, "gaps_us": gaps, "launches": launches, "gap_us_per_launch": gaps / max(launches, 1)}

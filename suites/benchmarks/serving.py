@@ -1,0 +1,275 @@
+"""Serving benchmarks of the Llama models (bfloat16, CUDA): every CUDA-graph mode of pieceworks and the field's peers
+on the steps an engine serves, with real paged attention (harness/paged_attention.py), to answer which mode to run.
+
+One class per (model, attention): Llama-3.2-1B's shape and Llama-3.1-8B's (all 32 layers), each with the attention
+any graph may hold (`unified`) and the one whose graphs may hold uniform decode batches only (`varlen`). Each class's
+`setup_cache`, in one process:
+- builds every implementation of `IMPLEMENTATIONS` that can run here on one model (vLLM's 51 capture sizes up to 512
+  for those that pad), each checked against eager on a decode and two mixed steps (an implementation that differs is
+  recorded as unable to serve that kind of step, with the error, and not timed on it);
+- times, side by side in rotating rounds (`timing.interleaved_cuda_time_us`), decode steps of `DECODE_BATCHES`
+  sequences and mixed steps of `MIXED_TOKENS` tokens (a prefill chunk of three quarters, decode tokens for the rest);
+- runs each trace (serving.py: `decode_trace`, 64 sequences; `mixed_trace`, 96 requests arriving one a step, budget 512
+  tokens, 64 sequences) once per implementation per round, the order rotating, each step between CUDA events after
+  its inputs are built: tokens/s is the trace's tokens over the sum of its steps' times;
+- records capture seconds per size and graph-pool MiB, the attention op's host µs per call (batch 1 decode and a
+  64-token mixed step) and PIECEWISE's own host time per launch (`profile.launch_gaps`).
+Everything lands in the details file `serving_<model>_<attention>.json`; asv tracks the step latencies and tokens/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any
+
+from . import _shared
+from ._shared import GPU_TIMEOUT
+
+IMPLEMENTATIONS = ["eager", "pieceworks-none", "pieceworks-piecewise", "pieceworks-full", "pieceworks-full_decode_only",
+                   "pieceworks-full_and_piecewise", "breakable", "inductor-partition-padded", "reduce-overhead-padded"]
+DECODE_BATCHES = [1, 2, 8, 64, 256, 512]
+MIXED_TOKENS = [64, 256, 512]
+TRACES = {"decode": ("decode_trace", {"seqs": 64}), "mixed": ("mixed_trace", {"requests": 96})}
+CASES = [f"decode b{b}" for b in DECODE_BATCHES] + [f"mixed {n} tokens" for n in MIXED_TOKENS] + [
+    f"{t} trace" for t in TRACES]
+ROUNDS, REPS, TRACE_ROUNDS, SEED = 5, 50, 2, 0
+MODELS = {"llama_1b": "LLAMA_1B", "llama_8b": "LLAMA_8B"}
+DEVICE = "cuda"
+TOLERANCE = 3e-2  # max |out - eager| / max |eager| in bfloat16
+
+
+def serving_model(model: str, attention: str, device: str = DEVICE, dtype: str = "bfloat16") -> Any:
+    """The preset `model` with `attention`, random weights, a cache of 8,192 blocks of 16 positions shared by up to 512
+    sequences of up to 2,048 positions each (serving.KVBlocks hands them out)."""
+    import torch
+
+    from pieceworks.harness import llama
+
+    config = dataclasses.replace(getattr(llama, MODELS[model]), attention=attention, max_seqs=512,
+                                 max_blocks_per_seq=128, cache_blocks=8193)
+    torch.manual_seed(SEED)
+    with torch.device(device):
+        return llama.Llama(config).to(getattr(torch, dtype))
+
+
+def _decode_step(batch: int, seed: int) -> Any:
+    import random
+
+    from pieceworks.harness.serving import Chunk, Step
+
+    rng = random.Random(seed)  # contexts below 240: 512 of them fit the cache
+    return Step(tuple(Chunk(s, s, rng.randint(1, 239), 1) for s in range(batch)))
+
+
+def _mixed_step(tokens: int, seed: int) -> Any:
+    from pieceworks.harness.serving import Chunk, Step
+
+    chunk, decodes = tokens * 3 // 4, tokens - tokens * 3 // 4
+    return Step((*(Chunk(s, s, 17 + 13 * s % 200, 1) for s in range(decodes)), Chunk(500, 500, 64 + seed, chunk)))
+
+
+def measure(model_name: str, attention: str) -> dict:
+    """`{(implementation, case): {...}}` or `{"skip": reason}`; see the module doc."""
+    reason = _shared.cuda_skip_reason()
+    name = f"serving_{model_name}_{attention}"
+    if reason is not None:
+        _shared.write_details(name, {"skip": reason})
+        return {"skip": reason}
+    _shared.run_dir()
+    import torch
+
+    from pieceworks import default_capture_sizes
+    from pieceworks.cudagraph import pool_bytes
+    from pieceworks.harness import serving
+    from pieceworks.harness.implementations import resolve
+    from pieceworks.harness.profile import launch_gaps
+    from pieceworks.harness.timing import host_time_us, interleaved_cuda_time_us, ratio_over_rounds
+
+    model = serving_model(model_name, attention)
+    ops = tuple(model.config.splitting_ops)
+    sizes = default_capture_sizes(_shared.MAX_CAPTURE)
+    results: dict = {}
+    details: dict = {"model": model_name, "attention": attention, "dtype": "bfloat16", "capture_sizes": sizes,
+                     "decode_batches": DECODE_BATCHES, "mixed_tokens": MIXED_TOKENS, "rounds": ROUNDS,
+                     "trace_rounds": TRACE_ROUNDS, "builds": {}, "checks": {}, "traces": {}, "ratios": {}}
+    device = DEVICE
+
+    def inputs_of(step: Any) -> tuple:
+        blocks = serving.KVBlocks(model, seed=SEED)
+        blocks.cover(step)
+        return serving.step_inputs(model, step, device)
+
+    def call(fn: Any, step: Any, args: tuple) -> Any:
+        import pieceworks
+
+        with pieceworks.uniform_decode(step.uniform_decode):
+            return fn(*args)
+
+    built: dict[str, Any] = {}
+    with torch.no_grad():
+        for impl_name in IMPLEMENTATIONS:  # torch.compile peers last in the list: their builds reset Dynamo
+            impl = resolve(impl_name)
+            if (why := impl.unavailable_reason()) is not None:
+                results.update({(impl_name, case): {"skip": why} for case in CASES})
+                continue
+            _shared.progress(f"{name}: building {impl_name}")
+            start = time.perf_counter()
+            try:
+                made = impl.build(model, lambda b: inputs_of(_decode_step(b, SEED)),
+                                  sizes, list(ops))
+            except Exception as exc:  # noqa: BLE001 - one broken implementation must not hide the others
+                results.update({(impl_name, case): {"error": f"build: {type(exc).__name__}: {exc}"} for case in CASES})
+                continue
+            torch.cuda.synchronize()
+            pool = pool_bytes(made.pool) if made.pool is not None else None
+            details["builds"][impl_name] = {
+                "seconds": time.perf_counter() - start, "capture_seconds": made.capture_seconds,
+                "capture_ms_per_size": None if made.capture_seconds is None else made.capture_seconds * 1e3 / len(sizes),
+                "pool_mib": None if pool is None else pool / 2**20}
+            built[impl_name] = made
+        # Which kinds of step each can serve: a decode step and two mixed ones against eager.
+        checks = {"decode": [_decode_step(8, 1)], "mixed": [_mixed_step(64, 1), _mixed_step(200, 2)]}
+        able: dict[str, set[str]] = {impl_name: set() for impl_name in built}
+        for kind, steps in checks.items():
+            for impl_name, fn in built.items():
+                try:
+                    worst = 0.0
+                    for step in steps:
+                        args = inputs_of(step)
+                        want = model(*args).float()
+                        got = call(fn, step, args).float()
+                        worst = max(worst, float((got - want).abs().max() / want.abs().max()))
+                    ok = worst <= TOLERANCE
+                    details["checks"][f"{impl_name}|{kind}"] = {"max_rel_error": worst, "serves": ok}
+                    if ok:
+                        able[impl_name].add(kind)
+                except Exception as exc:  # noqa: BLE001 - recorded: this implementation cannot serve this kind
+                    details["checks"][f"{impl_name}|{kind}"] = {"error": f"{type(exc).__name__}: {exc}"[:500],
+                                                                "serves": False}
+        _shared.progress(f"{name}: serves {dict((k, sorted(v)) for k, v in able.items())}")
+
+        def not_served(impl_name: str, kind: str) -> dict:
+            check = details["checks"].get(f"{impl_name}|{kind}", {})
+            return {"skip": f"{impl_name} cannot serve {kind} steps here: " + (
+                check.get("error") or f"differs from eager by {check.get('max_rel_error', float('nan')):.2e}")}
+
+        # Steps side by side.
+        for case, step in [*((f"decode b{b}", _decode_step(b, b)) for b in DECODE_BATCHES),
+                           *((f"mixed {n} tokens", _mixed_step(n, n)) for n in MIXED_TOKENS)]:
+            args, kind = inputs_of(step), step.kind
+            timed = {i: (lambda fn=fn: call(fn, step, args)) for i, fn in built.items() if kind in able[i]}
+            results.update({(i, case): not_served(i, kind) for i in built if kind not in able[i]})
+            row = interleaved_cuda_time_us(timed, warmup=5, reps=REPS, rounds=ROUNDS)
+            for i, timing in row.items():
+                results[(i, case)] = timing
+            details["ratios"][case] = {f"{a} / {b}": ratio_over_rounds(row[a], row[b]) for a in row for b in row
+                                       if a != b and a.startswith("pieceworks")}
+            _shared.progress(f"{name}: {case}: " + " ".join(f"{i}:{t['median_us']:.0f}us" for i, t in row.items()))
+        # Traces, whole, per implementation per round.
+        for trace_name, (maker, kwargs) in TRACES.items():
+            steps = getattr(serving, maker)(seed=SEED, **kwargs)
+            tokens = sum(step.num_tokens for step in steps)
+            kinds = {step.kind for step in steps}
+            runnable = [i for i in built if kinds <= able[i]]
+            results.update({(i, f"{trace_name} trace"): not_served(i, "mixed") for i in built if i not in runnable})
+            per_round: dict[str, list[float]] = {i: [] for i in runnable}
+            by_kind: dict[str, dict[str, list[float]]] = {i: {} for i in runnable}
+            for r in range(TRACE_ROUNDS):
+                for impl_name in runnable[r % len(runnable):] + runnable[:r % len(runnable)]:
+                    blocks, events = serving.KVBlocks(model, seed=SEED), []
+                    for step in steps:
+                        blocks.cover(step)
+                        args = serving.step_inputs(model, step, device)
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        call(built[impl_name], step, args)
+                        end.record()
+                        events.append((step, start, end))
+                        blocks.release(step)
+                    torch.cuda.synchronize()
+                    times = [(step, s.elapsed_time(e) * 1e3) for step, s, e in events]
+                    per_round[impl_name].append(tokens / (sum(t for _, t in times) * 1e-6))
+                    for step, t in times:
+                        by_kind[impl_name].setdefault(step.kind, []).append(t)
+            for impl_name in runnable:
+                rounds = per_round[impl_name]
+                results[(impl_name, f"{trace_name} trace")] = {"tokens_per_s": statistics.median(rounds),
+                                                               "round_tokens_per_s": rounds}
+            details["traces"][trace_name] = {
+                "steps": len(steps), "tokens": tokens, "kinds": {k: sum(s.kind == k for s in steps) for k in kinds},
+                "step_us_by_kind": {i: {k: statistics.median(v) for k, v in found.items()}
+                                    for i, found in by_kind.items()}}
+            _shared.progress(f"{name}: {trace_name} trace: " + " ".join(
+                f"{i}:{statistics.median(per_round[i]):.0f}tok/s" for i in runnable))
+        # The attention op's host time, and PIECEWISE's own host time per launch.
+        layer = model.layers[0]
+        op = getattr(torch.ops.llama, ops[0].split("::")[1])
+        c = model.config
+        for case, step in [("decode b1", _decode_step(1, 1)), ("mixed 64 tokens", _mixed_step(64, 3))]:
+            inputs_of(step)
+            n = step.num_tokens
+            like = {"device": device, "dtype": layer.k_cache.dtype}
+            q = torch.randn(n, c.num_heads, c.head_dim, **like)
+            k, v = (torch.randn(n, c.num_kv_heads, c.head_dim, **like) for _ in "kv")
+            out = torch.empty_like(q)
+            details.setdefault("attention_host_us", {})[case] = host_time_us(
+                lambda: op(q, k, v, layer.k_cache, layer.v_cache, out, c.head_dim ** -0.5), reps=30, calls=10)
+        if "pieceworks-piecewise" in built:
+            step = _decode_step(1, 1)
+            args = inputs_of(step)
+            details["piecewise_launch_gaps"] = {
+                f"b{b}": launch_gaps(lambda: call(built["pieceworks-piecewise"], s, a), ops)
+                for b, s, a in [(1, step, args), (64, _decode_step(64, 2), inputs_of(_decode_step(64, 2)))]}
+    del built
+    _shared.release()
+    details["entries"] = {f"{k[0]}|{k[1]}": v for k, v in results.items()}
+    _shared.write_details(name, details)
+    return results
+
+
+class _Serving:
+    params = [IMPLEMENTATIONS, CASES]
+    param_names = ["implementation", "case"]
+    timeout = 2 * GPU_TIMEOUT
+
+    def setup(self, cache, implementation, case):
+        _shared.check(cache)
+        _shared.check(cache.get((implementation, case), {"skip": "not measured"}))
+
+    def track_step_us(self, cache, implementation, case):
+        found = cache[(implementation, case)]
+        if "median_us" not in found:
+            raise _shared.Skip("a trace: see track_tokens_per_s")
+        return found["median_us"]
+
+    track_step_us.unit = "us"
+
+    def track_tokens_per_s(self, cache, implementation, case):
+        found = cache[(implementation, case)]
+        if "tokens_per_s" not in found:
+            raise _shared.Skip("a single step: see track_step_us")
+        return found["tokens_per_s"]
+
+    track_tokens_per_s.unit = "tokens/s"
+
+
+class Llama1BUnified(_Serving):  # each class its own setup_cache: asv keys the cache by where it is defined
+    def setup_cache(self):
+        return measure("llama_1b", "unified")
+
+
+class Llama1BVarlen(_Serving):  # each class its own setup_cache: asv keys the cache by where it is defined
+    def setup_cache(self):
+        return measure("llama_1b", "varlen")
+
+
+class Llama8BUnified(_Serving):  # each class its own setup_cache: asv keys the cache by where it is defined
+    def setup_cache(self):
+        return measure("llama_8b", "unified")
+
+
+class Llama8BVarlen(_Serving):  # each class its own setup_cache: asv keys the cache by where it is defined
+    def setup_cache(self):
+        return measure("llama_8b", "varlen")
