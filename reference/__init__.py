@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .api import CompiledModel, InputError, StateReplacedError, compile
+from .api import CompiledModel, GlobalHookError, InputError, StateReplacedError, compile
 from .backend import Backend, CompiledGraph
 from .config import CompilationConfig, ConfigError, CUDAGraphMode, default_capture_sizes
 from .counters import CompilationCounter, counters
@@ -25,7 +25,8 @@ from .runtime import CaptureMismatchError, Phase, Runtime
 from .split import split_graph
 
 __all__ = ["Backend", "BatchSizeError", "CaptureMismatchError", "CompilationConfig", "CompilationCounter",
-           "CompiledGraph", "CompiledModel", "ConfigError", "CUDAGraphMode", "FullGraph", "InputError", "Phase",
+           "CompiledGraph", "CompiledModel", "ConfigError", "CUDAGraphMode", "FullGraph", "GlobalHookError", "InputError",
+           "Phase",
            "Piece", "ReplayPlan", "Runtime", "StateReplacedError", "compile", "counters", "default_capture_sizes",
            "split_graph"]
 

@@ -27,11 +27,12 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
   `torch._guards.tracing(TracingContext(fake_mode))`, as a backend call would be. Where any of this is missing or
   fails, the record is not written and warm starts trace as before;
 - `nn.Module._apply(fn)`, through which `.to()`, `.cuda()`, `.half()` reallocate parameters and buffers (no public
-  hook sees it): `after_apply` wraps it on one module instance (2.11-2.15).
+  hook sees it): the watched class of watch.py overrides it (2.11-2.15); `torch.utils.hooks.RemovableHandle.next_id`,
+  the count of hook handles torch has handed out (every hook registration moves it; 2.11-2.15), and nn.Module's
+  global forward hooks, for `StateWatch`.
 
-A missing feature raises `TorchCompatError` once, at first use (`BackendCompilerFailed`: at import), naming the
-feature, the torch version and the fix; nothing here patches torch (`after_apply` wraps a method of one module
-instance, never the class).
+A missing feature raises `TorchCompatError` once, at first use (`BackendCompilerFailed`, `HookHandle`: at import),
+naming the feature, the torch version and the fix; nothing here patches torch.
 """
 
 from __future__ import annotations
@@ -157,6 +158,8 @@ def inductor_default_cache_dir() -> str | None:
 
 # Checked at import (every torch 2.11-2.15 has it): callers name it in `except` clauses.
 BackendCompilerFailed = _module("torch._dynamo.exc", "BackendCompilerFailed").BackendCompilerFailed
+# Checked at import: a call reads `HookHandle.next_id` (hooks handed out so far), so it must not cost a lookup.
+HookHandle = _module("torch.utils.hooks", "RemovableHandle.next_id").RemovableHandle
 
 
 def evaluate_at(value: Any, size: int) -> int:
@@ -165,17 +168,6 @@ def evaluate_at(value: Any, size: int) -> int:
     if not isinstance(value, torch.SymInt):
         return int(value)
     return int(value.node.expr.xreplace(dict.fromkeys(value.node.expr.free_symbols, size)))
-
-
-def after_apply(module: torch.nn.Module, callback: Callable[[torch.nn.Module], None]) -> None:
-    """Call `callback(module)` after each `module._apply(...)` (`.to()` and the like), on this instance only."""
-
-    def _apply(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        result = type(self)._apply(self, *args, **kwargs)
-        callback(self)
-        return result
-
-    module._apply = _apply.__get__(module)  # a copy of the module (deepcopy) gets a method bound to the copy
 
 
 def traced_code() -> list[Any] | None:

@@ -240,3 +240,11 @@ def record_key_ignores_class_files(mp: pytest.MonkeyPatch) -> None:
         cpu=_RECORD + "test_a_file_edited_after_its_import_gives_no_record")
 def record_ignores_code_edited_after_import(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(record, "code_digest", lambda code: "any code")
+
+
+@mutant("a warm start serves a record whose trace read another value outside the model (a module global, a closure, a "
+        "class attribute)",
+        cpu=f"{_RECORD}test_a_value_read_outside_the_model_that_changed_is_traced_again_naming_it "
+            f"{_RECORD}test_a_model_class_made_by_a_function_is_served_only_for_the_same_closure")
+def record_ignores_outside_reads(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "changed_read", lambda reads, model, frame_globals: None)
