@@ -15,7 +15,8 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
   `torch.fx.experimental.symbolic_shapes.free_unbacked_symbols` (same name and meaning in 2.11-2.15);
 - the global compiler configuration: the modules `torch._inductor.config` and `torch._functorch.config`
   (`get_config_copy`, `save_config_portable`, `patch`; all three in 2.11-2.15), read for the cache key and for
-  checking `inductor_compile_config` keys, patched only for the duration of one compile;
+  checking `inductor_compile_config` keys (and values, against each option's declared type: `_config[key]
+  .value_type`), patched only for the duration of one compile;
 - Inductor's default cache folder, `torch._inductor.runtime.cache_dir_utils.default_cache_dir()` (2.11-2.15; None
   where absent: callers fall back to the folder's name);
 - Dynamo's `torch._dynamo.exc.BackendCompilerFailed`, which wraps an error raised inside a backend;
@@ -141,6 +142,12 @@ def registered_ops() -> list[str]:
 def inductor_config() -> Any:
     """The module `torch._inductor.config` (Inductor's global configuration)."""
     return _module("torch._inductor.config", "get_config_copy", "save_config_portable", "patch")
+
+
+def inductor_option_type(key: str) -> Any:
+    """The type Inductor declares for option `key` (`torch._inductor.config._config[key].value_type`, 2.11-2.15), or
+    None where this torch does not say."""
+    return getattr(getattr(inductor_config(), "_config", {}).get(key), "value_type", None)
 
 
 def functorch_config() -> Any:
