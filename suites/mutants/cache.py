@@ -248,3 +248,14 @@ def record_ignores_code_edited_after_import(mp: pytest.MonkeyPatch) -> None:
             f"{_RECORD}test_a_model_class_made_by_a_function_is_served_only_for_the_same_closure")
 def record_ignores_outside_reads(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(record, "changed_read", lambda reads, model, frame_globals: None)
+
+
+@mutant("the cache's index files are rewritten in place with open(path, 'wb'), not via a temporary file and a rename",
+        cpu=f"{_ATOMIC}test_a_writer_stopped_in_any_write_leaves_every_file_old_or_new "
+            f"{_ATOMIC}test_a_reader_without_the_lock_sees_the_old_index_or_the_new")
+def index_rewritten_with_open(mp: pytest.MonkeyPatch) -> None:
+    def write(path, data):
+        with open(path, "wb") as f:
+            f.write(data)
+
+    mp.setattr(cache, "atomic_write", write)
