@@ -123,17 +123,22 @@ def model_key(model: Any, signatures: Sequence[tuple], config: CompilationConfig
     except Unkeyable as exc:
         log.info("pieceworks: no serving record for this model (%s): every first call traces", exc)
         return None
-    first: dict[int, str] = {}
-    state = [[name, list(t.shape), list(t.stride()), str(t.dtype), str(t.device), first.setdefault(id(t), name)]
-             for name, t in (*model.named_parameters(remove_duplicate=False),
-                             *model.named_buffers(remove_duplicate=False))]
     modes = {"default_dtype": str(torch.get_default_dtype()), "dynamo": _dynamo_config(),
              "default_device": str(torch.get_default_device()),
              "deterministic": torch.are_deterministic_algorithms_enabled(),
              "autocast": [[d, torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))] for d in ("cpu", "cuda")]}
     facts = {"version": RECORD_VERSION, "environment": environment_factors(), "config": config.compute_hash(),
-             "modules": modules, "state": state, "call": [repr(s) for s in signatures], "modes": modes}
+             "modules": modules, "state": state_facts(model), "call": [repr(s) for s in signatures], "modes": modes}
     return digest(json.dumps(facts, sort_keys=True, default=repr))[:24]
+
+
+def state_facts(model: torch.nn.Module) -> list[list[Any]]:
+    """Each parameter and buffer of `model` by name (shared ones under each name): shape, strides, dtype, device, and
+    the first name of its tensor (which are shared)."""
+    first: dict[int, str] = {}
+    return [[name, list(t.shape), list(t.stride()), str(t.dtype), str(t.device), first.setdefault(id(t), name)]
+            for name, t in (*model.named_parameters(remove_duplicate=False),
+                            *model.named_buffers(remove_duplicate=False))]
 
 
 def _dynamo_config() -> dict[str, Any]:

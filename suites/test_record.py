@@ -110,8 +110,9 @@ def test_a_record_that_cannot_be_rebuilt_warns_once_and_traces(cache_dir, caplog
     assert compiled.runtime is not None and compiled.binder is not None
 
 
-@pytest.mark.parametrize("change", ["attribute", "private attribute", "function attribute", "shape", "strides", "dtype",
-                                    "submodule", "buffer", "call", "config", "default dtype"])
+@pytest.mark.parametrize("change", ["attribute", "private attribute", "function attribute", "parameter removed",
+                                    "parameter resized", "buffer resized", "strides", "dtype", "submodule", "buffer",
+                                    "call", "config", "default dtype"])
 def test_the_key_moves_with_what_changes_code(change, monkeypatch):
     torch.manual_seed(0)
     base = Scaled()
@@ -130,8 +131,12 @@ def test_the_key_moves_with_what_changes_code(change, monkeypatch):
         model.linear.weight = nn.Parameter(model.linear.weight.detach().t().contiguous().t())
     elif change == "default dtype":
         monkeypatch.setattr(torch, "get_default_dtype", lambda: torch.float64)
-    elif change == "shape":
+    elif change == "parameter removed":
         model.linear = nn.Linear(4, 4, bias=False)
+    elif change == "parameter resized":  # the same name and module attributes (in/out_features), another shape
+        model.linear.weight = nn.Parameter(torch.randn(8, 4))
+    elif change == "buffer resized":
+        model.shift = torch.ones(8)
     elif change == "dtype":
         model.half()
     elif change == "submodule":

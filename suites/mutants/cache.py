@@ -259,3 +259,10 @@ def index_rewritten_with_open(mp: pytest.MonkeyPatch) -> None:
             f.write(data)
 
     mp.setattr(cache, "atomic_write", write)
+
+
+@mutant("the serving record's key ignores a parameter or buffer resized under the same name",
+        cpu=_RECORD + "test_the_key_moves_with_what_changes_code")
+def record_key_ignores_state_shapes(mp: pytest.MonkeyPatch) -> None:
+    original = record.state_facts
+    mp.setattr(record, "state_facts", lambda model: [[f[0], *f[2:]] for f in original(model)])
