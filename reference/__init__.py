@@ -25,8 +25,8 @@ from .runtime import CaptureMismatchError, Phase, Runtime
 from .split import split_graph
 
 __all__ = ["Backend", "BatchSizeError", "CaptureMismatchError", "CompilationConfig", "CompilationCounter",
-           "CompiledGraph", "CompiledModel", "ConfigError", "CUDAGraphMode", "FullGraph", "GlobalHookError", "InputError",
-           "Phase",
+           "CompiledGraph", "CompiledModel", "ConfigError", "CUDAGraphMode", "FullGraph", "GlobalHookError",
+           "InputError", "Phase",
            "Piece", "ReplayPlan", "Runtime", "StateReplacedError", "compile", "counters", "default_capture_sizes",
            "split_graph"]
 

@@ -1,8 +1,8 @@
 """Progress bars for the phases that take seconds to minutes: compiling the pieces, capturing the sizes.
 
 A tqdm bar on stderr while it is a terminal; nothing when stderr is not a terminal (logs, CI), when
-`PIECEWORKS_PROGRESS` is off (0, false, no, off: `config.env_flag`), or when tqdm is not installed. The bar is removed when the phase ends; the phase's one
-INFO summary line stays (logging).
+`PIECEWORKS_PROGRESS` is off (0, false, no, off: `config.env_flag`), or when tqdm is not installed. The bar is
+removed when the phase ends; the phase's one INFO summary line stays (logging).
 """
 
 from __future__ import annotations

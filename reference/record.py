@@ -254,7 +254,8 @@ def _stand_in(value: Any, guard: str, source: str) -> Any:
                         f"across processes") from None
 
 
-def outside_reads(guards: Sequence[Any] | None, model: Any, frame_globals: dict[str, Any]) -> list[tuple[str, str, Any]]:
+def outside_reads(guards: Sequence[Any] | None, model: Any,
+                  frame_globals: dict[str, Any]) -> list[tuple[str, str, Any]]:
     """What the trace read outside the model's module tree and the call, from Dynamo's guard entries (`guards`, as
     `guard_filter_fn` gets them): module globals, closure cells, functions' defaults, class attributes; each as
     (source, guard type, `_stand_in` of the value read back as a warm start will read it). `Unkeyable` where there
