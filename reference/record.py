@@ -18,10 +18,13 @@ module tree (each module's class with the file it was loaded from, and its attri
 numbers, strings, bools, None, enums, dtypes, devices, functions by their code, lists, dicts and dataclasses of
 them, objects with `to_dict()` such as transformers configs), its parameters and buffers (names, shapes, strides,
 dtypes, devices, sharing), and the call's signature (`api.signature` of each argument: all but the batch size).
+What the trace read outside the model's module tree and the call (module globals, closure cells, functions'
+defaults, class attributes: Dynamo's guards name them) is in the record as plain stand-ins, read back as a warm start
+will (`outside_reads`); a record whose values differ now is not used, and the log names the value (`changed_read`).
 A model the key cannot cover gets no record and traces every time (logged at INFO): not an nn.Module, a class
 without a source file (a notebook cell), forward hooks (its own or global), an attribute of another kind (an
-object, a closure, a `functools.partial`). What the key still cannot see: code that reads a module global or an
-environment variable; set `CompilationConfig.reuse_trace=False` for such a model.
+object, a closure, a `functools.partial`), a value read outside the model that cannot be compared across processes
+or read back, traced code without a source file (`os.environ` read inside `forward`).
 
 Faults: a record that is missing, unreadable, of another version, or whose traced files changed is not used (the
 cache logs a damaged one; a changed file is logged at INFO); one that cannot be rebuilt (a graph this torch cannot
