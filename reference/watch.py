@@ -10,9 +10,10 @@ hooks it ran). Every change to that state is seen when it happens, by an event; 
   `StateReplacedError` (the graphs still read the old memory). Seen by torch's process-wide registration hooks and
   the watched class's `_apply`;
 - any other attribute of a watched module set to another value or deleted (`model.scale = 3.0`, `norm.eps = 10.0`,
-  `layer.heads = 2`, `model.train()` on a model traced in eval mode, `module.forward = f`), a forward hook or
-  pre-hook registered on one, or a hook the trace ran removed: `changed`, and the next call traces and compiles the
-  model again (api.py; one WARNING naming what changed). Seen by the watched class (`__setattr__`, `__delattr__`,
+  `layer.heads = 2`, `model.train()` on a model traced in eval mode, `module.forward = f`; torch's parametrize, which
+  deletes a parameter and swaps the class), a forward hook or pre-hook registered on one, or a hook the trace ran
+  removed: `changed`, and the next call traces and compiles the model again (api.py; one WARNING naming what
+  changed). Writes that `forward` itself makes, on calls that go through Dynamo, are its own (`paused`). Seen by the watched class (`__setattr__`, `__delattr__`,
   `register_forward_hook`, `register_forward_pre_hook`) and, for the hooks the trace ran, by a stand-in in the
   module's hook table that calls the hook and flags the change once torch's handle removes it (`_HookStandIn`);
 - a global module forward hook (`register_module_forward_hook`, `register_module_forward_pre_hook`): it runs on
@@ -126,17 +127,18 @@ def _watched_class(cls: type) -> type:
     """The subclass a watched module of class `cls` gets: it tells the live watches about attribute writes, hook
     registrations and `_apply` (`.to()` and the like), and pickles as `cls`."""
 
+    def plain(self: Any, name: str) -> Any:  # parameters, buffers, submodules: `_replaced` sees them set
+        return type(self) if name == "__class__" else self.__dict__.get(name, _ABSENT)
+
     def __setattr__(self: Any, name: str, value: Any) -> None:
-        old = self.__dict__.get(name, _ABSENT)
+        old = plain(self, name)
         cls.__setattr__(self, name, value)
-        if not _same(old, self.__dict__.get(name, _ABSENT)):  # parameters, buffers, submodules: `_replaced`
+        if not _same(old, plain(self, name)):
             _changed(self, "set", name)
 
-    def __delattr__(self: Any, name: str) -> None:
-        had = name in self.__dict__
+    def __delattr__(self: Any, name: str) -> None:  # `del`, and torch's parametrize removing a parameter
         cls.__delattr__(self, name)
-        if had:
-            _changed(self, "deleted", name)
+        _changed(self, "deleted", name)
 
     def registering(method: str, kind: str) -> Any:
         def register(self: Any, *args: Any, **kwargs: Any) -> Any:

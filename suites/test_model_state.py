@@ -206,3 +206,16 @@ def test_a_call_with_grad_on_and_an_input_that_requires_grad_is_refused_naming_t
             compiled(wants_grad)
         torch.testing.assert_close(compiled(x), expected)  # no argument requires grad: served
     torch.testing.assert_close(compiled(wants_grad), expected)  # grad off: served
+
+
+def test_a_parametrization_after_the_first_call_is_served_by_a_new_trace():
+    """torch's parametrize deletes the parameter and swaps the module's class: neither replaces a tensor."""
+    model, compiled, x = _served()
+    torch.nn.utils.parametrize.register_parametrization(model.layers[0].proj, "weight", _Doubled())
+    with counters.expect(num_dynamo_traces=1):
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+class _Doubled(nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight * 2

@@ -237,7 +237,8 @@ def compiled_function_holds_the_model(mp: pytest.MonkeyPatch) -> None:
 
 @mutant("attributes set and hooks registered or removed after the first call go unnoted: the old trace serves",
         cpu=f"{_STATE}test_a_change_after_the_first_call_is_served_by_a_new_trace_logged_once "
-            f"{_STATE}test_a_hook_the_trace_ran_that_is_removed_is_served_by_a_new_trace")
+            f"{_STATE}test_a_hook_the_trace_ran_that_is_removed_is_served_by_a_new_trace "
+            f"{_STATE}test_a_parametrization_after_the_first_call_is_served_by_a_new_trace")
 def state_changes_unnoted(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(watch.StateWatch, "note", lambda self, module, what, attribute=None: None)
 
