@@ -13,7 +13,8 @@ hooks it ran). Every change to that state is seen when it happens, by an event; 
   `layer.heads = 2`, `model.train()` on a model traced in eval mode, `module.forward = f`; torch's parametrize, which
   deletes a parameter and swaps the class), a forward hook or pre-hook registered on one, or a hook the trace ran
   removed: `changed`, and the next call traces and compiles the model again (api.py; one WARNING naming what
-  changed). Writes that `forward` itself makes, on calls that go through Dynamo, are its own (`paused`). Seen by the watched class (`__setattr__`, `__delattr__`,
+  changed). Writes that `forward` itself makes, on calls that go through Dynamo, are its own (`paused`), and so are
+  the markers `torch.compile(model)` and `model.compile()` set (`_TORCH_MARKERS`). Seen by the watched class (`__setattr__`, `__delattr__`,
   `register_forward_hook`, `register_forward_pre_hook`) and, for the hooks the trace ran, by a stand-in in the
   module's hook table that calls the hook and flags the change once torch's handle removes it (`_HookStandIn`);
 - a global module forward hook (`register_module_forward_hook`, `register_module_forward_pre_hook`): it runs on
@@ -47,6 +48,8 @@ from ._compat import HookHandle, global_module_hooks
 _ABSENT = object()
 _PLAIN = (bool, int, float, str, bytes, torch.device)
 _HOOK_TABLES = {"_forward_hooks": "forward hook", "_forward_pre_hooks": "forward pre-hook"}
+# What torch.compile(module) and module.compile() set on the module: markers that leave forward's result as it was
+_TORCH_MARKERS = frozenset({"_is_torch_compile", "_compiled_call_impl"})
 
 
 class StateReplacedError(RuntimeError):
@@ -133,7 +136,7 @@ def _watched_class(cls: type) -> type:
     def __setattr__(self: Any, name: str, value: Any) -> None:
         old = plain(self, name)
         cls.__setattr__(self, name, value)
-        if not _same(old, plain(self, name)):
+        if not _same(old, plain(self, name)) and name not in _TORCH_MARKERS:
             _changed(self, "set", name)
 
     def __delattr__(self: Any, name: str) -> None:  # `del`, and torch's parametrize removing a parameter

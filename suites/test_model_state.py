@@ -219,3 +219,13 @@ def test_a_parametrization_after_the_first_call_is_served_by_a_new_trace():
 class _Doubled(nn.Module):
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
         return weight * 2
+
+
+def test_torch_compile_of_the_same_model_traces_nothing_again():
+    """The benchmarks build torch.compile peers on the model pieceworks serves: the marker torch.compile sets on it
+    changes nothing the trace read."""
+    model, compiled, x = _served()
+    torch.compile(model, backend="eager")
+    model.compile(backend="eager")
+    with counters.expect(num_dynamo_traces=0):
+        torch.testing.assert_close(compiled(x), model(x))
