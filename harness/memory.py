@@ -1,6 +1,8 @@
 """GPU memory readings, each seeing something the others do not:
 - `pool_bytes(pool)`: the caching allocator's segments of one graph pool (what capture costs, per pool);
 - `memory_state()["reserved"]`: everything the allocator holds (all pools, the default pool, workspaces);
+- `own_memory(pool)`: this process's own allocations (allocator statistics and one pool's bytes), which nothing another
+  process does can move: what a test of "no growth" compares;
 - `memory_state()["nvml_used"]`: NVML's used bytes for the whole device: every process on the GPU, the CUDA context,
   and driver-side memory the allocator never sees (CUDA-graph executables, about a quarter MiB per graph); None
   when NVML is missing or cannot see the device (`nvml_status()` says why). `device_used` is the same device-wide
@@ -15,7 +17,7 @@ import torch
 
 from pieceworks.cudagraph import pool_bytes
 
-__all__ = ["pool_bytes", "memory_state", "nvml_status"]
+__all__ = ["pool_bytes", "memory_state", "nvml_status", "own_memory"]
 
 _nvml: dict[Any, Any] = {}  # per process: NVML handles by device index, or "reason": why NVML is unusable
 
@@ -70,3 +72,14 @@ def memory_state() -> dict[str, int | None]:
     free, total = torch.cuda.mem_get_info()
     return {"reserved": torch.cuda.memory_reserved(), "allocated": torch.cuda.memory_allocated(),
             "device_used": total - free, "nvml_used": _nvml_used()}
+
+
+def own_memory(pool: Any = None) -> dict[str, int]:
+    """This process's device memory, after a sync: the caching allocator's allocated and reserved bytes and live
+    blocks, and the bytes of graph pool `pool` (0 for None). Unlike `nvml_used` and `device_used`, another process
+    on the GPU never moves it."""
+    torch.cuda.synchronize()
+    stats = torch.cuda.memory_stats()
+    return {"allocated": stats.get("allocated_bytes.all.current", 0),
+            "reserved": stats.get("reserved_bytes.all.current", 0), "blocks": stats.get("active.all.current", 0),
+            "pool": pool_bytes(pool)}

@@ -78,6 +78,11 @@ def assess(readings: dict[str, Any], limits: Limits) -> list[Finding]:
     return found
 
 
+def to_mib(nbytes: int) -> float:
+    """NVML's memory readings are bytes (`usedGpuMemory`, `nvmlMemory_t.used` and `.total`)."""
+    return nbytes / 2**20
+
+
 def _query(nvml: Any, name: str, *args: Any) -> Any:
     """NVML's answer to `name(*args)` (bytes decoded), or None where the query is missing or not supported."""
     try:
@@ -117,7 +122,7 @@ def _read_idle(nvml: Any, handle: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
         for p in _query(nvml, getter, handle) or []:
             used = getattr(p, "usedGpuMemory", None)  # None or a sentinel where NVML cannot say
-            procs.append({"pid": p.pid, "used_mib": used / 2**20 if isinstance(used, int) else None})
+            procs.append({"pid": p.pid, "used_mib": to_mib(used) if isinstance(used, int) else None})
     util = []
     for _ in range(5):
         util.append(getattr(_query(nvml, "nvmlDeviceGetUtilizationRates", handle), "gpu", None))
@@ -125,7 +130,7 @@ def _read_idle(nvml: Any, handle: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     device = {
         "name": _query(nvml, "nvmlDeviceGetName", handle), "uuid": _query(nvml, "nvmlDeviceGetUUID", handle),
         "pci_bus_id": _text(getattr(_query(nvml, "nvmlDeviceGetPciInfo", handle), "busId", None)),
-        "memory_total_mib": mem.total / 2**20,
+        "memory_total_mib": to_mib(mem.total),
         "max_sm_mhz": _query(nvml, "nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_SM),
         "max_mem_mhz": _query(nvml, "nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_MEM),
         "applications_sm_mhz": _query(nvml, "nvmlDeviceGetApplicationsClock", handle, nvml.NVML_CLOCK_SM),
@@ -134,7 +139,7 @@ def _read_idle(nvml: Any, handle: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         "persistence_mode": _query(nvml, "nvmlDeviceGetPersistenceMode", handle),
         "compute_mode": _query(nvml, "nvmlDeviceGetComputeMode", handle),
         "mig_mode": (_query(nvml, "nvmlDeviceGetMigMode", handle) or [None])[0]}
-    readings = {"processes": procs, "memory_used_mib": mem.used / 2**20,
+    readings = {"processes": procs, "memory_used_mib": to_mib(mem.used),
                 "utilization_pct": [u for u in util if u is not None], "idle_reasons": _slowdowns(nvml, handle),
                 "max_sm_mhz": device["max_sm_mhz"]}
     return device, readings

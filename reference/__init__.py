@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .api import CompiledModel, InputError, StateReplacedError, compile
+from .api import CompiledModel, GlobalHookError, InputError, StateReplacedError, compile
 from .backend import Backend, CompiledGraph
 from .batch_kind import GraphSupport, declare_graph_support, is_uniform_decode, uniform_decode
 from .config import CompilationConfig, ConfigError, CUDAGraphMode, default_capture_sizes
@@ -28,9 +28,10 @@ from .runtime import CaptureMismatchError, Phase, Runtime
 from .split import split_graph
 
 __all__ = ["Backend", "BatchSizeError", "CaptureMismatchError", "CompilationConfig", "CompilationCounter",
-           "CompiledGraph", "CompiledModel", "ConfigError", "CUDAGraphMode", "FullGraph", "GraphSupport", "InputError",
-           "Phase", "Piece", "ReplayPlan", "Runtime", "StateReplacedError", "compile", "counters",
-           "declare_graph_support", "default_capture_sizes", "is_uniform_decode", "split_graph", "uniform_decode"]
+           "CompiledGraph", "CompiledModel", "ConfigError", "CUDAGraphMode", "FullGraph", "GlobalHookError",
+           "GraphSupport", "InputError", "Phase", "Piece", "ReplayPlan", "Runtime", "StateReplacedError", "compile",
+           "counters", "declare_graph_support", "default_capture_sizes", "is_uniform_decode", "split_graph",
+           "uniform_decode"]
 
 __version__ = "0.1.0"
 

@@ -15,7 +15,8 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
   `torch.fx.experimental.symbolic_shapes.free_unbacked_symbols` (same name and meaning in 2.11-2.15);
 - the global compiler configuration: the modules `torch._inductor.config` and `torch._functorch.config`
   (`get_config_copy`, `save_config_portable`, `patch`; all three in 2.11-2.15), read for the cache key and for
-  checking `inductor_compile_config` keys, patched only for the duration of one compile;
+  checking `inductor_compile_config` keys (and values, against each option's declared type: `_config[key]
+  .value_type`), patched only for the duration of one compile;
 - Inductor's default cache folder, `torch._inductor.runtime.cache_dir_utils.default_cache_dir()` (2.11-2.15; None
   where absent: callers fall back to the folder's name);
 - Dynamo's `torch._dynamo.exc.BackendCompilerFailed`, which wraps an error raised inside a backend;
@@ -31,11 +32,12 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
   `capture_end` raises (the stream capture was invalidated: a host sync, a failed launch) never reaches them, and
   the allocator would keep routing to the pool and assert when it next frees (`end_failed_capture`);
 - `nn.Module._apply(fn)`, through which `.to()`, `.cuda()`, `.half()` reallocate parameters and buffers (no public
-  hook sees it): `after_apply` wraps it on one module instance (2.11-2.15).
+  hook sees it): the watched class of watch.py overrides it (2.11-2.15); `torch.utils.hooks.RemovableHandle.next_id`,
+  the count of hook handles torch has handed out (every hook registration moves it; 2.11-2.15), and nn.Module's
+  global forward hooks, for `StateWatch`.
 
-A missing feature raises `TorchCompatError` once, at first use (`BackendCompilerFailed`: at import), naming the
-feature, the torch version and the fix; nothing here patches torch (`after_apply` wraps a method of one module
-instance, never the class).
+A missing feature raises `TorchCompatError` once, at first use (`BackendCompilerFailed`, `HookHandle`: at import),
+naming the feature, the torch version and the fix; nothing here patches torch.
 """
 
 from __future__ import annotations
@@ -146,6 +148,12 @@ def inductor_config() -> Any:
     return _module("torch._inductor.config", "get_config_copy", "save_config_portable", "patch")
 
 
+def inductor_option_type(key: str) -> Any:
+    """The type Inductor declares for option `key` (`torch._inductor.config._config[key].value_type`, 2.11-2.15), or
+    None where this torch does not say."""
+    return getattr(getattr(inductor_config(), "_config", {}).get(key), "value_type", None)
+
+
 def functorch_config() -> Any:
     """The module `torch._functorch.config` (AOTAutograd's global configuration, part of what Inductor keys on)."""
     return _module("torch._functorch.config", "save_config_portable")
@@ -161,6 +169,8 @@ def inductor_default_cache_dir() -> str | None:
 
 # Checked at import (every torch 2.11-2.15 has it): callers name it in `except` clauses.
 BackendCompilerFailed = _module("torch._dynamo.exc", "BackendCompilerFailed").BackendCompilerFailed
+# Checked at import: a call reads `HookHandle.next_id` (hooks handed out so far), so it must not cost a lookup.
+HookHandle = _module("torch.utils.hooks", "RemovableHandle.next_id").RemovableHandle
 
 
 def evaluate_at(value: Any, size: int) -> int:
@@ -169,17 +179,6 @@ def evaluate_at(value: Any, size: int) -> int:
     if not isinstance(value, torch.SymInt):
         return int(value)
     return int(value.node.expr.xreplace(dict.fromkeys(value.node.expr.free_symbols, size)))
-
-
-def after_apply(module: torch.nn.Module, callback: Callable[[torch.nn.Module], None]) -> None:
-    """Call `callback(module)` after each `module._apply(...)` (`.to()` and the like), on this instance only."""
-
-    def _apply(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        result = type(self)._apply(self, *args, **kwargs)
-        callback(self)
-        return result
-
-    module._apply = _apply.__get__(module)  # a copy of the module (deepcopy) gets a method bound to the copy
 
 
 def traced_code() -> list[Any] | None:

@@ -26,8 +26,12 @@ Contracts of the returned `CompiledModel`:
   captured size run without graphs. Arguments the model writes to in place are copied back after the call;
 - parameters and buffers are read where they live: in-place updates (`load_state_dict(state)`, `copy_`) are
   served; replacing or reallocating one after the first call raises `StateReplacedError` naming it and the fix
-  at the next call (binding.StateWatch; nothing is checked per call but one flag);
-- inference only: calls run under `torch.no_grad()`.
+  at the next call. Any other change to the model's state the trace read (an attribute set or deleted, a forward
+  hook registered or removed) makes the next call trace and compile the model again, logged once at WARNING, never
+  serve the old trace; a global module forward hook raises `GlobalHookError` (watch.py says what is watched and
+  how: nothing is checked per call but one flag and one count);
+- inference only: calls run under `torch.no_grad()`; a call with grad on and an argument that requires grad raises
+  `InputError` (its output could carry no gradient).
 
 State and the data's path. `CompiledModel` owns the serving state of `pieceworks.compile`, built once, in one
 place (`_start_serving`), right after the tracing call: the `Runtime` (runtime.py: capture and replay), the
@@ -40,11 +44,12 @@ replays and eager splitting ops); then in-place writes are copied back and the o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -52,13 +57,14 @@ import torch
 from . import _compat, record
 from .backend import CompiledGraph, compile_graph, own_config
 from .batch_kind import _uniform
-from .binding import Binder, StateReplacedError, StateWatch, bind
+from .binding import Binder, bind
 from .config import CompilationConfig, ConfigError, CUDAGraphMode
 from .counters import counters
 from .dispatch import padded_size
 from .padding import StaticInputs, batched_outputs, unpad
 from .runtime import Phase, Runtime
 from .values import cycle_rows
+from .watch import GlobalHookError, StateReplacedError, StateWatch, refuse_global_hooks  # noqa: F401 - public names
 
 log = logging.getLogger("pieceworks")
 
@@ -147,6 +153,16 @@ def check_arguments(args: tuple, signatures: list[tuple]) -> int:
     return batch
 
 
+def refuse_grad(args: tuple) -> None:
+    """`InputError` naming the first tensor argument that requires grad (call while grad mode is on): the compiled
+    model serves inference only, so its output could carry no gradient where eager's would."""
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            raise InputError(f"argument {i} requires grad and grad mode is on, but a compiled model serves inference "
+                             f"only: its output would carry no gradient. Fix: call it under torch.no_grad() or "
+                             f"torch.inference_mode(), or pass the argument's .detach()")
+
+
 def contiguous(args: Sequence[Any]) -> list[Any]:
     """The arguments in the layout pieces are compiled for: contiguous (a copy where an argument is not)."""
     return [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
@@ -172,10 +188,7 @@ class CompiledModel:
             raise TypeError(f"pieceworks.compile needs a pieceworks.CompilationConfig, got {type(config).__name__}")
         self.model = model
         self.config = own_config(config)  # a frozen copy: `config` itself is frozen too (see CompilationConfig)
-        CompiledModel._count += 1
-        entry = _own_entry_point(model, f"pieceworks_model_{CompiledModel._count}")
-        self._dynamo_fn = torch.compile(entry, backend=_calling_weakly(self._compile_graph), fullgraph=True,
-                                        dynamic=False, options={"guard_filter_fn": lambda e: [False] * len(e)})
+        self._dynamo_fn = self._entry()
         self._graph: CompiledGraph | None = None  # set by the backend call, once
         self._traced: dict[str, Any] = {}  # the tracing call's facts, until `_start_serving` reads them
         self.runtime: Runtime | None = None
@@ -187,6 +200,19 @@ class CompiledModel:
         self._flat_by_size: dict[int, list[Any]] = {}
         self._state_watch: StateWatch | None = None
         counters.num_models_seen += 1
+
+    def _entry(self) -> Callable[..., Any]:
+        """A Dynamo entry point of this model's own that traces it once (its first call, or the first after a
+        change to the model's state) with guards dropped; the guards' entries go to `_traced` (the serving record
+        checks what they read outside the model)."""
+        CompiledModel._count += 1
+        entry = _own_entry_point(self.model, f"pieceworks_model_{CompiledModel._count}")
+        return torch.compile(entry, backend=_calling_weakly(self._compile_graph), fullgraph=True, dynamic=False,
+                             options={"guard_filter_fn": _calling_weakly(self._drop_guards)})
+
+    def _drop_guards(self, entries: Sequence[Any]) -> list[bool]:
+        self._traced["guards"] = list(entries)
+        return [False] * len(entries)
 
     def graph_inputs(self, n: int) -> list[Any]:
         """The graph's flat inputs for a replay of captured size `n`: the static buffers' views and the bound
@@ -230,6 +256,7 @@ class CompiledModel:
         Batch >= 2 and contiguous tensors: traced with aliases of the call's own tensors (`detach()`: same memory,
         so the marks stay off the caller's tensors), and the tracing run is the call. Otherwise: traced on
         contiguous copies of 2 (or batch) rows, the model state that run wrote is restored, and the call runs."""
+        refuse_global_hooks()
         batch = batch_of(args)
         self._signatures = [signature(a) for a in args]
         key = record.model_key(self.model, self._signatures, self.config) \
@@ -288,7 +315,8 @@ class CompiledModel:
             try:
                 record.save(self.config, key, record.Record(
                     _compat.pickle_graph(traced["gm"]), binder.describe(self.model), self.batched_outputs, mutated,
-                    record.file_digests(traced["code"])))
+                    record.file_digests(traced["code"]), record.outside_reads(traced.get("guards"), self.model,
+                                                                             globals())))
             except Exception as exc:  # noqa: BLE001 - no record: the next process traces, as it would without one
                 log.info("pieceworks: no serving record for this model (%s: %s)", type(exc).__name__, exc)
 
@@ -300,6 +328,9 @@ class CompiledModel:
         found = record.load(self.config, key)
         if found is None:
             return False
+        if (changed := record.changed_read(found.reads, self.model, globals())) is not None:  # the entry point's
+            log.info("pieceworks: %s: tracing the model instead of serving its serving record", changed)
+            return False
         try:
             gm, fake_mode = _compat.unpickle_graph(found.graph)
             with _compat.tracing(fake_mode):
@@ -307,7 +338,7 @@ class CompiledModel:
             self._serve_with(args, Binder.restore(found.binding, self.model), found.batched_outputs, found.mutated_args)
         except Exception as exc:  # noqa: BLE001 - a graph this torch cannot unpickle or compile, a state name the
             # model lacks: nothing of it is kept, and the call traces, as without a record
-            self._graph = self.runtime = self.binder = self.static_inputs = self._state_watch = None
+            self._forget()
             log.warning("pieceworks: this model's serving record could not be used (%s: %s); tracing the model",
                         type(exc).__name__, exc)
             return False
@@ -325,13 +356,38 @@ class CompiledModel:
         if self.runtime.mode is not CUDAGraphMode.NONE and self.config.cudagraph_capture_sizes:
             self.static_inputs = StaticInputs(example_args, max(self.config.cudagraph_capture_sizes))
 
+    def _forget(self) -> None:
+        """Drop the serving state (runtime with its graphs and pool, binding, static buffers, state watch)."""
+        if self._state_watch is not None:
+            self._state_watch.close()
+        self._graph = self.runtime = self.binder = self.static_inputs = self._state_watch = None
+        self._flat_by_size = {}
+
+    def _state_changed(self) -> None:
+        """What the state watch saw (watch.py): a replaced parameter raises, a global hook raises, another change
+        drops the serving state so that the call traces the model as it is now, through a new entry point (the
+        old one's code ignores its guards)."""
+        watch = self._state_watch
+        if watch.replaced:
+            raise StateReplacedError(watch.replaced)
+        refuse_global_hooks()
+        watch.handles = _compat.HookHandle.next_id
+        if watch.changed:
+            log.warning("pieceworks: %s after the first call: tracing and compiling the model again%s", watch.changed,
+                        " (its CUDA graphs are dropped: call capture() again)" if self.runtime.captured_sizes else "")
+            self._forget()
+            self._dynamo_fn = self._entry()
+
     # ---- calls ----------------------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
+        if torch.is_grad_enabled():
+            refuse_grad(args)
         with torch.no_grad():
+            watch = self._state_watch
+            if watch is not None and (watch.changed or watch.handles != _compat.HookHandle.next_id):
+                self._state_changed()
             if self.runtime is None:
                 return self._first_call(args)
-            if self._state_watch is not None and self._state_watch.replaced:
-                raise StateReplacedError(self._state_watch.replaced)
             return self._serve(args, check_arguments(args, self._signatures))
 
     def _serve(self, args: Sequence[Any], batch: int) -> Any:
@@ -354,8 +410,9 @@ class CompiledModel:
     def _run(self, n: int, args: Sequence[Any] | None = None) -> Any:
         """The model on `args` of batch n (contiguous; run without graphs) or, without `args`, on the static buffers
         at captured size n (replayed, captured or run without graphs). Through Dynamo where no binding was proven."""
-        if self.binder is None:
-            return self._dynamo_fn(*(self.static_inputs.views(n) if args is None else args))
+        if self.binder is None:  # forward runs again: the attributes it writes are its own, not the user's changes
+            with _paused(self._state_watch):
+                return self._dynamo_fn(*(self.static_inputs.views(n) if args is None else args))
         flat = self.graph_inputs(n) if args is None else self.binder.inputs(args, n)
         return self.binder.outputs(self.runtime.run(flat, n, static=args is None))
 
@@ -379,6 +436,17 @@ class CompiledModel:
             raise RuntimeError("call the model once before capture(): the first call traces and compiles it")
         with torch.no_grad():
             return self.runtime.capture(self._run, [] if self.static_inputs is None else sizes)
+
+
+@contextlib.contextmanager
+def _paused(watch: StateWatch | None) -> Iterator[None]:
+    if watch is not None:
+        watch.paused = True
+    try:
+        yield
+    finally:
+        if watch is not None:
+            watch.paused = False
 
 
 def compile(model: Callable[..., Any], config: CompilationConfig | None = None) -> CompiledModel:  # noqa: A001

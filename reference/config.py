@@ -14,10 +14,12 @@ import hashlib
 import json
 import os
 import re
+import types
+import typing
 from collections.abc import Callable
 from typing import Any
 
-from ._compat import inductor_config
+from ._compat import inductor_config, inductor_option_type
 
 CAPTURE_SIZES_SHORTHAND = "cudagraph_capture_sizes"  # vLLM's shorthand in compile_sizes: every capture size
 _OP_NAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
@@ -83,12 +85,47 @@ def _is_int(value: Any) -> bool:
 
 
 def check_inductor_keys(config: dict[str, Any]) -> None:
-    """Every key must be an Inductor config option (dotted for nested ones, e.g. "triton.cudagraphs")."""
-    known = set(inductor_config().get_config_copy()) if config else set()  # no options: Inductor's config stays unread
-    for key in config:
+    """Every key must be an Inductor config option (dotted for nested ones, e.g. "triton.cudagraphs"), and its value
+    of the option's type."""
+    known = inductor_config().get_config_copy() if config else {}  # no options: Inductor's config stays unread
+    for key, value in config.items():
         close = [] if key in known else difflib.get_close_matches(key, known, n=3)
         _require(key in known, "inductor_compile_config", config, f"{key!r} is not an Inductor config option",
                  f"use one of {close}" if close else "see torch._inductor.config for the options")
+        kind = inductor_option_type(key)
+        name = getattr(kind, "__name__", None) if isinstance(kind, type) else str(kind).replace("typing.", "")
+        _require(fits_option_type(value, kind), "inductor_compile_config", config, f"{key!r} takes {name}, not "
+                 f"{value!r} ({type(value).__name__})", f"pass a {name}, e.g. its default {known[key]!r}")
+
+
+def fits_option_type(value: Any, kind: Any) -> bool:
+    """Whether a JSON `value` fits the type `kind` an Inductor option declares: bool, int, float, str, None, lists
+    (or tuples), dicts, their unions and literals. A type this cannot check (a callable's, a class) fits."""
+    origin = typing.get_origin(kind) or kind
+    if origin in (typing.Union, types.UnionType):
+        return any(fits_option_type(value, a) for a in typing.get_args(kind))
+    if origin is typing.Literal:
+        return any(type(value) is type(a) and value == a for a in typing.get_args(kind))
+    exact = {type(None): (type(None),), bool: (bool,), int: (int,), float: (int, float), str: (str,),
+             list: (list, tuple), tuple: (list, tuple), dict: (dict,)}
+    return type(value) in exact[origin] if origin in exact else True
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """The boolean environment variable `name`: 1, true, yes, on or 0, false, no, off (any case); `default` when
+    unset or empty; else `ConfigError` naming the variable, its value and the spellings."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return value in ("1", "true", "yes", "on")
+    if value:
+        raise ConfigError(f"${name}={os.environ[name]!r} is not a boolean. Fix: set it to 1, true, yes or on (or 0, "
+                          f"false, no, off), or unset it.")
+    return default
+
+
+def expand_path(path: str | os.PathLike) -> str:
+    """`path` with a leading `~` expanded (shells leave a quoted `~` as it is)."""
+    return os.path.expanduser(os.fspath(path))
 
 
 def check_something_to_capture(mode: CUDAGraphMode, capture_sizes: list[int]) -> None:
@@ -192,12 +229,12 @@ class CompilationConfig:
             sizes = [s for s in sizes if s != CAPTURE_SIZES_SHORTHAND] + self.cudagraph_capture_sizes
         self.compile_sizes = _int_list("compile_sizes", sizes, top, f'list ints, or "{CAPTURE_SIZES_SHORTHAND}" for '
                                        "every capture size")
-        check_inductor_keys(self.inductor_compile_config)  # known keys with JSON values, so the cache key covers them
         try:
             json.dumps(self.inductor_compile_config, sort_keys=True)
         except TypeError:
             _require(False, "inductor_compile_config", self.inductor_compile_config, "values must be JSON-serialisable "
                      "so that the cache key can cover them", "pass plain bools, numbers, strings, lists and dicts")
+        check_inductor_keys(self.inductor_compile_config)  # known keys with JSON values, so the cache key covers them
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_frozen"):
@@ -219,16 +256,17 @@ class CompilationConfig:
         return list(zip([1] + [e + 1 for e in ends[:-1]], ends))
 
     def resolved_cache_dir(self) -> str:
-        """`cache_dir`, else `$PIECEWORKS_CACHE_DIR`, else `$XDG_CACHE_HOME/pieceworks` (`~/.cache/pieceworks`)."""
+        """`cache_dir`, else `$PIECEWORKS_CACHE_DIR`, else `$XDG_CACHE_HOME/pieceworks` (`~/.cache/pieceworks`); a
+        leading `~` of any of them is the home folder."""
         if self.cache_dir is not None:
-            return os.fspath(self.cache_dir)
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return os.environ.get("PIECEWORKS_CACHE_DIR") or os.path.join(base, "pieceworks")
+            return expand_path(self.cache_dir)
+        base = expand_path(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"))
+        return expand_path(os.environ.get("PIECEWORKS_CACHE_DIR") or os.path.join(base, "pieceworks"))
 
     def cache_active(self) -> bool:
-        """False when `cache_enabled` is off, `PIECEWORKS_DISABLE_CACHE=1`, or the compiler is eager."""
-        disabled = os.environ.get("PIECEWORKS_DISABLE_CACHE", "0") not in ("", "0")
-        return self.cache_enabled and not disabled and self.compiler == "inductor"
+        """False when `cache_enabled` is off, `PIECEWORKS_DISABLE_CACHE` is on (`env_flag`), or the compiler is
+        eager."""
+        return self.cache_enabled and not env_flag("PIECEWORKS_DISABLE_CACHE", False) and self.compiler == "inductor"
 
     def compute_hash(self) -> str:
         """SHA-256 of the fields that change compiled code; equal configs give equal hashes in any process."""

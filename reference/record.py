@@ -18,10 +18,13 @@ module tree (each module's class with the file it was loaded from, and its attri
 numbers, strings, bools, None, enums, dtypes, devices, functions by their code, lists, dicts and dataclasses of
 them, objects with `to_dict()` such as transformers configs), its parameters and buffers (names, shapes, strides,
 dtypes, devices, sharing), and the call's signature (`api.signature` of each argument: all but the batch size).
+What the trace read outside the model's module tree and the call (module globals, closure cells, functions'
+defaults, class attributes: Dynamo's guards name them) is in the record as plain stand-ins, read back as a warm start
+will (`outside_reads`); a record whose values differ now is not used, and the log names the value (`changed_read`).
 A model the key cannot cover gets no record and traces every time (logged at INFO): not an nn.Module, a class
 without a source file (a notebook cell), forward hooks (its own or global), an attribute of another kind (an
-object, a closure, a `functools.partial`). What the key still cannot see: code that reads a module global or an
-environment variable; set `CompilationConfig.reuse_trace=False` for such a model.
+object, a closure, a `functools.partial`), a value read outside the model that cannot be compared across processes
+or read back, traced code without a source file (`os.environ` read inside `forward`).
 
 Faults: a record that is missing, unreadable, of another version, or whose traced files changed is not used (the
 cache logs a damaged one; a changed file is logged at INFO); one that cannot be rebuilt (a graph this torch cannot
@@ -32,11 +35,14 @@ beside it, it runs code when loaded, so a cache folder must be as trusted as the
 
 from __future__ import annotations
 
+import builtins
 import hashlib
+import importlib
 import json
 import logging
 import os
 import pickle
+import re
 import sys
 import types
 from collections.abc import Sequence
@@ -49,10 +55,11 @@ from . import _compat
 from .cache import CompileCache
 from .config import CompilationConfig
 from .key import UnkeyableConfigError, digest, portable, environment_factors
+from .watch import original_class
 
 log = logging.getLogger("pieceworks")
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 ENTRY = "serving-record"
 
 
@@ -64,14 +71,15 @@ class Record(NamedTuple):
     batched_outputs: Any  # `padding.batched_outputs`
     mutated_args: list[int]  # argument positions the graph writes in place
     files: dict[str, str]  # traced source file -> SHA-256
+    reads: list[tuple[str, str, Any]]  # `outside_reads`: (Dynamo's source, guard type, stand-in of the value)
 
 
 class Unkeyable(ValueError):
     """Something the trace may depend on cannot be keyed: the model gets no record (every first call traces)."""
 
 
-# nn.Module's own bookkeeping, and `_apply`, which binding.StateWatch wraps on each module a CompiledModel serves
-_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"} | {"_apply"}
+# nn.Module's own bookkeeping
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs")
 
 
@@ -111,22 +119,29 @@ def model_key(model: Any, signatures: Sequence[tuple], config: CompilationConfig
     if not isinstance(model, torch.nn.Module):
         return None
     try:
-        modules = [[name, class_origin(type(m)), plain_attributes(m, name)]
+        modules = [[name, class_origin(original_class(type(m))), plain_attributes(m, name)]
                    for name, m in model.named_modules(remove_duplicate=False)]
         if _compat.global_module_hooks():
             raise Unkeyable("global module hooks are registered")
     except Unkeyable as exc:
         log.info("pieceworks: no serving record for this model (%s): every first call traces", exc)
         return None
-    first: dict[int, str] = {}
-    state = [[name, list(t.shape), list(t.stride()), str(t.dtype), str(t.device), first.setdefault(id(t), name)]
-             for name, t in (*model.named_parameters(remove_duplicate=False),
-                             *model.named_buffers(remove_duplicate=False))]
     modes = {"default_dtype": str(torch.get_default_dtype()), "dynamo": _dynamo_config(),
+             "default_device": str(torch.get_default_device()),
+             "deterministic": torch.are_deterministic_algorithms_enabled(),
              "autocast": [[d, torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))] for d in ("cpu", "cuda")]}
     facts = {"version": RECORD_VERSION, "environment": environment_factors(), "config": config.compute_hash(),
-             "modules": modules, "state": state, "call": [repr(s) for s in signatures], "modes": modes}
+             "modules": modules, "state": state_facts(model), "call": [repr(s) for s in signatures], "modes": modes}
     return digest(json.dumps(facts, sort_keys=True, default=repr))[:24]
+
+
+def state_facts(model: torch.nn.Module) -> list[list[Any]]:
+    """Each parameter and buffer of `model` by name (shared ones under each name): shape, strides, dtype, device, and
+    the first name of its tensor (which are shared)."""
+    first: dict[int, str] = {}
+    return [[name, list(t.shape), list(t.stride()), str(t.dtype), str(t.device), first.setdefault(id(t), name)]
+            for name, t in (*model.named_parameters(remove_duplicate=False),
+                            *model.named_buffers(remove_duplicate=False))]
 
 
 def _dynamo_config() -> dict[str, Any]:
@@ -183,6 +198,97 @@ def changed_file(files: dict[str, str]) -> str | None:
                 return path
         except OSError:
             return path
+    return None
+
+
+# Guards whose values the key covers or that hold nothing to compare: the call's tensors and the model's parameters and
+# buffers (signature and state in the key), hook tables (a model with hooks has no record), aliases of another source.
+_COVERED_GUARDS = {"TENSOR_MATCH", "EMPTY_NN_MODULE_HOOKS_DICT", "NOT_PRESENT_IN_GENERIC_DICT", "DUPLICATE_INPUT"}
+# A source inside the model's module tree (an attribute or entry of a module, its `_modules` table): the key covers it.
+_MODEL_STATE = re.compile(r"(L\['model'\]|model)(\.[A-Za-z_]\w*|\['[^']*'\]|\[\d+\])*")
+_CALL = re.compile(r"(L\['args'\]|args)\b")
+
+
+class _Globals(dict):
+    """The traced frame's globals as Dynamo's guard sources name them. While it traces, Dynamo installs there the
+    modules of inlined code as `__import_<name, dots as _dot_>` and their builtins as `__builtins_dict___<n>`: a warm
+    start, which has not traced, resolves those names itself."""
+
+    def __init__(self, frame_globals: dict[str, Any]) -> None:
+        super().__init__()
+        self.frame = frame_globals
+
+    def __missing__(self, name: str) -> Any:
+        if name.startswith("__import_"):
+            return importlib.import_module(name[len("__import_"):].replace("_dot_", "."))
+        return vars(builtins) if name.startswith("__builtins_dict__") else self.frame[name]
+
+
+def _read_back(source: str, model: Any, frame_globals: dict[str, Any]) -> Any:
+    """The value at Dynamo's guard `source` now: `G[...]` the traced frame's globals, `model` the model, and the few
+    builtins Dynamo's sources call (`type`: a module's own class, watched or not, watch.py). The source is from a
+    record, which is trusted as code is (see the module doc)."""
+    names = {"__builtins__": {}, "G": _Globals(frame_globals), "L": {"model": model}, "model": model,
+             "type": lambda value: original_class(type(value)),  # a served model's modules are of watched classes
+             "dict": dict, "getattr": getattr, "__import__": __import__}
+    return eval(source, names)  # noqa: S307
+
+
+def _readable(source: str) -> str:
+    """`G['__import_a_dot_b'].X` as `a.b.X`, `G['__builtins_dict___0']['len']` as `builtins['len']`,
+    `dict(type(model).__dict__)['X']` as `type(model).X`."""
+    source = re.sub(r"dict\(type\((\w+)\)\.__dict__\)\['(\w+)'\]", r"type(\1).\2", source)
+    source = re.sub(r"G\['__import_(\w+)'\]", lambda m: m.group(1).replace("_dot_", "."), source)
+    return re.sub(r"G\['(\w+)'\]", r"\1", re.sub(r"G\['__builtins_dict___\d+'\]", "builtins", source))
+
+
+def _stand_in(value: Any, guard: str, source: str) -> Any:
+    """A plain value standing for what guard `guard` compares at `source`, the same in every process: a type by name
+    (TYPE_MATCH), a module by name, a function by name and code, anything else as the key's `portable`."""
+    value = type(value) if guard == "TYPE_MATCH" else value
+    if isinstance(value, types.ModuleType):
+        return f"module {value.__name__}"
+    if isinstance(value, types.FunctionType):
+        return [value.__module__, value.__qualname__, code_digest(value.__code__)]
+    try:
+        return portable(value, source)
+    except (UnkeyableConfigError, RecursionError):
+        raise Unkeyable(f"the trace read {_readable(source)}, a {type(value).__name__} that cannot be compared "
+                        f"across processes") from None
+
+
+def outside_reads(guards: Sequence[Any] | None, model: Any,
+                  frame_globals: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """What the trace read outside the model's module tree and the call, from Dynamo's guard entries (`guards`, as
+    `guard_filter_fn` gets them): module globals, closure cells, functions' defaults, class attributes; each as
+    (source, guard type, `_stand_in` of the value read back as a warm start will read it). `Unkeyable` where there
+    are no guards, or a value cannot be read back or stood in for."""
+    if guards is None:
+        raise Unkeyable("Dynamo reported no guards for the trace")
+    reads = []
+    for guard in guards:
+        source, kind = guard.name, guard.guard_type
+        if not guard.has_value or kind in _COVERED_GUARDS or _CALL.match(source) or (
+                not guard.is_global and "__" not in source and _MODEL_STATE.fullmatch(source)):
+            continue
+        try:  # read back as a warm start will (the guard's own value may come from a module imported before)
+            value = _read_back(source, model, frame_globals)
+        except Exception as exc:  # noqa: BLE001 - a source this resolution does not cover
+            raise Unkeyable(f"the trace read {_readable(source)}, which a warm start cannot read back "
+                            f"({type(exc).__name__}: {exc})") from None
+        reads.append((source, kind, _stand_in(value, kind, source)))
+    return reads
+
+
+def changed_read(reads: Sequence[tuple[str, str, Any]], model: Any, frame_globals: dict[str, Any]) -> str | None:
+    """Why the first of a record's `outside_reads` differs now (which value, now and in the record), or None."""
+    for source, kind, value in reads:
+        try:
+            now = _stand_in(_read_back(source, model, frame_globals), kind, source)
+        except Exception as exc:  # noqa: BLE001 - a module gone, an attribute renamed: the record does not apply
+            return f"{_readable(source)} cannot be read ({type(exc).__name__}: {exc})"
+        if now != value:
+            return f"{_readable(source)} is {now!r}, the record's trace read {value!r}"
     return None
 
 

@@ -5,6 +5,8 @@
   there, and a later writer stores the rest (its locks died with it).
 - Several processes storing different entries into one key at once lose none of them and pair none with another
   process's file, while a reader that loads all the time sees only whole payloads.
+- Whatever function writes the index: a write the kernel stops part-way (a file size limit) leaves the old index,
+  and a reader that takes no lock only ever sees a whole index.
 
 Writers are forked children of the test process (fast: no new interpreter), so the fault is injected by patching
 the child's `os` functions; a forked child only does file I/O and leaves with `os._exit`.
@@ -13,14 +15,16 @@ the child's `os` functions; a forked child only does file I/O and leaves with `o
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pieceworks.cache import CompileCache
+from pieceworks.cache import CompileCache, parse_index
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (POSIX)")
 
@@ -215,3 +219,54 @@ def test_concurrent_writers_of_different_entries_lose_nothing(tmp_path, caplog):
     missing = sorted(set(names) - set(index))
     assert not missing, f"{len(missing)} of {len(names)} entries lost by concurrent writers, e.g. {missing[:3]}"
     assert _loads_exactly(reader, names) == {n: _payload(n) for n in names}
+
+
+# ---- a write stopped by the kernel, a reader without the lock -------------------------------------------------
+def _store_with_file_size_limit(root: str, names: list[str], limit: int) -> None:
+    """Child: store `names` while the kernel refuses to grow any file past `limit` bytes (RLIMIT_FSIZE: the write
+    fails part-way, or SIGXFSZ ends the process), whichever call writes."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    cache = CompileCache(root, KEY)
+    for name in names:
+        cache.store(name, _save(name), _claim(name))
+
+
+def _filled(root: str, entries: int) -> tuple[CompileCache, list[str]]:
+    cache = CompileCache(root, KEY)
+    names = [_name(0, i) for i in range(entries)]
+    for name in names:
+        assert cache.store(name, _save(name), _claim(name))
+    return cache, names
+
+
+@pytest.mark.parametrize("cut", [0.0, 0.3, 0.7, 0.99])
+def test_a_writer_stopped_in_any_write_leaves_every_file_old_or_new(cut, tmp_path, caplog):
+    """The writer's index write is stopped by the kernel at a fraction `cut` of the index it replaces, whatever
+    function writes it: the index must still be the old one (every entry loads its bytes), never a torn file."""
+    cache, earlier = _filled(str(tmp_path), 40)
+    old_size = len(Path(cache.index_path).read_bytes())
+    artifact = max(len(_payload(_name(1, i))) for i in range(3))
+    limit = artifact + 1 + int(cut * (old_size - artifact))  # artifacts fit; the index write (bigger) cannot
+    pid = _fork(lambda: _store_with_file_size_limit(str(tmp_path), [_name(1, i) for i in range(3)], limit))
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) or os.WEXITSTATUS(status) == 0, status
+    caplog.set_level("WARNING", logger="pieceworks")
+    reader = CompileCache(str(tmp_path), KEY)
+    assert set(reader.read_index()) == set(earlier), "the index is neither the old one nor a new one"
+    assert "unreadable" not in caplog.text
+    assert _loads_exactly(reader, earlier) == {n: _payload(n) for n in earlier}
+
+
+def test_a_reader_without_the_lock_sees_the_old_index_or_the_new(tmp_path):
+    """Tools read index.json without taking its lock (a `cat`, a backup): while a writer rewrites it a hundred
+    times, every read is a whole index."""
+    cache, _ = _filled(str(tmp_path), 100)
+    pid = _fork(lambda: _filled(str(tmp_path), 200))  # the first 100 again (same bytes), then 100 more
+    torn, reads, path = [], 0, Path(cache.index_path)
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        data = path.read_bytes()
+        reads += 1
+        if not data.rstrip().endswith(b"}"):  # cheap, so that reads are many; a whole index ends with "}"
+            torn.append(len(data))
+    assert not torn, f"{len(torn)} of {reads} reads saw a torn index (sizes {torn[:5]})"
+    assert len(parse_index(path.read_bytes())) == 200

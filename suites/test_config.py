@@ -10,6 +10,7 @@ import torch
 import pieceworks
 from pieceworks import CompilationConfig, ConfigError, CUDAGraphMode
 from pieceworks.harness import models
+from pieceworks.progress import progress
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,12 @@ from pieceworks.harness import models
         ({"cudagraph_capture_sizes": [], "cudagraph_mode": "FULL"}, "cudagraph_capture_sizes", "cudagraph_mode=FULL"),
         ({"compile_sizes": ["capture_sizes"]}, "compile_sizes", '"cudagraph_capture_sizes" for every capture size'),
         ({"cache_enabled": "yes"}, "cache_enabled", "bool"),
+        ({"inductor_compile_config": {"max_autotune": "yes"}}, "inductor_compile_config",
+         "'max_autotune' takes bool, not 'yes' (str). Fix: pass a bool, e.g. its default False"),
+        ({"inductor_compile_config": {"compile_threads": "4"}}, "inductor_compile_config",
+         "'compile_threads' takes int | None, not '4' (str)"),
+        ({"inductor_compile_config": {"max_autotune_gemm_backends": ["ATEN"]}}, "inductor_compile_config",
+         "'max_autotune_gemm_backends' takes str, not ['ATEN'] (list)"),
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens", "positive"),
     ],
 )
@@ -86,7 +93,9 @@ def test_compile_sizes_shorthand_expands_to_the_capture_sizes():
 
 
 def test_inductor_config_keys_are_checked_at_construction():
-    assert CompilationConfig(inductor_compile_config={"max_autotune": False, "triton.cudagraphs": False})
+    assert CompilationConfig(inductor_compile_config={"max_autotune": False, "triton.cudagraphs": False,
+                                                      "compile_threads": 1, "max_autotune_gemm_backends": "ATEN",
+                                                      "realize_opcount_threshold": 30})
     with pytest.raises(ConfigError, match=r"'triton\.cudagrafs' is not an Inductor config option.*triton\.cudagraphs"):
         CompilationConfig(inductor_compile_config={"triton.cudagrafs": False})
 
@@ -151,6 +160,34 @@ def test_cache_dir_and_disable_switch(monkeypatch, tmp_path):
     monkeypatch.delenv("PIECEWORKS_DISABLE_CACHE")
     assert not CompilationConfig(cache_enabled=False).cache_active()
     assert not CompilationConfig(compiler="eager").cache_active()
+
+
+BOOLEANS = {"1": True, "true": True, "TRUE": True, " yes ": True, "On": True,
+            "0": False, "false": False, "No": False, "off": False, "": False}
+
+
+@pytest.mark.parametrize("value", list(BOOLEANS))
+def test_the_disable_switch_takes_the_usual_spellings(value, monkeypatch):
+    monkeypatch.setenv("PIECEWORKS_DISABLE_CACHE", value)
+    assert CompilationConfig().cache_active() is not BOOLEANS[value]
+
+
+@pytest.mark.parametrize("variable", ["PIECEWORKS_DISABLE_CACHE", "PIECEWORKS_PROGRESS"])
+def test_a_boolean_variable_of_another_spelling_is_a_config_error_naming_it(variable, monkeypatch):
+    monkeypatch.setenv(variable, "maybe")
+    with pytest.raises(ConfigError, match=rf"\${variable}='maybe' is not a boolean\. Fix: set it to 1, true, yes or "):
+        CompilationConfig().cache_active() if variable == "PIECEWORKS_DISABLE_CACHE" else progress([1], "x")
+
+
+def test_a_cache_folder_with_a_tilde_is_under_the_home_folder(monkeypatch, tmp_path):
+    """Shells expand `~` only at the start of an unquoted word: `PIECEWORKS_CACHE_DIR='~/x'` reaches us as is."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert CompilationConfig(cache_dir="~/given").resolved_cache_dir() == str(tmp_path / "given")
+    monkeypatch.setenv("PIECEWORKS_CACHE_DIR", "~/from-env")
+    assert CompilationConfig().resolved_cache_dir() == str(tmp_path / "from-env")
+    monkeypatch.delenv("PIECEWORKS_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", "~/xdg")
+    assert CompilationConfig().resolved_cache_dir() == str(tmp_path / "xdg" / "pieceworks")
 
 
 def test_public_names():

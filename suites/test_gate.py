@@ -350,6 +350,36 @@ def test_failed_benchmark_is_incomplete(sets):
     assert status == 2 and set(_verdicts(rows, other).values()) == {"failed"}
 
 
+def test_a_benchmark_that_failed_in_some_rounds_is_incomplete(sets):
+    """Head ran in two rounds (two result files of one commit); the benchmark crashed in one: not judged on the round
+    that ran."""
+    name, i = sets.pick("latency")
+    crashed = copy.deepcopy(sets.head)
+    sets.set(name, i, None, data=crashed)
+    sets.write("head", crashed, filename="round-2.json")
+    rows, status = sets.run()
+    assert len(load_result_set(str(sets.tmp / "head" / sets.head["params"]["machine"])).files) == 2
+    assert status == 2 and _row(rows, sets, name, i).verdict == "failed"
+
+
+def test_trace_count_any_increase_fails(sets):
+    """Dynamo traces of a start (compile.CompileStart.track_dynamo_traces): a warm start that traces once, or a cold
+    start that traces twice, has regressed; nothing tolerates one extra trace."""
+    name = "compile.CompileStart.track_dynamo_traces"
+    sets.meta[name] = {**sets.meta.get("compile.CompileStart.track_inductor_compiles", {}), "name": name,
+                       "unit": "traces"}
+    if THRESHOLDS.rule_for(name, "traces").metric != "trace count":
+        pytest.fail(f"{name} is judged by rule {THRESHOLDS.rule_for(name, 'traces').metric!r}, not 'trace count'")
+    row = copy.deepcopy(sets.base["results"]["compile.CompileStart.track_inductor_compiles"])
+    row[sets.cols.index("result")] = [1, 0, 0]  # cold, warm, warm on a new host
+    sets.base["results"][name] = row
+    for i, traces in ((1, 1), (0, 2)):
+        sets.head = copy.deepcopy(sets.base)
+        sets.set(name, i, traces)
+        rows, status = sets.run()
+        assert status == 1 and _row(rows, sets, name, i).verdict == "regression", (i, traces)
+
+
 def test_skipped_in_head_what_base_measured_is_incomplete(sets):
     name, i = sets.pick("latency")
     sets.set(name, i, float("nan"))  # asv: NaN = skipped (NotImplementedError in setup)

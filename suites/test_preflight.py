@@ -134,6 +134,17 @@ def test_command_exit_statuses_and_record(fake_gpu, tmp_path, capfd):
     assert "--allow-busy" in capfd.readouterr().err and json.loads(out.read_text())["verdict"] == "busy, allowed"
 
 
+def test_memory_held_on_a_busy_gpu_is_read_in_mib_and_refused(fake_gpu, tmp_path, capfd):
+    """NVML reports bytes: 30000 MiB held by a process NVML cannot name (another container's) must read as 30000 MiB,
+    over the 1024 MiB limit, not as 29 (GiB) or 30 (decimal GB) under it."""
+    out = tmp_path / "preflight.json"
+    fake_gpu(used_mib=30000.0)
+    assert preflight.main(["--out", str(out)]) == BUSY
+    assert "FAIL memory in use: 30000 MiB in use before the run (limit 1024 MiB)" in capfd.readouterr().out
+    record = json.loads(out.read_text())
+    assert record["idle"]["memory_used_mib"] == 30000.0 and record["gpu"]["memory_total_mib"] == 80 * 1024
+
+
 def test_no_nvml_or_no_cuda_exits_1_saying_why(monkeypatch, tmp_path, capfd):
     import torch
 

@@ -110,8 +110,9 @@ def test_a_record_that_cannot_be_rebuilt_warns_once_and_traces(cache_dir, caplog
     assert compiled.runtime is not None and compiled.binder is not None
 
 
-@pytest.mark.parametrize("change", ["attribute", "private attribute", "function attribute", "shape", "strides", "dtype",
-                                    "submodule", "buffer", "call", "config", "default dtype"])
+@pytest.mark.parametrize("change", ["attribute", "private attribute", "function attribute", "parameter removed",
+                                    "parameter resized", "buffer resized", "strides", "dtype", "submodule", "buffer",
+                                    "call", "config", "default dtype"])
 def test_the_key_moves_with_what_changes_code(change, monkeypatch):
     torch.manual_seed(0)
     base = Scaled()
@@ -130,8 +131,12 @@ def test_the_key_moves_with_what_changes_code(change, monkeypatch):
         model.linear.weight = nn.Parameter(model.linear.weight.detach().t().contiguous().t())
     elif change == "default dtype":
         monkeypatch.setattr(torch, "get_default_dtype", lambda: torch.float64)
-    elif change == "shape":
+    elif change == "parameter removed":
         model.linear = nn.Linear(4, 4, bias=False)
+    elif change == "parameter resized":  # the same name and module attributes (in/out_features), another shape
+        model.linear.weight = nn.Parameter(torch.randn(8, 4))
+    elif change == "buffer resized":
+        model.shift = torch.ones(8)
     elif change == "dtype":
         model.half()
     elif change == "submodule":
@@ -253,3 +258,67 @@ def test_a_model_served_from_its_record_captures_and_replays_like_a_traced_one(t
         compiled.capture()
         _check(compiled, model, batches=(1, 3, 5, 8, 11), device="cuda")
         assert compiled.runtime.replay_for(8) is not None
+
+
+OUTSIDE = '''
+import os
+
+import torch
+import torch.nn as nn
+
+VALUE = float(os.environ.get("PIECEWORKS_TEST_VALUE", "1"))
+
+
+def _times(factor):
+    def times(x):
+        return x * factor
+    return times
+
+
+TIMES = _times(VALUE)
+
+
+class ReadsOutside(nn.Module):
+    SHIFT = VALUE
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        return READ
+'''
+READS = {"module global": ("out * VALUE", "VALUE"), "closure": ("TIMES(out)", "TIMES.__closure__[0].cell_contents"),
+         "class attribute": ("out * self.SHIFT", "type(model).SHIFT")}
+
+
+@pytest.mark.parametrize("what", list(READS))
+def test_a_value_read_outside_the_model_that_changed_is_traced_again_naming_it(what, tmp_path, caplog, monkeypatch):
+    """A feature flag read from the environment at import, as engines do: the same file, class and attributes in every
+    process, another value. The record holds what the trace read outside the model (Dynamo's guards on it)."""
+    read, name = READS[what]
+    path, x = tmp_path / "reads_outside.py", torch.randn(3, 4)
+    path.write_text(OUTSIDE.replace("READ", read))
+    caplog.set_level("INFO", logger="pieceworks")
+    for value, traces in (("1", 1), ("1", 0), ("2", 1), ("2", 0)):
+        monkeypatch.setenv("PIECEWORKS_TEST_VALUE", value)
+        model = _import(path, "reads_outside", monkeypatch).ReadsOutside()
+        caplog.clear()
+        with counters.expect(num_dynamo_traces=traces, num_traces_reused=1 - traces):
+            torch.testing.assert_close(_compile(model, tmp_path / "cache")(x), 3 * x * float(value))
+        if (value, traces) == ("2", 1):
+            assert f"{name} is 2.0, the record's trace read 1.0" in caplog.text, caplog.text
+
+
+def _shifted(shift):
+    class Shifted(nn.Module):
+        def forward(self, x):
+            out = torch.empty_like(x)
+            torch.ops.silly.attention(x, x, x, out)
+            return out + shift
+    return Shifted
+
+
+def test_a_model_class_made_by_a_function_is_served_only_for_the_same_closure(tmp_path):
+    x = torch.randn(3, 4)
+    for shift, traces in ((1.0, 1), (1.0, 0), (5.0, 1)):
+        with counters.expect(num_dynamo_traces=traces, num_traces_reused=1 - traces):
+            torch.testing.assert_close(_compile(_shifted(shift)(), tmp_path)(x), 3 * x + shift)

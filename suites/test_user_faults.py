@@ -330,19 +330,20 @@ class _Terminal(io.StringIO):
         return True
 
 
-@pytest.mark.parametrize("shown", [True, False])
-def test_the_first_call_shows_compile_progress_on_a_terminal_only(monkeypatch, shown):
-    """A tqdm bar for the pieces being compiled on a terminal; nothing when PIECEWORKS_PROGRESS=0 (or when stderr is
-    not a terminal, as in every other test)."""
+@pytest.mark.parametrize("stderr, setting, shown", [(_Terminal, "1", True), (_Terminal, "off", False),
+                                                    (io.StringIO, "1", False)], ids=["terminal", "off", "a file"])
+def test_the_first_call_shows_compile_progress_on_a_terminal_only(monkeypatch, stderr, setting, shown):
+    """A tqdm bar for the pieces being compiled on a terminal; nothing when PIECEWORKS_PROGRESS is off, nor when
+    stderr is not a terminal (a log file, CI), whatever the setting."""
     pytest.importorskip("tqdm", reason="tqdm is a dependency of pieceworks: install it (pip install tqdm)")
-    terminal = _Terminal()
-    monkeypatch.setattr(sys, "stderr", terminal)
-    monkeypatch.setenv("PIECEWORKS_PROGRESS", "1" if shown else "0")
+    written = stderr()
+    monkeypatch.setattr(sys, "stderr", written)
+    monkeypatch.setenv("PIECEWORKS_PROGRESS", setting)
     compiled = pieceworks.compile(models.SillyModel(), CompilationConfig(
         splitting_ops=["silly::attention"], compiler="eager", cudagraph_mode=CUDAGraphMode.NONE))
     compiled(torch.randn(4))
-    assert ("pieceworks: compile pieces" in terminal.getvalue()) is shown, terminal.getvalue()
-    assert ("0/3" in terminal.getvalue()) is shown  # SillyModel: 3 pieces to compile
+    assert ("pieceworks: compile pieces" in written.getvalue()) is shown, written.getvalue()
+    assert ("0/3" in written.getvalue()) is shown  # SillyModel: 3 pieces to compile
 
 
 @pytest.mark.gpu

@@ -16,8 +16,8 @@ import math
 import os
 import statistics
 
-__all__ = ["FAILED", "SKIPPED", "Item", "ResultSet", "ResultSetError", "is_number", "load_result_set", "newest_runs",
-           "result_files", "values_of"]
+__all__ = ["FAILED", "SKIPPED", "Item", "ResultSet", "ResultSetError", "combined", "is_number", "load_result_set",
+           "newest_runs", "result_files", "values_of"]
 
 FAILED = "failed"
 SKIPPED = "skipped"
@@ -155,6 +155,16 @@ def _round_spread(values: list[float]) -> float:
     return (q[2] - q[0]) / 2 / abs(centre)
 
 
+def combined(values: list[object]) -> float | str:
+    """One item's value over the rounds of a set (as stored: None failed, NaN skipped): FAILED if any round failed (a
+    benchmark that crashed in some rounds is not judged on the rounds that ran), SKIPPED if every round skipped, else
+    the median of the measured rounds."""
+    numbers = [v for v in values if is_number(v)]
+    if any(v is None for v in values):
+        return FAILED
+    return float(statistics.median(numbers)) if numbers else SKIPPED
+
+
 def load_result_set(spec: str, label: str | None = None) -> ResultSet:
     """Load `PATH` or `PATH@COMMIT` (a results folder holding several commits: pick one by hash prefix).
 
@@ -178,12 +188,6 @@ def load_result_set(spec: str, label: str | None = None) -> ResultSet:
     items = {}
     for (name, combo), seen in per_item.items():
         numbers = [v for v, _ in seen if is_number(v)]
-        if any(v is None for v, _ in seen):
-            value: float | str = FAILED
-        elif not numbers:
-            value = SKIPPED
-        else:
-            value = float(statistics.median(numbers))
         spread = max([s for _, s in seen] + [_round_spread(numbers) if numbers else 0.0])
-        items[(name, combo)] = Item(name, combo, value, spread, len(seen))
+        items[(name, combo)] = Item(name, combo, combined([v for v, _ in seen]), spread, len(seen))
     return ResultSet(label or spec, commit_hash or "", machine or "", env or "", files, items, _benchmarks_json(files))

@@ -240,3 +240,29 @@ def record_key_ignores_class_files(mp: pytest.MonkeyPatch) -> None:
         cpu=_RECORD + "test_a_file_edited_after_its_import_gives_no_record")
 def record_ignores_code_edited_after_import(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(record, "code_digest", lambda code: "any code")
+
+
+@mutant("a warm start serves a record whose trace read another value outside the model (a module global, a closure, a "
+        "class attribute)",
+        cpu=f"{_RECORD}test_a_value_read_outside_the_model_that_changed_is_traced_again_naming_it "
+            f"{_RECORD}test_a_model_class_made_by_a_function_is_served_only_for_the_same_closure")
+def record_ignores_outside_reads(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "changed_read", lambda reads, model, frame_globals: None)
+
+
+@mutant("the cache's index files are rewritten in place with open(path, 'wb'), not via a temporary file and a rename",
+        cpu=f"{_ATOMIC}test_a_writer_stopped_in_any_write_leaves_every_file_old_or_new "
+            f"{_ATOMIC}test_a_reader_without_the_lock_sees_the_old_index_or_the_new")
+def index_rewritten_with_open(mp: pytest.MonkeyPatch) -> None:
+    def write(path, data):
+        with open(path, "wb") as f:
+            f.write(data)
+
+    mp.setattr(cache, "atomic_write", write)
+
+
+@mutant("the serving record's key ignores a parameter or buffer resized under the same name",
+        cpu=_RECORD + "test_the_key_moves_with_what_changes_code")
+def record_key_ignores_state_shapes(mp: pytest.MonkeyPatch) -> None:
+    original = record.state_facts
+    mp.setattr(record, "state_facts", lambda model: [[f[0], *f[2:]] for f in original(model)])

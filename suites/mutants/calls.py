@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import types
 import weakref
 
 import pytest
@@ -16,6 +15,7 @@ import pieceworks.binding as binding
 import pieceworks.dispatch as dispatch
 import pieceworks.padding as padding
 import pieceworks.plan as plan
+import pieceworks.watch as watch
 
 from . import mutant
 
@@ -23,6 +23,7 @@ _PROPS = "suites/test_properties.py::"
 _PROPS_GPU = "suites/test_properties_gpu.py::"
 _RUNTIME = "suites/test_runtime.py::"
 _FAULTS = "suites/test_user_faults.py::"
+_STATE = "suites/test_model_state.py::"
 
 
 @mutant("padding picks the captured size below the batch (properties 5, 6)",
@@ -154,20 +155,20 @@ def full_capture_restores_every_write(mp: pytest.MonkeyPatch) -> None:
         cpu=_FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix",
         gpu=_FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix")
 def replaced_state_served(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(api, "StateWatch", lambda model, owner: types.SimpleNamespace(replaced=None))
+    mp.setattr(watch.StateWatch, "check", lambda self, module, attributes, how: None)
 
 
 @mutant("each compiled model registers global hooks of its own and removes them when it is collected",
         cpu=_FAULTS + "test_compiled_models_coming_and_going_leave_torchs_global_hooks_alone")
 def global_hooks_per_model(mp: pytest.MonkeyPatch) -> None:
-    original = binding.StateWatch.__init__
+    original = watch.StateWatch.__init__
 
-    def watch(self, model, owner) -> None:
+    def init(self, model, owner) -> None:
         original(self, model, owner)
         handle = torch.nn.modules.module.register_module_module_registration_hook(lambda *args: None)
         weakref.finalize(owner, handle.remove)
 
-    mp.setattr(binding.StateWatch, "__init__", watch)
+    mp.setattr(watch.StateWatch, "__init__", init)
 
 
 @mutant("Dynamo traces the watches' registration hook: a forward that assigns a buffer guards on the live watches",
@@ -179,7 +180,7 @@ def registration_hook_traced(mp: pytest.MonkeyPatch) -> None:
 @mutant("model.to() that reallocates the weights goes unnoticed",
         cpu=_FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix")
 def reallocation_unseen(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(binding, "after_apply", lambda module, callback: None)
+    mp.setattr(watch, "reallocated", lambda module: None)
 
 
 @mutant("a replay plan never copies a splitting op's fresh output to the captured address",
@@ -232,3 +233,24 @@ def compiled_function_holds_the_model(mp: pytest.MonkeyPatch) -> None:
         return weak(method)
 
     mp.setattr(api.weakref, "WeakMethod", method_ref)
+
+
+@mutant("attributes set and hooks registered or removed after the first call go unnoted: the old trace serves",
+        cpu=f"{_STATE}test_a_change_after_the_first_call_is_served_by_a_new_trace_logged_once "
+            f"{_STATE}test_a_hook_the_trace_ran_that_is_removed_is_served_by_a_new_trace "
+            f"{_STATE}test_a_parametrization_after_the_first_call_is_served_by_a_new_trace")
+def state_changes_unnoted(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(watch.StateWatch, "note", lambda self, module, what, attribute=None: None)
+
+
+@mutant("a global module forward hook is served: it runs on the compiled model's own graph modules too",
+        cpu=_STATE + "test_global_module_forward_hooks_are_refused_naming_the_fix")
+def global_hooks_served(mp: pytest.MonkeyPatch) -> None:
+    for module in (api, watch):
+        mp.setattr(module, "refuse_global_hooks", lambda: None)
+
+
+@mutant("a call with grad on and an argument that requires grad returns a detached output without a word",
+        cpu=_STATE + "test_a_call_with_grad_on_and_an_input_that_requires_grad_is_refused_naming_the_fix")
+def grad_inputs_served_detached(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(api, "refuse_grad", lambda args: None)

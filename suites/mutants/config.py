@@ -1,8 +1,9 @@
 """Mutants of configuration and of what a new user is told: splitting ops, Inductor keys, capture sizes, frozen
-configs, graph modes dropped, progress bars."""
+configs, graph modes dropped, progress bars, environment variables and cache folders."""
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 import pieceworks.api as api
 import pieceworks.backend as backend
 import pieceworks.config as config
+import pieceworks.progress as progress
 import pieceworks.runtime as runtime
 
 from . import mutant
@@ -85,3 +87,28 @@ def graph_mode_dropped_quietly(mp: pytest.MonkeyPatch) -> None:
 def no_progress_bar(mp: pytest.MonkeyPatch) -> None:
     for module in (backend, runtime):
         mp.setattr(module, "progress", lambda items, description, total=None: items)
+
+
+@mutant("a progress bar is drawn when stderr is not a terminal (a log file, CI)",
+        cpu=_FAULTS + "test_the_first_call_shows_compile_progress_on_a_terminal_only")
+def progress_bar_in_logs(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(progress, "shown", lambda: config.env_flag("PIECEWORKS_PROGRESS", True))
+
+
+@mutant("boolean environment variables are on for any value but 0: PIECEWORKS_DISABLE_CACHE=false disables the cache",
+        cpu=f"{_CONFIG}test_the_disable_switch_takes_the_usual_spellings "
+            f"{_CONFIG}test_a_boolean_variable_of_another_spelling_is_a_config_error_naming_it")
+def env_flags_read_as_not_zero(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(config, "env_flag", lambda name, default: os.environ.get(name, "0" if not default else "1") != "0")
+
+
+@mutant("a cache folder starting with ~ is taken literally: a folder named ~ appears in the working directory",
+        cpu=_CONFIG + "test_a_cache_folder_with_a_tilde_is_under_the_home_folder")
+def cache_dir_tilde_literal(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(config, "expand_path", os.fspath)
+
+
+@mutant("inductor_compile_config values are not checked against their options' types: max_autotune='yes' passes",
+        cpu=_CONFIG + "test_bad_field_is_named_with_a_fix")
+def inductor_values_unchecked(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(config, "fits_option_type", lambda value, kind: True)

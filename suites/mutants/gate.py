@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 import pieceworks.gate as gate
+import pieceworks.gate.results as results
 import pieceworks.gate.thresholds as thresholds
 import pieceworks.gate.verdicts as verdicts
 import pieceworks.harness.preflight as preflight
@@ -102,6 +103,24 @@ def gate_ignores_controls(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(verdicts, "with_drift", lambda rows, thresholds: rows)
 
 
+@mutant("a benchmark that crashed in some rounds is judged on the rounds that ran",
+        cpu=_GATE + "test_a_benchmark_that_failed_in_some_rounds_is_incomplete")
+def gate_judges_the_rounds_that_ran(mp: pytest.MonkeyPatch) -> None:
+    original = results.combined
+    mp.setattr(results, "combined", lambda values: original([v for v in values if v is not None] or values))
+
+
+@mutant("the trace-count rule tolerates one extra trace", cpu=_GATE + "test_trace_count_any_increase_fails")
+def gate_tolerates_one_extra_trace(mp: pytest.MonkeyPatch) -> None:
+    original = thresholds.Thresholds.rule_for
+
+    def rule_for(self, benchmark, unit):
+        rule = original(self, benchmark, unit)
+        return dataclasses.replace(rule, abs_tolerance=1.0) if rule and rule.metric == "trace count" else rule
+
+    mp.setattr(thresholds.Thresholds, "rule_for", rule_for)
+
+
 def _ignore_preflight_check(mp: pytest.MonkeyPatch, check: str) -> None:
     original = preflight.assess
 
@@ -115,6 +134,12 @@ def _ignore_preflight_check(mp: pytest.MonkeyPatch, check: str) -> None:
         cpu="suites/test_preflight.py::test_another_process_on_the_gpu_is_busy")
 def preflight_ignores_other_processes(mp: pytest.MonkeyPatch) -> None:
     _ignore_preflight_check(mp, "other processes")
+
+
+@mutant("the preflight reads NVML's used memory in GiB where it means MiB: a GPU 30 GB busy reads as 29 MiB in use",
+        cpu="suites/test_preflight.py::test_memory_held_on_a_busy_gpu_is_read_in_mib_and_refused")
+def preflight_memory_in_gib(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(preflight, "to_mib", lambda nbytes: nbytes / 2**30)
 
 
 @mutant("the preflight lets a GPU held below its clock pass",

@@ -47,6 +47,18 @@ def estimate_keeps_its_sample(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(torch.cuda, "empty_cache", lambda: None)
 
 
+@mutant("the pool estimate reports the largest size's pool alone, leaving out what the smaller sizes add",
+        gpu=_POOL + "test_the_pool_estimate_counts_what_smaller_sizes_add")
+def estimate_of_the_largest_alone(mp: pytest.MonkeyPatch) -> None:
+    original = runtime.Runtime.estimate_pool
+
+    def estimate(self, *args, **kwargs):
+        report = original(self, *args, **kwargs)
+        return {**report, "pool_bytes": report["largest_bytes"]}
+
+    mp.setattr(runtime.Runtime, "estimate_pool", estimate)
+
+
 @mutant("the capture phase captures the smallest size first", gpu=_POOL + "test_capture_order_is_largest_first")
 def capture_smallest_first(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(runtime, "capture_order", lambda sizes: sorted(set(sizes)))

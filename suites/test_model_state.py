@@ -1,0 +1,231 @@
+"""The model's Python state after the first call: whatever the user changes that the trace read is served by a new
+trace, logged once, never by the old one; a call with grad on and an input that requires grad is refused.
+
+Every change here leaves parameters and buffers where they are (those are `StateReplacedError`:
+test_user_faults.py) and changes the eager model's output, so a stale trace differs from eager in every element.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import pickle
+
+import pytest
+import torch
+import torch.nn as nn
+
+import pieceworks
+from pieceworks import CompilationConfig, counters
+from pieceworks.harness import models  # noqa: F401 - registers silly::attention
+
+
+class Norm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.eps = 1e-6
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class Layer(nn.Module):
+    """A norm, a projection, a softmax over `heads` groups (a plain int the trace bakes into a view) and the
+    splitting op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = 4
+        self.norm = Norm()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(self.norm(x))
+        h = h.view(h.shape[0], self.heads, -1).softmax(-1).flatten(1)
+        out = torch.empty_like(h)
+        torch.ops.silly.attention(h, h, h, out)
+        return out + x
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = 2.0
+        self.layers = nn.ModuleList([Layer(), Layer()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x) * self.scale
+        return x
+
+
+def _served(**config):
+    torch.manual_seed(0)
+    model = Stack()
+    compiled = pieceworks.compile(model, CompilationConfig(**{"splitting_ops": ["silly::attention"], "compiler":
+                                                              "eager", "cudagraph_mode": "NONE", **config}))
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+    return model, compiled, x
+
+
+# what the user does after the first call -> the words the WARNING names it by
+CHANGES = {
+    "attribute": (lambda m: setattr(m, "scale", 3.0), "scale was set"),
+    "submodule attribute": (lambda m: setattr(m.layers[0].norm, "eps", 10.0), "layers.0.norm.eps was set"),
+    "attribute the trace bakes into a shape": (lambda m: setattr(m.layers[0], "heads", 2), "layers.0.heads was set"),
+    "forward hook on a submodule": (lambda m: m.layers[1].register_forward_hook(lambda mod, args, out: out * 10),
+                                    "a forward hook was registered on layers.1"),
+    "forward pre-hook on the root": (lambda m: m.register_forward_pre_hook(lambda mod, args: (args[0] * 3,)),
+                                     "a forward pre-hook was registered on the model"),
+    "forward replaced": (lambda m: setattr(m.layers[1], "forward", lambda x: x * 7), "layers.1.forward was set"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_change_after_the_first_call_is_served_by_a_new_trace_logged_once(change, caplog):
+    do, words = CHANGES[change]
+    model, compiled, x = _served()
+    caplog.set_level(logging.WARNING, logger="pieceworks")
+    do(model)
+    with counters.expect(num_dynamo_traces=1):
+        torch.testing.assert_close(compiled(x), model(x))
+    with counters.expect(num_dynamo_traces=0):  # traced once: the next calls are served by the new trace
+        for batch in (1, 3, 5):
+            y = torch.randn(batch, 8)
+            torch.testing.assert_close(compiled(y), model(y))
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert words in warning and "tracing and compiling the model again" in warning, warning
+
+
+def test_a_hook_the_trace_ran_that_is_removed_is_served_by_a_new_trace():
+    torch.manual_seed(0)
+    model = Stack()
+    handle = model.layers[0].register_forward_hook(lambda mod, args, out: out * 10)
+    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=["silly::attention"], compiler="eager",
+                                                           cudagraph_mode="NONE"))
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+    handle.remove()
+    with counters.expect(num_dynamo_traces=1):
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_values_set_again_unchanged_and_in_place_loads_trace_nothing():
+    model, compiled, x = _served()
+    model.scale = 2.0  # the same value again
+    model.train()  # already in training mode
+    model.load_state_dict({k: v * 0.5 for k, v in model.state_dict().items()})  # in place
+    with counters.expect(num_dynamo_traces=0):
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_replaced_parameter_still_raises_after_an_attribute_change():
+    model, compiled, x = _served()
+    model.scale = 3.0
+    model.layers[0].proj.weight = nn.Parameter(torch.ones(8, 8))
+    with pytest.raises(pieceworks.StateReplacedError, match=r"^layers\.0\.proj\.weight of the compiled model"):
+        compiled(x)
+
+
+class _GlobalTensorAndCounter(nn.Module):
+    """Reads a tensor that is neither an argument nor its state (calls go through Dynamo) and counts its calls in an
+    attribute (a side effect Dynamo's code repeats on every call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        return out * _OFFSET
+
+
+_OFFSET = torch.tensor(3.0)
+
+
+def test_calls_through_dynamo_that_set_attributes_trace_once():
+    model = _GlobalTensorAndCounter()
+    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=["silly::attention"], compiler="eager",
+                                                           cudagraph_mode="NONE"))
+    x = torch.randn(3, 4)
+    with counters.expect(num_dynamo_traces=1):
+        for _ in range(4):
+            torch.testing.assert_close(compiled(x), x * 3 * 3)
+    assert compiled.binder is None, "the model should be served through Dynamo"
+
+
+def _hook(module, args, out):
+    return out + 1 if isinstance(out, torch.Tensor) else out
+
+
+def test_global_module_forward_hooks_are_refused_naming_the_fix():
+    """A global forward hook runs on every nn.Module's call, the compiled model's own graph modules included: refused
+    at any call while one is registered, served again once it is removed."""
+    register = torch.nn.modules.module.register_module_forward_hook
+    handle = register(_hook)
+    try:
+        model, compiled = Stack(), None
+        compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=["silly::attention"], compiler="eager",
+                                                               cudagraph_mode="NONE"))
+        with pytest.raises(pieceworks.GlobalHookError, match=r"register_module_forward_hook.*Fix: .*remove"):
+            compiled(torch.randn(3, 8))
+    finally:
+        handle.remove()
+    model, compiled, x = _served()
+    handle = register(_hook)
+    try:
+        with pytest.raises(pieceworks.GlobalHookError):
+            compiled(x)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_watched_model_keeps_its_classes_for_pickle_and_copies_and_gets_them_back():
+    model, compiled, x = _served()
+    assert isinstance(model.layers[0], Layer) and type(model.layers[0]).__qualname__ == "Layer"
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert type(copied) is Stack and type(copied.layers[0].norm) is Norm
+        torch.testing.assert_close(copied(x), model(x))
+    del compiled
+    gc.collect()
+    assert type(model) is Stack and type(model.layers[0].norm) is Norm and type(model.layers) is nn.ModuleList
+
+
+def test_a_call_with_grad_on_and_an_input_that_requires_grad_is_refused_naming_the_fix():
+    model, compiled, x = _served()
+    wants_grad = x.clone().requires_grad_()
+    expected = model(x)  # grad off (the suites' default)
+    with torch.enable_grad():
+        with pytest.raises(pieceworks.InputError, match=r"argument 0 requires grad.*Fix: .*torch\.no_grad\(\)"):
+            compiled(wants_grad)
+        torch.testing.assert_close(compiled(x), expected)  # no argument requires grad: served
+    torch.testing.assert_close(compiled(wants_grad), expected)  # grad off: served
+
+
+def test_a_parametrization_after_the_first_call_is_served_by_a_new_trace():
+    """torch's parametrize deletes the parameter and swaps the module's class: neither replaces a tensor."""
+    model, compiled, x = _served()
+    torch.nn.utils.parametrize.register_parametrization(model.layers[0].proj, "weight", _Doubled())
+    with counters.expect(num_dynamo_traces=1):
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+class _Doubled(nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight * 2
+
+
+def test_torch_compile_of_the_same_model_traces_nothing_again():
+    """The benchmarks build torch.compile peers on the model pieceworks serves: the marker torch.compile sets on it
+    changes nothing the trace read."""
+    model, compiled, x = _served()
+    torch.compile(model, backend="eager")
+    model.compile(backend="eager")
+    with counters.expect(num_dynamo_traces=0):
+        torch.testing.assert_close(compiled(x), model(x))
