@@ -16,7 +16,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=$(PIECEWORKS_EXTRAS="test bench" bash ci/setup.sh)
-COMMIT=$(git rev-parse HEAD)
+# The commit measured: git's, else $PIECEWORKS_COMMIT (a copy of the tree without its git history)
+COMMIT=${PIECEWORKS_COMMIT:-$(git rev-parse HEAD 2>/dev/null)} || true
+[ -n "$COMMIT" ] || { echo "main: no git history here: set PIECEWORKS_COMMIT to the commit of this tree" >&2; exit 64; }
 cuda=0
 "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" && cuda=1
 MACHINE=${PIECEWORKS_MACHINE:-$("$PY" -c "
@@ -50,7 +52,7 @@ if [ "$cuda" = 1 ] && [ "$selected" = 0 ]; then
   "$PY" -m pytest suites/test_host_overhead.py -q -p no:cacheprovider \
     --benchmark-json "$PIECEWORKS_BENCH_DETAILS/host_overhead.json" || status=$?
   "$PY" -m pieceworks.harness.breakdown \
-    --out "$PIECEWORKS_BENCH_DETAILS/runtime_breakdown_$(git rev-parse --short=7 HEAD).json" || status=$?
+    --out "$PIECEWORKS_BENCH_DETAILS/runtime_breakdown_${COMMIT:0:7}.json" || status=$?
 fi
 "$PY" -m pieceworks.harness.report --machine "$MACHINE"
 echo "main: results in results/asv/$MACHINE, report in results/bench/$MACHINE/REPORT.md (exit status $status)"

@@ -17,6 +17,7 @@ import glob
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -268,6 +269,155 @@ MEMORY_COLUMNS = {"pool_mib": "pool", "estimate_mib": "estimate", "reserved_delt
 MEMORY_SUBJECTS = ("PIECEWISE", "FULL", "meta-pcg", "breakable")  # pieceworks' modes, then the peers
 
 
+SERVING = {(m, a): f"serving.Llama{m.split('_')[1].upper()}{a.title()}" for m in ("llama_1b", "llama_8b")
+           for a in ("unified", "varlen")}  # (model, attention): the asv class
+PIECEWORKS_MODES = ("pieceworks-piecewise", "pieceworks-full", "pieceworks-full_decode_only",
+                    "pieceworks-full_and_piecewise")
+
+
+def serving(r: Results) -> Part:
+    """Per model and attention: decode and mixed step latency, tokens/s over each trace with its ratio to
+    FULL_AND_PIECEWISE, capture and pool, attention host time, PIECEWISE's host time per launch, a "which mode"
+    paragraph; the serving targets' rows."""
+    runs = {key: d for key in SERVING if (d := r.details.get(f"serving_{key[0]}_{key[1]}", {})).get("entries")}
+    judged: dict[str, list] = {k: [] for k in ("attention_host_us", "serving_piecewise_vs_full_b1",
+                                               "serving_piecewise_vs_full", "serving_piecewise_vs_breakable",
+                                               "serving_mixed_vs_peers", "serving_capture_ms")}
+    part = Part(["## Serving (Llama models, bfloat16)", "", "Steps an engine serves (decode tokens, chunked prefill "
+                 "beside them) with paged attention as engines run it; how: docs/benchmarks.md. Step µs: median "
+                 "(IQR) of rounds timed side by side; ratios: median of the per-round ratios (range).", ""]
+                if runs else [])
+    for (model, attention), d in runs.items():
+        part.add(serving_run(r, model, attention, d, judged))
+    reason = next((d.get("skip") for key in SERVING if (d := r.details.get(f"serving_{key[0]}_{key[1]}", {}))
+                   .get("skip")), None) or r.skip_reason("serving_llama_1b_unified")
+    if not runs:
+        part.add(not_measured("Serving (Llama models, bfloat16)", reason))
+    for key, found in judged.items():
+        limit = r.limit(key)
+        worst = sorted((f for f in found if f[1] > limit), key=lambda f: -f[1])[:2]
+        part.add(target_row(r.label(key), [(text, value <= limit) for text, value, _ in found], reason,
+                            "; ".join(dict.fromkeys(note for *_, note in worst if note))))
+    return part
+
+
+def serving_note(d: dict, case: str, name: str, other: str = "pieceworks-full") -> str:
+    """Where PIECEWISE's time goes against `other` at `case`, from the run's kernel profiles of both."""
+    from pieceworks.harness.profile import kernels_only_in
+
+    sides = ("pieceworks-piecewise", other)
+    profiles = [d.get("profiles", {}).get(f"{i}|{case}") for i in sides]
+    if not all(profiles):
+        return f"{name} {case}: no kernel profile of both sides recorded"
+    medians = [d["entries"].get(f"{i}|{case}", {}).get("median_us") for i in sides]
+    only = ", ".join(f"`{n[:48]}` {us:.1f} µs in {c:.0f} launches" for n, us, c in kernels_only_in(*profiles))
+    return f"{name} {case}: " + " vs ".join(
+        f"{i} {_fmt(m, 0)} µs, kernels {p['device_us_per_call']:.0f} µs "
+        f"({_fmt(m and 100 * p['device_us_per_call'] / m, 0)}% busy)" for i, m, p in zip(sides, medians, profiles)
+    ) + (f"; kernels only in PIECEWISE: {only}" if only else "")
+
+
+def serving_run(r: Results, model: str, attention: str, d: dict, judged: dict[str, list]) -> Part:
+    entries, name = d["entries"], f"{model}, {attention} attention"
+    impls = [i for i in dict.fromkeys([*d.get("implementations", []), *(k.split("|")[0] for k in entries)])
+             if any("median_us" in v or "tokens_per_s" in v for k, v in entries.items() if k.startswith(i + "|"))]
+    cell = lambda i, case: (f"{e['median_us']:.0f} ({e['iqr_us']:.0f})" if "median_us" in (  # noqa: E731
+        e := entries.get(f"{i}|{case}", {})) else "n/a")
+    ratio = lambda case, a, b: d.get("ratios", {}).get(case, {}).get(f"{a} / {b}")  # noqa: E731
+    lines = [f"### {name}", ""]
+    for kind, cases in (("decode", [f"decode b{b}" for b in d["decode_batches"]]),
+                        ("mixed", [f"mixed {n} tokens" for n in d["mixed_tokens"]])):
+        ratios = [("PIECEWISE / FULL", "pieceworks-piecewise", "pieceworks-full"),
+                  ("PIECEWISE / breakable", "pieceworks-piecewise", "breakable"),
+                  ("FULL_AND_PIECEWISE / FULL", "pieceworks-full_and_piecewise", "pieceworks-full")]
+        rows = []
+        for case in cases:
+            found = [(label, ratio(case, a, b)) for label, a, b in ratios]
+            rows.append([case.split(" ", 1)[1], *(cell(i, case) for i in impls),
+                         *(_ratio(x["median"], x) if x else "n/a" for _, x in found)])
+            if kind == "decode" and attention == "unified":
+                batch = int(case.split("b")[1])
+                x = dict(found)["PIECEWISE / FULL"]
+                key = "serving_piecewise_vs_full_b1" if batch == 1 else "serving_piecewise_vs_full"
+                if x and (batch == 1 or batch >= 8):
+                    judged[key].append((f"{model} b{batch}: {_ratio(x['median'], x)}", x["median"],
+                                        serving_note(d, case, name)))
+            if kind == "decode" and (x := dict(found)["PIECEWISE / breakable"]):
+                judged["serving_piecewise_vs_breakable"].append((f"{name} b{case.split('b')[1]}: "
+                                                                 f"{_ratio(x['median'], x)}", x["median"],
+                                                                 serving_note(d, case, name, "breakable")))
+        lines += [f"{kind.title()} steps, µs per step:", "", *_table(
+            ["batch" if kind == "decode" else "tokens", *impls, *(label for label, _, _ in ratios)],
+            "r" * (1 + len(impls) + len(ratios)), rows)]
+    traces, builds = d.get("traces", {}), d.get("builds", {})
+    base = "pieceworks-full_and_piecewise"
+    rows = []
+    for i in impls:
+        row = [i]
+        for trace in traces:
+            spread = _spread(entries, i, base, trace)
+            row += [_fmt(entries.get(f"{i}|{trace} trace", {}).get("tokens_per_s"), 0),
+                    f"{spread[0]:.3f}× ({spread[1]:.3f}-{spread[2]:.3f})" if spread else "n/a"]
+            if trace == "mixed" and spread and i != base and not i.startswith("pieceworks"):
+                judged["serving_mixed_vs_peers"].append((f"{name}: {i} {spread[0]:.3f}×", spread[0], ""))
+        b = builds.get(i, {})
+        row += [_fmt(b.get("capture_ms_per_size")), _fmt(b.get("pool_mib"))]
+        rows.append(row)
+        if i == "pieceworks-piecewise" and model == "llama_1b" and b.get("capture_ms_per_size") is not None:
+            judged["serving_capture_ms"].append((f"{name}: {b['capture_ms_per_size']:.1f} ms",
+                                                 b["capture_ms_per_size"], ""))
+    lines += ["Traces, tokens/s (and over FULL_AND_PIECEWISE's, per-round range); capture ms per size; graph pool MiB: "
+              + "; ".join(f"{t}: {v['steps']} steps, {v['tokens']} tokens ({', '.join(f'{n} {k}' for k, n in v['kinds'].items())})"
+                          for t, v in traces.items()), "",
+              *_table(["implementation", *(f"{t} {c}" for t in traces for c in ("tok/s", "ratio")), "capture ms/size",
+                       "pool MiB"], "l" + "r" * (2 * len(traces) + 2), rows)]
+    host = d.get("attention_host_us", {})
+    for case, h in host.items():
+        if case == "decode b1":
+            top = d.get("attention_host_profile", {}).get("top", [])
+            judged["attention_host_us"].append((f"{name}: {h['median_us']:.1f} µs", h["median_us"], f"{name}, 100 "
+                                                "calls under cProfile, own time: " + _own_time(top, "tottime_s", "s")))
+    gaps = d.get("piecewise_launch_gaps", {})
+    lines += ["Attention op host µs per call: " + ", ".join(f"{c} {h['median_us']:.1f} (IQR {h['iqr_us']:.1f})"
+                                                           for c, h in host.items())
+              + ". PIECEWISE's own host time (call span outside graph launches and attention calls, profiler "
+              "included): " + ", ".join(f"{b}: {g['gaps_us']:.0f} µs of a {g['call_us']:.0f} µs call over "
+                                        f"{g['launches']:.0f} launches, {g['gap_us_per_launch']:.1f} µs each"
+                                        for b, g in gaps.items()) + ".", ""]
+    not_served = {k.split("|")[0]: v["skip"] for k, v in entries.items() if "cannot serve" in v.get("skip", "")}
+    lines += [f"Cannot serve here: {'; '.join(f'{i}: {why}' for i, why in not_served.items())}.", ""] * bool(not_served)
+    lines += [which_mode(name, entries, traces), ""]
+    plot = {i: (list(traces), [_spread(entries, i, base, t) for t in traces]) for i in impls if i != base}
+    return Part(lines, plots=[(f"serving_{model}_{attention}.png",
+                               f"{name}: tokens/s ÷ FULL_AND_PIECEWISE's", plot)])
+
+
+def _spread(entries: dict, impl: str, base: str, trace: str) -> tuple | None:
+    mine = entries.get(f"{impl}|{trace} trace", {}).get("round_tokens_per_s")
+    ref = entries.get(f"{base}|{trace} trace", {}).get("round_tokens_per_s")
+    if not mine or not ref:
+        return None
+    ratios = sorted(a / b for a, b in zip(mine, ref))
+    return statistics.median(ratios), ratios[0], ratios[-1]
+
+
+def which_mode(name: str, entries: dict, traces: dict) -> str:
+    """The "which mode" paragraph of one run, from its numbers alone."""
+    said = []
+    for trace in traces:
+        found = {i: e["tokens_per_s"] for k, e in entries.items() if k.endswith(f"|{trace} trace")
+                 and "tokens_per_s" in e for i in [k.split("|")[0]]}
+        if not found:
+            continue
+        best = max(found, key=found.get)
+        modes = {i: found[i] / found[best] for i in PIECEWORKS_MODES if i in found}
+        top = max(modes, key=modes.get) if modes else None
+        said.append(f"on the {trace} trace {best} serves most tokens/s ({found[best]:,.0f})" + (
+            f"; of pieceworks' modes {top.split('-', 1)[1].upper()} ({modes[top]:.1%} of it)" if top else "")
+            + "".join(f", {i.split('-', 1)[1].upper()} {m:.1%}" for i, m in modes.items() if i != top))
+    return f"Which mode ({name}): " + "; ".join(said) + "." if said else ""
+
+
 def memory(r: Results) -> Part:
     """A memory table per `MEMORY_RUNS` model (1, 8 and 51 sizes; PIECEWISE, FULL and the peers), and the pool,
     estimate and capture targets judged on their "models", a capture miss explained by `capture_note`."""
@@ -459,7 +609,7 @@ def code_size(r: Results) -> Part:
                              "within" if code <= r.limit("core_lines") else "over", "")])
 
 
-SECTIONS = (latency, memory, compile_starts, host_overhead, side_by_side, dispatch, code_size)
+SECTIONS = (serving, latency, memory, compile_starts, host_overhead, side_by_side, dispatch, code_size)
 
 
 def render(r: Results, machine: str, source: str) -> tuple[str, Part]:
@@ -499,6 +649,21 @@ def write_plots(plots: list[tuple[str, str, dict]], folder: str) -> list[str]:
     os.makedirs(folder, exist_ok=True)
     for filename, title, series in plots:
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        if series and isinstance(next(iter(series.values()))[0][0], str):  # ratios by trace, with their range
+            width = 0.8 / len(series)
+            for k, (label, (names, found)) in enumerate(series.items()):
+                xs = [j + k * width for j, f in enumerate(found) if f]
+                mid, lo, hi = (zip(*[f for f in found if f]) if any(found) else ((), (), ()))
+                ax.bar(xs, mid, width, label=label, yerr=[[m - a for m, a in zip(mid, lo)],
+                                                          [b - m for m, b in zip(mid, hi)]], capsize=2)
+            ax.axhline(1.0, color="k", linewidth=0.8)
+            ax.set(title=title, ylabel="ratio (1 = FULL_AND_PIECEWISE)")
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names)
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            fig.savefig(os.path.join(folder, filename), dpi=110)
+            plt.close(fig)
+            continue
         for label, (xs, ys) in series.items():
             ax.plot(xs, [math.nan if y is None else y for y in ys], marker="o", label=label)
         ax.set(title=title, xlabel="batch size", ylabel="µs per forward (median)", xscale="log", yscale="log")
