@@ -9,7 +9,7 @@ any graph may hold (`unified`) and the one whose graphs may hold uniform decode 
   recorded as unable to serve that kind of step, with the error, and not timed on it);
 - times, side by side in rotating rounds (`timing.interleaved_cuda_time_us`), decode steps of `DECODE_BATCHES`
   sequences and mixed steps of `MIXED_TOKENS` tokens (a prefill chunk of three quarters, decode tokens for the rest);
-- runs each trace (serving.py: `decode_trace`, 64 sequences; `mixed_trace`, 96 requests arriving one a step, budget 512
+- runs each trace (serving.py: `decode_trace`, 48 sequences; `mixed_trace`, 64 requests arriving one a step, budget 512
   tokens, 64 sequences) once per implementation per round, the order rotating, each step between CUDA events after
   its inputs are built: tokens/s is the trace's tokens over the sum of its steps' times;
 - records capture seconds per size and graph-pool MiB, the attention op's host µs per call (batch 1 decode and a
@@ -40,10 +40,10 @@ LEFT_OUT = {("llama_1b", "varlen"): {"reduce-overhead-padded": "its CUDA graphs 
                for a in ("unified", "varlen")}}
 DECODE_BATCHES = [1, 2, 8, 64, 256, 512]
 MIXED_TOKENS = [64, 256, 512]
-TRACES = {"decode": ("decode_trace", {"seqs": 64}), "mixed": ("mixed_trace", {"requests": 96})}
+TRACES = {"decode": ("decode_trace", {"seqs": 48}), "mixed": ("mixed_trace", {"requests": 64})}
 CASES = [f"decode b{b}" for b in DECODE_BATCHES] + [f"mixed {n} tokens" for n in MIXED_TOKENS] + [
     f"{t} trace" for t in TRACES]
-ROUNDS, REPS, TRACE_ROUNDS, SEED = 5, 50, 2, 0
+ROUNDS, REPS, TRACE_ROUNDS, SEED = 4, 40, 2, 0
 MODELS = {"llama_1b": "LLAMA_1B", "llama_8b": "LLAMA_8B"}
 DEVICE = "cuda"
 TOLERANCE = 3e-2  # max |out - eager| / max |eager| in bfloat16
