@@ -60,7 +60,7 @@ class AttentionMetadata(nn.Module):
                                        ("seq_lens", rows, 1, int32), ("seq_first", rows, 1, int32),
                                        ("seq_ids", rows, seqs, int32)]:
             self.register_buffer(name, torch.full((size,), fill, **kind), persistent=False)
-        blocks = 1 + torch.arange(seqs * config.max_blocks_per_seq, dtype=torch.int32)
+        blocks = 1 + torch.arange(seqs * config.max_blocks_per_seq, dtype=torch.int32, device="cpu")  # the host's
         tables = torch.where(blocks < config.num_blocks, blocks, 0).view(seqs, -1)
         self.host_tables = torch.cat([tables, tables.new_zeros(1, tables.shape[1])])  # the host's copy
         self.register_buffer("block_tables", self.host_tables.clone(), persistent=False)

@@ -30,7 +30,8 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
 - the caching allocator's capture routing, `torch._C._cuda_endAllocateToPool(device, pool)` and
   `_cuda_releasePool(device, pool)` (2.11-2.15; `torch.cuda.use_mem_pool` calls them): a capture whose
   `capture_end` raises (the stream capture was invalidated: a host sync, a failed launch) never reaches them, and
-  the allocator would keep routing to the pool and assert when it next frees (`end_failed_capture`);
+  the allocator would keep routing to the pool and assert when it next frees, and the CUDA generators would stay in
+  capture mode (`end_failed_capture`);
 - `nn.Module._apply(fn)`, through which `.to()`, `.cuda()`, `.half()` reallocate parameters and buffers (no public
   hook sees it): the watched class of watch.py overrides it (2.11-2.15); `torch.utils.hooks.RemovableHandle.next_id`,
   the count of hook handles torch has handed out (every hook registration moves it; 2.11-2.15), and nn.Module's
@@ -45,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -240,3 +242,10 @@ def end_failed_capture(pool: Any) -> None:
     device = torch.cuda.current_device()
     torch._C._cuda_endAllocateToPool(device, pool)
     torch._C._cuda_releasePool(device, pool)
+    # The CUDA generators the capture registered never reached their capture epilogue either and still count offsets
+    # as captured (a later random op raises): an empty capture runs their prologue and epilogue.
+    with warnings.catch_warnings(), torch.cuda.stream(torch.cuda.Stream()):
+        warnings.simplefilter("ignore")  # "The CUDA Graph is empty"
+        empty = torch.cuda.CUDAGraph()
+        empty.capture_begin()
+        empty.capture_end()
