@@ -63,7 +63,7 @@ class AttentionMetadata(nn.Module):
         blocks = 1 + torch.arange(seqs * config.max_blocks_per_seq, dtype=torch.int32, device="cpu")  # the host's
         tables = torch.where(blocks < config.num_blocks, blocks, 0).view(seqs, -1)
         self.host_tables = torch.cat([tables, tables.new_zeros(1, tables.shape[1])])  # the host's copy
-        self.register_buffer("block_tables", self.host_tables.clone(), persistent=False)
+        self.register_buffer("block_tables", self.host_tables.to(self.slot_mapping.device), persistent=False)
         # the host's plan of the current batch, written in place (the module's own attributes never change)
         self.plan = types.SimpleNamespace(num_tokens=0, num_seqs=0, max_query_len=1, uniform_decode=True)
 

@@ -60,7 +60,7 @@ def serving_model(model: str, attention: str, device: str = DEVICE, dtype: str =
                                  max_blocks_per_seq=128, cache_blocks=8193)
     torch.manual_seed(SEED)
     with torch.device(device):
-        return llama.Llama(config).to(getattr(torch, dtype))
+        return llama.Llama(config).to(device, getattr(torch, dtype))
 
 
 def _decode_step(batch: int, seed: int) -> Any:
