@@ -5,8 +5,8 @@ One class per (model, attention): Llama-3.2-1B's shape and Llama-3.1-8B's (all 3
 any graph may hold (`unified`) and the one whose graphs may hold uniform decode batches only (`varlen`). Each class's
 `setup_cache`, in one process:
 - builds every implementation of `IMPLEMENTATIONS` that can run here on one model (vLLM's 51 capture sizes up to 512
-  for those that pad), each checked against eager on a decode and two mixed steps (an implementation that differs is
-  recorded as unable to serve that kind of step, with the error, and not timed on it);
+  for those that pad), each checked against eager on a decode and two mixed steps (‖out - eager‖ / ‖eager‖ over
+  `TOLERANCE`: recorded as unable to serve that kind of step, with the error, and not timed on it);
 - times, side by side in rotating rounds (`timing.interleaved_cuda_time_us`), decode steps of `DECODE_BATCHES`
   sequences and mixed steps of `MIXED_TOKENS` tokens (a prefill chunk of three quarters, decode tokens for the rest);
 - runs each trace (serving.py: `decode_trace`, 32 sequences; `mixed_trace`, 64 requests arriving one a step, budget 512
@@ -46,7 +46,9 @@ CASES = [f"decode b{b}" for b in DECODE_BATCHES] + [f"mixed {n} tokens" for n in
 ROUNDS, REPS, TRACE_ROUNDS, SEED = 3, 30, 2, 0
 MODELS = {"llama_1b": "LLAMA_1B", "llama_8b": "LLAMA_8B"}
 DEVICE = "cuda"
-TOLERANCE = 3e-2  # max |out - eager| / max |eager| in bfloat16
+# ‖out - eager‖ / ‖eager‖ that still serves: bfloat16 rounding of other kernels and fusions through 32 layers stays near
+# 1e-2 (the max-element error reaches 6e-2 on the 8B), a replay of another batch's graph or plan is of order 1
+TOLERANCE = 0.1
 
 
 def serving_model(model: str, attention: str, device: str = DEVICE, dtype: str = "bfloat16") -> Any:
@@ -149,9 +151,9 @@ def measure(model_name: str, attention: str) -> dict:
                         args = inputs_of(step)
                         want = model(*args).float()
                         got = call(fn, step, args).float()
-                        worst = max(worst, float((got - want).abs().max() / want.abs().max()))
+                        worst = max(worst, float((got - want).norm() / want.norm()))
                     ok = worst <= TOLERANCE
-                    details["checks"][f"{impl_name}|{kind}"] = {"max_rel_error": worst, "serves": ok}
+                    details["checks"][f"{impl_name}|{kind}"] = {"rel_error": worst, "serves": ok}
                     if ok:
                         able[impl_name].add(kind)
                 except Exception as exc:  # noqa: BLE001 - recorded: this implementation cannot serve this kind
@@ -162,7 +164,7 @@ def measure(model_name: str, attention: str) -> dict:
         def not_served(impl_name: str, kind: str) -> dict:
             check = details["checks"].get(f"{impl_name}|{kind}", {})
             return {"skip": f"{impl_name} cannot serve {kind} steps here: " + (
-                check.get("error") or f"differs from eager by {check.get('max_rel_error', float('nan')):.2e}")}
+                check.get("error") or f"differs from eager by {check.get('rel_error', float('nan')):.2e}")}
 
         # Steps side by side.
         for case, step in [*((f"decode b{b}", _decode_step(b, b)) for b in DECODE_BATCHES),
@@ -185,7 +187,7 @@ def measure(model_name: str, attention: str) -> dict:
             results.update({(i, f"{trace_name} trace"): not_served(i, "mixed") for i in built if i not in runnable})
             per_round: dict[str, list[float]] = {i: [] for i in runnable}
             by_kind: dict[str, dict[str, list[float]]] = {i: {} for i in runnable}
-            for r in range(TRACE_ROUNDS):
+            for r in range(TRACE_ROUNDS if runnable else 0):
                 for impl_name in runnable[r % len(runnable):] + runnable[:r % len(runnable)]:
                     blocks, events = serving.KVBlocks(model, seed=SEED), []
                     for step in steps:

@@ -13,6 +13,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import strategies as st
 
 import pieceworks
@@ -20,12 +21,39 @@ import pieceworks.conformance.plugin as conformance
 import pieceworks.harness.breakdown as breakdown
 import pieceworks.harness.implementations as impls
 import pieceworks.harness.llama as llama
+import pieceworks.harness.serving as serving
 import pieceworks.harness.strategies as strategies
 
 from . import mutant
 
 _IMPLS = "suites/test_implementations.py::"
 _TP = "suites/test_tensor_parallel.py::"
+
+
+@mutant("a step's token ids follow its sequence slot, not its request: a request's tokens change with its batching",
+        cpu="suites/test_serving.py::test_continuous_batching_gives_every_request_what_it_gets_alone")
+def token_ids_by_slot(mp: pytest.MonkeyPatch) -> None:
+    original = serving.step_inputs
+
+    def step_inputs(model, step, device):
+        ids, positions = original(model, step, device)
+        slots = torch.tensor(step.tokens()[1], device=ids.device)
+        return (ids + slots) % (model.config.vocab_size - 1), positions
+
+    mp.setattr(serving, "step_inputs", step_inputs)
+
+
+@mutant("cache blocks handed to a sequence stay free for the next one: two sequences share blocks",
+        cpu="suites/test_serving.py::test_cache_blocks_are_never_shared_and_come_back")
+def cache_blocks_shared(mp: pytest.MonkeyPatch) -> None:
+    def cover(self, step):
+        for chunk in step.chunks:
+            owned = self.owned.setdefault(chunk.slot, [])
+            need = -(-(chunk.first + chunk.tokens) // self.block_size) - len(owned)
+            owned += self.free[:max(need, 0)]  # not taken from the free list
+            self.metadata.assign_blocks(chunk.slot, owned)
+
+    mp.setattr(serving.KVBlocks, "cover", cover)
 
 
 @mutant("the attention kernels see one position past each sequence (an off-by-one in the length mask)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import pieceworks
 import pieceworks.api as api
 import pieceworks.cudagraph as cudagraph
 import pieceworks.padding as padding
@@ -32,6 +33,20 @@ def ranks_never_compared(mp: pytest.MonkeyPatch) -> None:
         "free", gpu="suites/test_capture_failures_gpu.py::test_a_failed_full_capture_leaves_the_process_healthy")
 def failed_capture_keeps_routing(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(torch._C, "_cuda_endAllocateToPool", lambda device, pool: None)  # what a failed capture_end skipped
+
+
+@mutant("modes are never lowered to what the splitting ops support: a FULL graph holds a host-planned attention",
+        cpu="suites/test_modes_cpu.py::test_modes_are_lowered_to_what_the_splitting_ops_support",
+        gpu="suites/test_llama.py::test_cuda_graphs_serve_decode_and_mixed_batches_like_eager")
+def modes_never_lowered(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(runtime, "supported_mode", lambda mode, support: mode)
+
+
+@mutant("uniform_decode() marks nothing: every call is served as a mixed batch",
+        cpu="suites/test_modes_cpu.py::test_graph_support_is_the_least_declared_and_uniform_decode_is_scoped",
+        gpu="suites/test_cudagraph_gpu.py::test_each_kind_of_batch_replays_what_its_mode_gives_it")
+def uniform_decode_ignored(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(pieceworks.uniform_decode, "__enter__", lambda self: None)
 
 
 @mutant("identical pieces each warm up at every size, though the first one's warm-up served them all",
