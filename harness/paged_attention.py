@@ -27,6 +27,7 @@ Masked positions are never read: a stale or NaN cache never reaches a real row; 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import types
 from typing import Any
@@ -143,17 +144,18 @@ def reference_attention(q, k, v, k_cache, v_cache, out, scale: float, md: Attent
                                                                  attn_mask=seen[:, None, None]))
 
 
-_kernels: list[Any] = []  # the Triton kernels module, once imported (empty: not yet tried; [None]: unavailable)
+KERNELS = "pieceworks.harness.attention_kernels"  # the module the ops launch, imported at their first CUDA call
+_kernels: list[Any] = []  # that module, once imported (empty: not yet tried; [None]: unavailable)
 
 
 def _triton_kernels() -> Any:
     if not _kernels:
         try:
-            from . import attention_kernels
+            module = importlib.import_module(KERNELS)
         except ImportError as exc:  # a CUDA torch without Triton: the oracle serves, more slowly
             log.warning("paged attention: Triton is not importable (%s); using the ATen implementation", exc)
-            attention_kernels = None
-        _kernels.append(attention_kernels)
+            module = None
+        _kernels.append(module)
     return _kernels[0]
 
 

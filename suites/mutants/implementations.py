@@ -6,8 +6,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import importlib
-import importlib.util
-import inspect
 import tempfile
 import types
 from pathlib import Path
@@ -21,6 +19,7 @@ import pieceworks.conformance.plugin as conformance
 import pieceworks.harness.breakdown as breakdown
 import pieceworks.harness.implementations as impls
 import pieceworks.harness.llama as llama
+import pieceworks.harness.paged_attention as paged_attention
 import pieceworks.harness.serving as serving
 import pieceworks.harness.strategies as strategies
 
@@ -59,19 +58,14 @@ def cache_blocks_shared(mp: pytest.MonkeyPatch) -> None:
 @mutant("the attention kernels see one position past each sequence (an off-by-one in the length mask)",
         gpu="suites/test_attention_kernels_gpu.py::test_kernels_match_the_oracle_on_random_batches")
 def attention_sees_one_position_more(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.harness.attention_kernels as kernels  # needs Triton: imported where the mutant applies
-
-    source = inspect.getsource(kernels)
+    source = (Path(paged_attention.__file__).parent / "attention_kernels.py").read_text()
     mutated = source.replace("length = tl.load(lens + t)", "length = tl.load(lens + t) + 1").replace(
         "length, row = tl.load(seq_lens + s),", "length, row = tl.load(seq_lens + s) + 1,")
     assert mutated.count("+ 1") == source.count("+ 1") + 2, "the kernels' length loads moved: update this mutant"
-    path = Path(tempfile.mkdtemp(prefix="pieceworks-mutant-")) / "mutated_attention_kernels.py"
-    path.write_text(mutated)  # Triton compiles from source files: the mutated kernels live in one of their own
-    spec = importlib.util.spec_from_file_location("mutated_attention_kernels", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for launcher in ("token_attention", "chunk_attention"):
-        mp.setattr(kernels, launcher, getattr(module, launcher))
+    folder = Path(tempfile.mkdtemp(prefix="pieceworks-mutant-"))  # Triton compiles from source files
+    (folder / "mutated_attention_kernels.py").write_text(mutated)
+    mp.syspath_prepend(str(folder))
+    mp.setattr(paged_attention, "KERNELS", "mutated_attention_kernels")
 
 
 @mutant("a sharded Llama layer never all-reduces its partial sums",
