@@ -153,7 +153,8 @@ class _Launcher:
     def __call__(self, key: tuple, grid: tuple, pointers: tuple, scalars: tuple, constants: Callable[[], dict]) -> None:
         key = (key, *(p.dtype for p in pointers))
         found, aligned = self.compiled.get(key), not any(p.data_ptr() & 15 for p in pointers)
-        hooked = knobs is None or getattr(knobs.runtime.launch_enter_hook, "calls", True)
+        hook = None if knobs is None else knobs.runtime.launch_enter_hook  # an empty HookChain calls nothing
+        hooked = knobs is None or (hook is not None and bool(getattr(hook, "calls", True)))
         if found is None or not aligned or hooked:
             named = constants()
             compiled = self.kernel[grid](*pointers, *scalars, **named)
