@@ -253,4 +253,4 @@ def global_hooks_served(mp: pytest.MonkeyPatch) -> None:
 @mutant("a call with grad on and an argument that requires grad returns a detached output without a word",
         cpu=_STATE + "test_a_call_with_grad_on_and_an_input_that_requires_grad_is_refused_naming_the_fix")
 def grad_inputs_served_detached(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(api, "refuse_grad", lambda args: None)
+    mp.setattr(api, "refuse_grad", lambda args, labels=None: None)
