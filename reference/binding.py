@@ -1,7 +1,7 @@
 """Calling the compiled graph without Dynamo: call arguments to graph inputs, graph outputs to the model's output.
 
 `Arguments` puts a call's positional and keyword arguments in one order, the one the compiled model serves: the
-first call's positional arguments, then its keyword arguments by name. A later call of the same form (as many
+first call's positional arguments, then its keyword arguments sorted by name. A later call of the same form (as many
 positional arguments, the same keywords, in any order) costs one list; a call of another form is bound by the
 model's `forward` signature once per form (`model(ids)` after `model(input_ids=ids)`): a parameter the first call
 left to its default must be passed with that default's value (type and value, as any non-tensor argument), since
@@ -52,13 +52,13 @@ _FIX = "Fix: pass arguments like the first call's, or compile another CompiledMo
 
 
 class Arguments:
-    """The first call's form (`count` positional arguments, then keyword arguments `names`); `labels` name each
+    """The first call's form (`count` positional arguments, then keyword arguments `names`, sorted); `labels` name each
     place for messages (its position or keyword). `flat(args, kwargs)`: a call's arguments in that order (an
     `InputError` naming an argument that does not fit), and `split(flat)` the call again."""
 
     def __init__(self, fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        self.fn, self.count, self.names, self.keys = fn, len(args), tuple(kwargs), kwargs.keys() | set()
-        self.labels = [*map(str, range(len(args))), *kwargs]
+        self.fn, self.count, self.names, self.keys = fn, len(args), tuple(sorted(kwargs)), kwargs.keys() | set()
+        self.labels = [*map(str, range(len(args))), *self.names]
         self._forms: dict[tuple, tuple[list, list]] = {}
 
     def flat(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
