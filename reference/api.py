@@ -1,6 +1,9 @@
 """`pieceworks.compile(model, config)`: trace once, compile everything, serve every batch size without compiling.
 
 Contracts of the returned `CompiledModel`:
+- it is called as the model is, with positional and keyword arguments: the first call's form is the compiled one,
+  and every call is put in its order (binding.Arguments: a call of the same form costs one list, another form is
+  bound by `forward`'s signature once per form; a parameter the first call left out must keep its default);
 - dim 0 of every tensor argument is the batch dimension, the only dynamic one; all tensor arguments share it;
 - the first call traces the model with Dynamo once (with a batch of at least 2, so that Dynamo's 0/1
   specialisation cannot bake in the size) and compiles every piece for every compile range and size before it
@@ -9,13 +12,14 @@ Contracts of the returned `CompiledModel`:
   result; a first call of batch 1 is traced on a 2-row copy, and whatever that run wrote in place besides the copy
   (the graph's mutated inputs: buffers, a KV cache, parameters) is put back before the call runs. That costs one
   temporary copy of exactly the state the graph writes in place, at that one call;
-- after the first call no call enters Dynamo: the compiled graph is called directly, its inputs bound once (see
-  binding.py; where the binding cannot be proven, logged once, calls go through Dynamo with its guards dropped).
+- after the first call no call enters Dynamo: the compiled graph is called directly, its inputs bound once and its
+  output rebuilt in the model's containers (tuples, dicts, dataclasses, a `ModelOutput`; see binding.py; where the
+  binding cannot be proven, one WARNING says why and the fix, and calls go through Dynamo with its guards dropped).
   Python side effects of `forward` happen in the first call only;
 - Dynamo's guards are dropped (`guard_filter_fn`), so pieceworks checks arguments itself on every call: the same
   count, dtypes, devices, ranks and non-batch sizes as the first call, and non-tensor arguments of the same type
   and value (which the trace baked in: `2.0` where the trace saw `2`, or `1` for `True`, raises). A mismatch
-  raises `InputError` naming the argument. Any memory layout is served: pieces are compiled for contiguous
+  raises `InputError` naming the argument (its position or keyword). Any memory layout is served: pieces are compiled for contiguous
   tensors, so a non-contiguous argument (transposed, sliced) is copied into the static buffers or, without
   graphs, into a contiguous copy (written back where the model writes it in place);
 - with CUDA graphs (`capture()` called, or `lazy_capture`) for the call's kind of batch (`pieceworks.uniform_decode()`
@@ -36,7 +40,9 @@ Contracts of the returned `CompiledModel`:
 State and the data's path. `CompiledModel` owns the serving state of `pieceworks.compile`, built once, in one
 place (`_start_serving`), right after the tracing call: the `Runtime` (runtime.py: capture and replay), the
 `Binder` (binding.py: call arguments to graph inputs), the static input buffers (`StaticInputs`, padding.py) and
-which outputs to cut back. A call: `__call__` checks the arguments (`check_arguments`), copies them into the static
+which outputs to cut back. A call: `__call__` puts keyword arguments, or a call of another form than the first, in
+the first call's order (`_in_order`; a positional call of the first call's form skips it), checks the arguments
+(`check_arguments`), copies them into the static
 buffers and pads (`StaticInputs.load`), binds them to the graph's flat inputs (memoised per size), and calls
 `Runtime.run(flat, n, static=True)`, which replays the `ReplayPlan` or `FullGraph` of size n (plan.py: graph
 replays and eager splitting ops); then in-place writes are copied back and the outputs cut to the batch (`unpad`).

@@ -82,24 +82,19 @@ class Arguments:
     def _plan(self, count: int, names: tuple[str, ...]) -> tuple[list, list]:
         """Per place of the first call's form, where a call of form (`count`, `names`) has its value (or the
         parameter's default); and the call's arguments the first call left to defaults."""
-        signature, called = inspect.signature(self.fn), f"compiled for {_form(self.count, self.names)}, called with " \
-            f"{_form(count, names)}"
+        signature = inspect.signature(self.fn)
+        called = f"compiled for {_form(self.count, self.names)}, called with {_form(count, names)}"
         first, now = (_bound(signature, n, keys, called) for n, keys in ((self.count, self.names), (count, names)))
-        sources = []
-        for key in first:
-            if key in now:
-                sources.append(now[key])
-            elif _default(signature, key) is not inspect.Parameter.empty:
-                sources.append((_DEFAULT, _default(signature, key)))
-            else:
-                raise InputError(f"{called}: argument {_label(key)} is missing, but the first call passed it. {_FIX}")
-        extras = []
-        for key, (kind, where) in now.items():
-            if key not in first:
-                if _default(signature, key) is inspect.Parameter.empty:
-                    raise InputError(f"{called}: argument {_label(key)} was not passed in the first call. {_FIX}")
-                extras.append((kind, where, _default(signature, key), _label(key)))
-        return sources, extras
+        default = {key: signature.parameters[key].default if isinstance(key, str) else inspect.Parameter.empty
+                   for key in {*first, *now}}
+        for key in [k for k in first if k not in now] + [k for k in now if k not in first]:
+            if default[key] is inspect.Parameter.empty:
+                raise InputError(f"{called}: argument {_label(key)} " + ("is missing, but the first call passed it"
+                                 if key in first else "was not passed in the first call") + f". {_FIX}")
+        place = {(_POSITIONAL, i): i for i in range(self.count)} | {
+            (_KEYWORD, name): self.count + i for i, name in enumerate(self.names)}
+        return ([now.get(key, (_DEFAULT, default[key])) for key in sorted(first, key=lambda k: place[first[k]])],
+                [(*now[key], default[key], _label(key)) for key in now if key not in first])
 
 
 def _bound(signature: inspect.Signature, count: int, names: Sequence[str], called: str) -> dict[Any, tuple[int, Any]]:
@@ -121,10 +116,6 @@ def _bound(signature: inspect.Signature, count: int, names: Sequence[str], calle
 
 def _form(count: int, names: Sequence[str]) -> str:
     return f"{count} arguments" + (f" and the keywords {', '.join(names)}" if names else "")
-
-
-def _default(signature: inspect.Signature, key: Any) -> Any:
-    return signature.parameters[key].default if isinstance(key, str) else inspect.Parameter.empty
 
 
 def _label(key: Any) -> str:

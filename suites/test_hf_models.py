@@ -4,6 +4,7 @@
   compiled and called with keywords as transformers models are (`model(input_ids=ids, use_cache=False)`), returns
   a `CausalLMOutputWithPast` holding eager's logits, from the compiled graph alone. A second process warm-starts it
   from its serving record with no trace and no compile; a changed config value traces again.
+- docs/your-model.md's example runs as written, and a second run of it neither traces nor compiles.
 - Each shipped tiny config (Llama, Qwen3, Gemma) builds as a paged model whose every layer calls the paged-attention
   splitting op with its own KV cache (the model's buffers), and passes the conformance suite's CPU properties with
   pieceworks (mode NONE, Inductor, its warm start included).
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,7 +46,26 @@ def conformance_run(early_processes, tmp_path_factory):
          "-p", "no:cacheprovider", "-q", "--conformance-device", "cpu", *models, "--impl", "pieceworks-none",
          "--conformance-json", str(folder / "run.json")],
         env={**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"}, cwd=folder, timeout=500)
+    example = folder / "your_model.py"
+    example.write_text(_python_block_after("## A Hugging Face model in 20 lines"))
+    early_processes.start(test_the_docs_example_runs_as_written_and_warm_starts_in_a_second_run,
+                          ["sh", "-c", f'"{sys.executable}" "{example}" && "{sys.executable}" "{example}"'],
+                          cwd=folder, timeout=400)
     return folder
+
+
+def _python_block_after(marker: str) -> str:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "your-model.md").read_text()
+    return re.search(r"```python\n(.*?)```", text[text.index(marker):], re.S).group(1)
+
+
+def test_the_docs_example_runs_as_written_and_warm_starts_in_a_second_run(early_processes):
+    """docs/your-model.md's 20 lines, run twice in one cache: the first run traces once and compiles 3 pieces, the
+    second neither traces nor compiles, as its last line's comment says."""
+    (proc,) = early_processes.results(test_the_docs_example_runs_as_written_and_warm_starts_in_a_second_run)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    promised = re.search(r"# (\d+ \d+); run again: (\d+ \d+)", _python_block_after("## A Hugging Face model"))
+    assert proc.stdout.split("\n")[:2] == [promised.group(1), promised.group(2)], (proc.stdout, proc.stderr[-2000:])
 
 
 def first_call(cache_dir: str, overrides: dict) -> dict:
