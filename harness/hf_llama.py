@@ -93,17 +93,15 @@ def unavailable_reason() -> str | None:
 
 
 def _transformers() -> Any:
-    """transformers, with this module's attention functions registered (and no mask built for the paged one: the
-    op masks by the metadata)."""
+    """transformers, with this module's attention functions registered (as attention without a mask function of
+    its own: transformers builds no mask for them, the ops mask causally themselves)."""
     reason = unavailable_reason()
     if reason is not None:
         raise ImportError(reason)
     import transformers
-    from transformers.masking_utils import AttentionMaskInterface
 
     transformers.AttentionInterface.register(ATTENTION_NAME, split_attention_forward)
     transformers.AttentionInterface.register(PAGED_ATTENTION_NAME, paged_attention_forward)
-    AttentionMaskInterface.register(PAGED_ATTENTION_NAME, lambda *args, **kwargs: None)
     return transformers
 
 
@@ -168,14 +166,14 @@ class PagedModel(nn.Module):
 
     def __init__(self, decoder: nn.Module, config: llama.LlamaConfig) -> None:
         super().__init__()
+        weight = next(decoder.parameters())
         self.decoder, self.config = decoder, config
-        self.attn_metadata = AttentionMetadata(config)
+        self.attn_metadata = AttentionMetadata(config).to(weight.device)  # the host's block tables stay on the host
         attention = [m for m in decoder.modules() if hasattr(m, "layer_idx") and hasattr(m, "is_causal")]
         if len(attention) != config.num_layers:
             raise ValueError(f"found {len(attention)} attention modules (with layer_idx and is_causal) in "
                              f"{type(decoder).__name__}, which has {config.num_layers} layers: this model family's "
                              f"attention is not laid out as transformers' decoders are")
-        weight = next(decoder.parameters())
         for module in attention:
             module.kv_cache = KVCache((config.num_blocks, config.block_size, config.num_kv_heads, config.head_dim),
                                       weight.dtype, weight.device, config.attention)
