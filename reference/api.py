@@ -17,10 +17,10 @@ Contracts of the returned `CompiledModel`:
   binding cannot be proven, one WARNING says why and the fix, and calls go through Dynamo with its guards dropped).
   Python side effects of `forward` happen in the first call only;
 - Dynamo's guards are dropped (`guard_filter_fn`), so pieceworks checks arguments itself on every call: the same
-  count, dtypes, devices, ranks and non-batch sizes as the first call, and non-tensor arguments of the same type
-  and value (which the trace baked in: `2.0` where the trace saw `2`, or `1` for `True`, raises). A mismatch
-  raises `InputError` naming the argument (its position or keyword). Any memory layout is served: pieces are compiled for contiguous
-  tensors, so a non-contiguous argument (transposed, sliced) is copied into the static buffers or, without
+  count, dtypes, devices, ranks and non-batch sizes as the first call, and non-tensor arguments of the same type and
+  value (which the trace baked in: `2.0` where the trace saw `2`, or `1` for `True`, raises). A mismatch raises
+  `InputError` naming the argument (its position or keyword). Any memory layout is served: pieces are compiled for
+  contiguous tensors, so a non-contiguous argument (transposed, sliced) is copied into the static buffers or, without
   graphs, into a contiguous copy (written back where the model writes it in place);
 - with CUDA graphs (`capture()` called, or `lazy_capture`) for the call's kind of batch (`pieceworks.uniform_decode()`
   marks uniform decode calls; the mode says which kinds have graphs), a batch of b rows is copied into static buffers,
@@ -40,12 +40,12 @@ Contracts of the returned `CompiledModel`:
 State and the data's path. `CompiledModel` owns the serving state of `pieceworks.compile`, built once, in one
 place (`_start_serving`), right after the tracing call: the `Runtime` (runtime.py: capture and replay), the
 `Binder` (binding.py: call arguments to graph inputs), the static input buffers (`StaticInputs`, padding.py) and
-which outputs to cut back. A call: `__call__` puts keyword arguments, or a call of another form than the first, in
-the first call's order (`_in_order`; a positional call of the first call's form skips it), checks the arguments
-(`check_arguments`), copies them into the static
-buffers and pads (`StaticInputs.load`), binds them to the graph's flat inputs (memoised per size), and calls
-`Runtime.run(flat, n, static=True)`, which replays the `ReplayPlan` or `FullGraph` of size n (plan.py: graph
-replays and eager splitting ops); then in-place writes are copied back and the outputs cut to the batch (`unpad`).
+which outputs to cut back. A call: `__call__` puts keyword arguments, or a call of another form than the first, in the
+first call's order (`_in_order`; a positional call of the first call's form skips it), checks the arguments
+(`check_arguments`), copies them into the static buffers and pads (`StaticInputs.load`), binds them to the graph's flat
+inputs (memoised per size), and calls `Runtime.run(flat, n, static=True)`, which replays the `ReplayPlan` or `FullGraph`
+of size n (plan.py: graph replays and eager splitting ops); then in-place writes are copied back and the outputs cut to
+the batch (`unpad`).
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ among the graph's outputs, `None` and plain constants (numbers, strings, dtypes:
 inside tuples, lists, dicts, namedtuples, mappings (a Hugging Face `ModelOutput`, whose unset fields stay None) and
 dataclasses (`values.children`).
 
-Anything else (a tensor the model reads from a global or a plain attribute, an output Dynamo built outside the
-graph, an object such as a KV-cache object in the output) makes `bind` return why not and the fix, and the caller
-keeps calling through Dynamo. Python side effects of `forward` (attribute writes, prints) happen in the tracing call only:
-after it, the graph is the model.
+Anything else (a tensor the model reads from a global or a plain attribute, an output Dynamo built outside the graph, an
+object such as a KV-cache object in the output) makes `bind` return why not and the fix, and the caller keeps calling
+through Dynamo. Python side effects of `forward` (attribute writes, prints) happen in the tracing call only: after it,
+the graph is the model.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Arguments:
             return [*args, *map(kwargs.__getitem__, self.names)]
         form = (len(args), tuple(sorted(kwargs)))
         if form not in self._forms:
-            self._forms[form] = self._plan(*form)
+            self._forms[form] = self.plan(*form)
         sources, extras = self._forms[form]
         for kind, where, default, label in extras:
             value = args[where] if kind == _POSITIONAL else kwargs[where]
@@ -79,7 +79,7 @@ class Arguments:
     def split(self, flat: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
         return list(flat[:self.count]), dict(zip(self.names, flat[self.count:]))
 
-    def _plan(self, count: int, names: tuple[str, ...]) -> tuple[list, list]:
+    def plan(self, count: int, names: tuple[str, ...]) -> tuple[list, list]:
         """Per place of the first call's form, where a call of form (`count`, `names`) has its value (or the
         parameter's default); and the call's arguments the first call left to defaults."""
         signature = inspect.signature(self.fn)
@@ -165,7 +165,7 @@ class Constant:
         self.value = value
 
 
-_CONSTANTS = (bool, int, float, str, bytes, torch.dtype, torch.device, enum.Enum)
+CONSTANT_TYPES = (bool, int, float, str, bytes, torch.dtype, torch.device, enum.Enum)
 
 
 def _state(model: Any) -> list[tuple[str, torch.Tensor]]:
@@ -202,7 +202,7 @@ def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequ
     baked = all(isinstance(t, torch.Tensor) for t in graph_output)
 
     def leaf(value: Any) -> Any:
-        if baked and isinstance(value, _CONSTANTS):
+        if baked and isinstance(value, CONSTANT_TYPES):
             return Constant(value)
         if value is not None and id(value) not in index:  # `index` holds tensors only
             problems.append(type(value).__name__)

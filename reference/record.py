@@ -14,24 +14,23 @@ distribution's name and version, a frozen standard-library module (`<frozen _col
 Python version, any other file (the user's code, an editable install) by its SHA-256; code made at run time (a
 dataclass's `__init__`) by the file of the module its function belongs to.
 
-When a record is used: its key (computed before tracing) matches, and the traced code is unchanged (checked on
-load by each file's identity: a library's version, a file's SHA-256; at save time each traced code object of a
-file known by its SHA-256 must still be what its file compiles to, so a file edited after the process imported it
-gives no record; a library's files edited in place, its version unchanged, are not seen). The key covers the environment (torch build, Triton,
-Python, GPU), the config's `compute_hash`, Dynamo's configuration, the default dtype and autocast state, the model's
-module tree (each module's class with the file it was loaded from, and its attributes, private ones included:
-numbers, strings, bools, None, enums, dtypes, devices, functions by their code, lists, dicts and dataclasses of
-them, objects with `to_dict()` such as transformers configs), its parameters and buffers (names, shapes, strides,
-dtypes, devices, sharing), and the call's signature (`api.signature` of each argument: all but the batch size; the
-keywords of a call made with them).
-What the trace read outside the model's module tree and the call (module globals, closure cells, functions'
-defaults, class attributes, a dict's keys where a guard reads only those: Dynamo's guards name them) is in the record
-as plain stand-ins, read back as a warm start will (`outside_reads`); a record whose values differ now is not used, and the log names the value (`changed_read`).
-A model the key cannot cover gets no record and traces every time (logged at INFO): not an nn.Module, a class
-without a source file (a notebook cell), forward hooks (its own or global), an attribute of another kind (an
-object, a closure, a `functools.partial`), a value read outside the model that cannot be compared across processes
-or read back, traced code without a source file or module of one (`os.environ` read inside `forward`, code a
-notebook cell made).
+When a record is used: its key (computed before tracing) matches, and the traced code is unchanged (checked on load by
+each file's identity: a library's version, a file's SHA-256; at save time each traced code object of a file known by its
+SHA-256 must still be what its file compiles to, so a file edited after the process imported it gives no record; a
+library's files edited in place, its version unchanged, are not seen). The key covers the environment (torch build,
+Triton, Python, GPU), the config's `compute_hash`, Dynamo's configuration, the default dtype and autocast state, the
+model's module tree (each module's class with the file it was loaded from, and its attributes, private ones included:
+numbers, strings, bools, None, enums, dtypes, devices, functions by their code, lists, dicts and dataclasses of them,
+objects with `to_dict()` such as transformers configs), its parameters and buffers (names, shapes, strides, dtypes,
+devices, sharing), and the call's signature (`api.signature` of each argument: all but the batch size; the keywords of a
+call made with them). What the trace read outside the model's module tree and the call (module globals, closure cells,
+functions' defaults, class attributes, a dict's keys where a guard reads only those: Dynamo's guards name them) is in
+the record as plain stand-ins, read back as a warm start will (`outside_reads`); a record whose values differ now is not
+used, and the log names the value (`changed_read`). A model the key cannot cover gets no record and traces every time
+(logged at INFO): not an nn.Module, a class without a source file (a notebook cell), forward hooks (its own or global),
+an attribute of another kind (an object, a closure, a `functools.partial`), a value read outside the model that cannot
+be compared across processes or read back, traced code without a source file or module of one (`os.environ` read inside
+`forward`, code a notebook cell made).
 
 Faults: a record that is missing, unreadable, of another version, or whose traced files changed is not used (the
 cache logs a damaged one; a changed file is logged at INFO); one that cannot be rebuilt (a graph this torch cannot
@@ -186,7 +185,7 @@ def _compiled_code(path: str) -> dict[tuple[str, int], str]:
 _FROZEN = re.compile(r"<frozen ([\w.]+)>")
 
 
-def _source(code: types.CodeType) -> str:
+def source_file(code: types.CodeType) -> str:
     """The file `code` is keyed by: its own; `<frozen name>` for a frozen standard-library module; for code made at
     run time (a dataclass's `__init__`), the file of the module its function belongs to. `Unkeyable` where there is
     none (code a notebook cell or `exec` made, `os.environ` read inside `forward`)."""
@@ -233,12 +232,12 @@ def file_identity(path: str) -> str:
 
 
 def file_digests(codes: Sequence[types.CodeType]) -> dict[str, str]:
-    """`file_identity` of the file of each traced code object (`_source`); a file known by its SHA-256 must still
+    """`file_identity` of the file of each traced code object (`source_file`); a file known by its SHA-256 must still
     hold that code (a file edited after the process imported it would pair the old graph with the new file).
     `Unkeyable` where a traced code object has no file, or its file no longer compiles to it."""
     digests, compiled = {}, {}
     for code in codes:
-        path = _source(code)
+        path = source_file(code)
         if path not in digests:
             digests[path] = file_identity(path)
         if digests[path].startswith("sha256:") and path == code.co_filename:
@@ -272,7 +271,7 @@ _CALL = re.compile(r"(L\['(args|kwargs)'\]|args|kwargs)\b")
 # hooks, pieceworks' own among them; backward hooks) do not change an inference trace
 _GLOBAL_HOOKS = re.compile(r"G\['__import_torch_dot_nn_dot_modules_dot_module'\]\._global_\w+_hooks")
 # Guards on a dict's keys alone: its keys stand for it
-_KEYS_GUARDS = {"DICT_KEYS_MATCH", "DICT_NOT_CONTAINS", "DICT_CONTAINS"}
+KEYS_GUARDS = {"DICT_KEYS_MATCH", "DICT_NOT_CONTAINS", "DICT_CONTAINS"}
 
 
 class _Globals(dict):
@@ -308,12 +307,12 @@ def _readable(source: str) -> str:
     return re.sub(r"G\['(\w+)'\]", r"\1", re.sub(r"G\['__builtins_dict___\d+'\]", "builtins", source))
 
 
-def _stand_in(value: Any, guard: str, source: str) -> Any:
+def stand_in(value: Any, guard: str, source: str) -> Any:
     """A plain value standing for what guard `guard` compares at `source`, the same in every process: a type by name
     (TYPE_MATCH), a dict whose keys the guard reads by its keys, a module by name, a function or code object by name
     and code, anything else as the key's `portable`."""
     value = type(value) if guard == "TYPE_MATCH" else value
-    if guard in _KEYS_GUARDS and isinstance(value, dict):
+    if guard in KEYS_GUARDS and isinstance(value, dict):
         return sorted(map(str, value))
     if isinstance(value, types.CodeType):
         return [value.co_qualname, code_digest(value)]
@@ -332,7 +331,7 @@ def outside_reads(guards: Sequence[Any] | None, model: Any,
                   frame_globals: dict[str, Any]) -> list[tuple[str, str, Any]]:
     """What the trace read outside the model's module tree and the call, from Dynamo's guard entries (`guards`, as
     `guard_filter_fn` gets them): module globals, closure cells, functions' defaults, class attributes; each as
-    (source, guard type, `_stand_in` of the value read back as a warm start will read it). `Unkeyable` where there
+    (source, guard type, `stand_in` of the value read back as a warm start will read it). `Unkeyable` where there
     are no guards, or a value cannot be read back or stood in for."""
     if guards is None:
         raise Unkeyable("Dynamo reported no guards for the trace")
@@ -347,7 +346,7 @@ def outside_reads(guards: Sequence[Any] | None, model: Any,
         except Exception as exc:  # noqa: BLE001 - a source this resolution does not cover
             raise Unkeyable(f"the trace read {_readable(source)}, which a warm start cannot read back "
                             f"({type(exc).__name__}: {exc})") from None
-        reads.append((source, kind, _stand_in(value, kind, source)))
+        reads.append((source, kind, stand_in(value, kind, source)))
     return reads
 
 
@@ -355,7 +354,7 @@ def changed_read(reads: Sequence[tuple[str, str, Any]], model: Any, frame_global
     """Why the first of a record's `outside_reads` differs now (which value, now and in the record), or None."""
     for source, kind, value in reads:
         try:
-            now = _stand_in(_read_back(source, model, frame_globals), kind, source)
+            now = stand_in(_read_back(source, model, frame_globals), kind, source)
         except Exception as exc:  # noqa: BLE001 - a module gone, an attribute renamed: the record does not apply
             return f"{_readable(source)} cannot be read ({type(exc).__name__}: {exc})"
         if now != value:

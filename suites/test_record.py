@@ -432,7 +432,6 @@ def test_frozen_standard_library_and_generated_code_get_a_record(tmp_path):
             out = _compile(FrozenAndGenerated(), tmp_path)(x)
         torch.testing.assert_close(out.hidden, 9 * x)
         assert out.note == "made in forward"
-    (folder,) = [d for d in os.listdir(tmp_path) if d.startswith("model-")]
-    (name,) = os.listdir(tmp_path / folder / "artifacts")
-    files = record._read(str(tmp_path / folder / "artifacts" / name)).files
+    config = _compile(FrozenAndGenerated(), tmp_path).config
+    files = record.load(config, record.model_key(FrozenAndGenerated(), [pieceworks.api.signature(x)], config)).files
     assert files["<frozen _collections_abc>"].startswith("frozen _collections_abc, Python "), files

@@ -272,8 +272,8 @@ def keywords_by_position(mp: pytest.MonkeyPatch) -> None:
         cpu=_FORMS + "test_a_keyword_call_that_does_not_fit_is_an_input_error_naming_the_argument "
             + _FORMS + "test_a_positional_first_call_serves_keyword_calls_and_checks_their_defaults")
 def defaults_unchecked(mp: pytest.MonkeyPatch) -> None:
-    original = binding.Arguments._plan
-    mp.setattr(binding.Arguments, "_plan", lambda self, count, names: (original(self, count, names)[0], []))
+    original = binding.Arguments.plan
+    mp.setattr(binding.Arguments, "plan", lambda self, count, names: (original(self, count, names)[0], []))
 
 
 @mutant("mappings (a ModelOutput), dataclasses and namedtuples in the output are leaves: calls go through Dynamo",
@@ -286,7 +286,7 @@ def output_containers_unwalked(mp: pytest.MonkeyPatch) -> None:
 @mutant("constants in the output are not reproduced by the graph: such outputs go through Dynamo",
         cpu=_FORMS + "test_mapping_dataclass_and_namedtuple_outputs_are_served_by_the_graph_alone")
 def output_constants_unserved(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(binding, "_CONSTANTS", ())
+    mp.setattr(binding, "CONSTANT_TYPES", ())
 
 
 @mutant("padded outputs inside mappings and dataclasses are not cut back",

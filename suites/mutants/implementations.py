@@ -134,9 +134,9 @@ _HF = "suites/test_hf_models.py::"
 def hf_attention_not_routed(mp: pytest.MonkeyPatch) -> None:
     import pieceworks.harness.hf_llama as hf
 
-    original = hf._build
-    mp.setattr(hf, "_build", lambda auto_class, config, attention, *rest: original(
-        auto_class, config, "sdpa" if attention == hf.PAGED_ATTENTION_NAME else attention, *rest))
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    mp.setattr(hf, "paged_attention_forward", sdpa_attention_forward)  # what hf_llama registers under its name
 
 
 @mutant("the serving benchmark's config model gets the tiny cache blocks (4 positions) instead of the presets' 16",
