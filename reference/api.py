@@ -1,6 +1,9 @@
 """`pieceworks.compile(model, config)`: trace once, compile everything, serve every batch size without compiling.
 
 Contracts of the returned `CompiledModel`:
+- it is called as the model is, with positional and keyword arguments: the first call's form is the compiled one,
+  and every call is put in its order (binding.Arguments: a call of the same form costs one list, another form is
+  bound by `forward`'s signature once per form; a parameter the first call left out must keep its default);
 - dim 0 of every tensor argument is the batch dimension, the only dynamic one; all tensor arguments share it;
 - the first call traces the model with Dynamo once (with a batch of at least 2, so that Dynamo's 0/1
   specialisation cannot bake in the size) and compiles every piece for every compile range and size before it
@@ -9,14 +12,15 @@ Contracts of the returned `CompiledModel`:
   result; a first call of batch 1 is traced on a 2-row copy, and whatever that run wrote in place besides the copy
   (the graph's mutated inputs: buffers, a KV cache, parameters) is put back before the call runs. That costs one
   temporary copy of exactly the state the graph writes in place, at that one call;
-- after the first call no call enters Dynamo: the compiled graph is called directly, its inputs bound once (see
-  binding.py; where the binding cannot be proven, logged once, calls go through Dynamo with its guards dropped).
+- after the first call no call enters Dynamo: the compiled graph is called directly, its inputs bound once and its
+  output rebuilt in the model's containers (tuples, dicts, dataclasses, a `ModelOutput`; see binding.py; where the
+  binding cannot be proven, one WARNING says why and the fix, and calls go through Dynamo with its guards dropped).
   Python side effects of `forward` happen in the first call only;
 - Dynamo's guards are dropped (`guard_filter_fn`), so pieceworks checks arguments itself on every call: the same
-  count, dtypes, devices, ranks and non-batch sizes as the first call, and non-tensor arguments of the same type
-  and value (which the trace baked in: `2.0` where the trace saw `2`, or `1` for `True`, raises). A mismatch
-  raises `InputError` naming the argument. Any memory layout is served: pieces are compiled for contiguous
-  tensors, so a non-contiguous argument (transposed, sliced) is copied into the static buffers or, without
+  count, dtypes, devices, ranks and non-batch sizes as the first call, and non-tensor arguments of the same type and
+  value (which the trace baked in: `2.0` where the trace saw `2`, or `1` for `True`, raises). A mismatch raises
+  `InputError` naming the argument (its position or keyword). Any memory layout is served: pieces are compiled for
+  contiguous tensors, so a non-contiguous argument (transposed, sliced) is copied into the static buffers or, without
   graphs, into a contiguous copy (written back where the model writes it in place);
 - with CUDA graphs (`capture()` called, or `lazy_capture`) for the call's kind of batch (`pieceworks.uniform_decode()`
   marks uniform decode calls; the mode says which kinds have graphs), a batch of b rows is copied into static buffers,
@@ -36,10 +40,12 @@ Contracts of the returned `CompiledModel`:
 State and the data's path. `CompiledModel` owns the serving state of `pieceworks.compile`, built once, in one
 place (`_start_serving`), right after the tracing call: the `Runtime` (runtime.py: capture and replay), the
 `Binder` (binding.py: call arguments to graph inputs), the static input buffers (`StaticInputs`, padding.py) and
-which outputs to cut back. A call: `__call__` checks the arguments (`check_arguments`), copies them into the static
-buffers and pads (`StaticInputs.load`), binds them to the graph's flat inputs (memoised per size), and calls
-`Runtime.run(flat, n, static=True)`, which replays the `ReplayPlan` or `FullGraph` of size n (plan.py: graph
-replays and eager splitting ops); then in-place writes are copied back and the outputs cut to the batch (`unpad`).
+which outputs to cut back. A call: `__call__` puts keyword arguments, or a call of another form than the first, in the
+first call's order (`_in_order`; a positional call of the first call's form skips it), checks the arguments
+(`check_arguments`), copies them into the static buffers and pads (`StaticInputs.load`), binds them to the graph's flat
+inputs (memoised per size), and calls `Runtime.run(flat, n, static=True)`, which replays the `ReplayPlan` or `FullGraph`
+of size n (plan.py: graph replays and eager splitting ops); then in-place writes are copied back and the outputs cut to
+the batch (`unpad`).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ import torch
 from . import _compat, record
 from .backend import CompiledGraph, compile_graph, own_config
 from .batch_kind import _uniform
-from .binding import Binder, bind
+from .binding import Arguments, Binder, InputError, bind
 from .config import CompilationConfig, ConfigError, CUDAGraphMode
 from .counters import counters
 from .dispatch import padded_size
@@ -67,10 +73,6 @@ from .values import cycle_rows
 from .watch import GlobalHookError, StateReplacedError, StateWatch, refuse_global_hooks  # noqa: F401 - public names
 
 log = logging.getLogger("pieceworks")
-
-
-class InputError(ValueError):
-    """A call's arguments do not fit what the model was compiled for."""
 
 
 def _calling_weakly(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -98,21 +100,23 @@ def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]
     object of our own keeps each one's cache entry separate.
     """
 
-    def call_model(*args: Any) -> Any:
+    def call_model(*args: Any, **kwargs: Any) -> Any:
         # One batch symbol for all inputs: tell Dynamo what the contract says (dim 0 is shared), so that pieces
         # never carry two unrelated batch symbols that only happen to be equal.
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         for a in tensors[1:]:
             torch._check(a.shape[0] == tensors[0].shape[0])
-        return model(*args)
+        return model(*args, **kwargs)
 
     code = call_model.__code__.replace(co_name=name)
     return types.FunctionType(code, call_model.__globals__, name, None, call_model.__closure__)
 
 
-def batch_of(args: tuple) -> int:
-    """The batch size of a call: dim 0 of every tensor argument, which must agree (else `InputError`)."""
-    sizes = {i: a.shape[0] if a.dim() else None for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+def batch_of(args: Sequence[Any], labels: Sequence[str] | None = None) -> int:
+    """The batch size of a call: dim 0 of every tensor argument, which must agree (else `InputError`). `labels` name
+    the arguments (default: their positions)."""
+    names = labels or range(len(args))
+    sizes = {names[i]: a.shape[0] if a.dim() else None for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     if None in sizes.values():
         raise InputError(f"argument {next(i for i, size in sizes.items() if size is None)} is a 0-d tensor (shape ()): "
                          f"pieceworks treats dim 0 of every tensor argument as the batch dimension. Fix: pass it with "
@@ -136,13 +140,13 @@ def signature(a: Any) -> tuple:
     return ("value", type(a), a)
 
 
-def check_arguments(args: tuple, signatures: list[tuple]) -> int:
+def check_arguments(args: Sequence[Any], signatures: list[tuple], labels: Sequence[str] | None = None) -> int:
     """The batch size of a call whose arguments match the first call's `signatures`; `InputError` naming the
-    argument, what it is and what was compiled, otherwise."""
-    batch = batch_of(args)
+    argument (by `labels`, default its position), what it is and what was compiled, otherwise."""
+    batch = batch_of(args, labels)
     if len(args) != len(signatures):
         raise InputError(f"compiled for {len(signatures)} arguments, called with {len(args)}")
-    for i, (a, want) in enumerate(zip(args, signatures)):
+    for i, (a, want) in zip(labels or range(len(args)), zip(args, signatures)):
         if signature(a) != want:
             expected = f"the value {want[2]!r} ({want[1].__name__})" if want[0] == "value" else \
                 f"dtype={want[0]}, device={want[1]}, rank {want[2]}, trailing shape {want[3]}"
@@ -153,10 +157,10 @@ def check_arguments(args: tuple, signatures: list[tuple]) -> int:
     return batch
 
 
-def refuse_grad(args: tuple) -> None:
+def refuse_grad(args: Sequence[Any], labels: Sequence[str] | None = None) -> None:
     """`InputError` naming the first tensor argument that requires grad (call while grad mode is on): the compiled
     model serves inference only, so its output could carry no gradient where eager's would."""
-    for i, a in enumerate(args):
+    for i, a in zip(labels or range(len(args)), args):
         if isinstance(a, torch.Tensor) and a.requires_grad:
             raise InputError(f"argument {i} requires grad and grad mode is on, but a compiled model serves inference "
                              f"only: its output would carry no gradient. Fix: call it under torch.no_grad() or "
@@ -196,6 +200,8 @@ class CompiledModel:
         self.static_inputs: StaticInputs | None = None
         self.batched_outputs: Any = False
         self._signatures: list[tuple] = []
+        self._arguments: Arguments | None = None  # the first call's form: positional, then keyword arguments
+        self._count, self._labels = -1, None  # positional arguments of a first call without keywords, else -1
         self._mutated_args: list[int] = []
         self._flat_by_size: dict[int, list[Any]] = {}
         self._state_watch: StateWatch | None = None
@@ -257,10 +263,11 @@ class CompiledModel:
         so the marks stay off the caller's tensors), and the tracing run is the call. Otherwise: traced on
         contiguous copies of 2 (or batch) rows, the model state that run wrote is restored, and the call runs."""
         refuse_global_hooks()
-        batch = batch_of(args)
+        batch = batch_of(args, self._labels)
         self._signatures = [signature(a) for a in args]
-        key = record.model_key(self.model, self._signatures, self.config) \
-            if self.config.reuse_trace and self.config.cache_active() else None
+        names = self._arguments.names
+        key = record.model_key(self.model, [*self._signatures, *([("keywords", names)] if names else [])],
+                               self.config) if self.config.reuse_trace and self.config.cache_active() else None
         if key is not None and self._start_from_record(key, args):
             return self._serve(args, batch)
         own = batch >= 2 and all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor))
@@ -276,7 +283,7 @@ class CompiledModel:
             # Data-dependent ops (`.item()`, `nonzero`) stay in the one graph (see _compat.data_dependent_tracing);
             # their pieces then run without CUDA graphs.
             with _compat.data_dependent_tracing():
-                output = self._dynamo_fn(*trace_args)
+                output = self._dynamo_call(trace_args)
         except _compat.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
             inner = getattr(exc, "inner_exception", None) or exc.__cause__
             if isinstance(inner, ConfigError):
@@ -288,7 +295,7 @@ class CompiledModel:
         for tensor, before in self._traced.get("saved", []):  # a run on copies: put back what else it wrote
             tensor.copy_(before)
         self._start_serving(trace_args, output, key)
-        return output if own else self._serve(args, check_arguments(args, self._signatures))
+        return output if own else self._serve(args, check_arguments(args, self._signatures, self._labels))
 
     def _start_serving(self, trace_args: list[Any], output: Any, key: str | None) -> None:
         """Build the serving state from the tracing call, in one place: the binding of call arguments to graph
@@ -301,7 +308,8 @@ class CompiledModel:
         placeholders = [n for n in graph.split_module.graph.nodes if n.op == "placeholder"]
         found = bind(self.model, placeholders, example_inputs, trace_args, graph.batch_symbols, output, graph_output)
         if isinstance(found, str):
-            log.info("pieceworks: calls go through Dynamo (%s)", found)
+            log.warning("pieceworks: every call of this model goes through Dynamo, its output rebuilt by Dynamo's "
+                        "code, not the compiled graph alone: %s", found)
         # The output leaves cut back to the batch: graph outputs whose trace value's dim 0 is the batch symbol, and
         # tensor arguments returned as they are; nothing else (a weight of n rows is not cut at padded size n).
         # Leaves are told apart by identity, here, while the tracing call's tensors and outputs are alive.
@@ -379,16 +387,31 @@ class CompiledModel:
             self._dynamo_fn = self._entry()
 
     # ---- calls ----------------------------------------------------------------------------------------------
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != self._count:  # keywords, or not the form of a positional first call (or the first)
+            args = self._in_order(args, kwargs)
         if torch.is_grad_enabled():
-            refuse_grad(args)
+            refuse_grad(args, self._labels)
         with torch.no_grad():
             watch = self._state_watch
             if watch is not None and (watch.changed or watch.handles != _compat.HookHandle.next_id):
                 self._state_changed()
             if self.runtime is None:
                 return self._first_call(args)
-            return self._serve(args, check_arguments(args, self._signatures))
+            return self._serve(args, check_arguments(args, self._signatures, self._labels))
+
+    def _in_order(self, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+        """The call's arguments in the first call's order (`binding.Arguments`: positional, then keyword arguments;
+        another form bound by `forward`'s signature); the first call sets the order."""
+        if self._arguments is None:
+            forward = self.model.forward if isinstance(self.model, torch.nn.Module) else self.model
+            self._arguments = Arguments(forward, args, kwargs)
+            self._count, self._labels = (-1, self._arguments.labels) if kwargs else (len(args), None)
+        return self._arguments.flat(args, kwargs)
+
+    def _dynamo_call(self, flat: Sequence[Any]) -> Any:
+        args, kwargs = self._arguments.split(flat)
+        return self._dynamo_fn(*args, **kwargs)
 
     def _serve(self, args: Sequence[Any], batch: int) -> Any:
         """One call with checked `args` of batch `batch`; see the module doc for the path."""
@@ -412,7 +435,7 @@ class CompiledModel:
         at captured size n (replayed, captured or run without graphs). Through Dynamo where no binding was proven."""
         if self.binder is None:  # forward runs again: the attributes it writes are its own, not the user's changes
             with _paused(self._state_watch):
-                return self._dynamo_fn(*(self.static_inputs.views(n) if args is None else args))
+                return self._dynamo_call(self.static_inputs.views(n) if args is None else args)
         flat = self.graph_inputs(n) if args is None else self.binder.inputs(args, n)
         return self.binder.outputs(self.runtime.run(flat, n, static=args is None))
 

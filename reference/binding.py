@@ -1,5 +1,12 @@
 """Calling the compiled graph without Dynamo: call arguments to graph inputs, graph outputs to the model's output.
 
+`Arguments` puts a call's positional and keyword arguments in one order, the one the compiled model serves: the
+first call's positional arguments, then its keyword arguments sorted by name. A later call of the same form (as many
+positional arguments, the same keywords, in any order) costs one list; a call of another form is bound by the
+model's `forward` signature once per form (`model(ids)` after `model(input_ids=ids)`): a parameter the first call
+left to its default must be passed with that default's value (type and value, as any non-tensor argument), since
+the trace baked it in.
+
 Dynamo hands a backend `example_inputs`: the real values of the graph's placeholders in the tracing call (the
 call's tensors, the model's parameters and buffers, and the batch size as a SymInt). `bind` proves, from that one
 call, how to build them for any later call:
@@ -10,16 +17,20 @@ call, how to build them for any later call:
   it (`.to()`, `.cuda()`, `.half()`) is seen by the model's `StateWatch` (watch.py: nothing per call) and refused at
   the next call: the graphs still read the old memory;
 and the model's output is the graph's outputs arranged as in the tracing call: each output tensor found by identity
-among the graph's outputs, `None` kept, inside tuples, lists and dicts.
+among the graph's outputs, `None` and plain constants (numbers, strings, dtypes: what the trace baked in) kept,
+inside tuples, lists, dicts, namedtuples, mappings (a Hugging Face `ModelOutput`, whose unset fields stay None) and
+dataclasses (`values.children`).
 
-Anything else (a tensor the model reads from a global or a plain attribute, an output Dynamo built outside the
-graph, a namedtuple or dataclass output, a non-tensor output) makes `bind` return why not, and the caller keeps
-calling through Dynamo. Python side effects of `forward` (attribute writes, prints) happen in the tracing call only:
-after it, the graph is the model.
+Anything else (a tensor the model reads from a global or a plain attribute, an output Dynamo built outside the graph, an
+object such as a KV-cache object in the output) makes `bind` return why not and the fix, and the caller keeps calling
+through Dynamo. Python side effects of `forward` (attribute writes, prints) happen in the tracing call only: after it,
+the graph is the model.
 """
 
 from __future__ import annotations
 
+import enum
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,13 +41,93 @@ from ._compat import example_value, symbol_name
 from .values import tree_map
 
 _ARG, _BATCH, _BOUND = 0, 1, 2
+_POSITIONAL, _KEYWORD, _DEFAULT = 0, 1, 2
+
+
+class InputError(ValueError):
+    """A call's arguments do not fit what the model was compiled for."""
+
+
+_FIX = "Fix: pass arguments like the first call's, or compile another CompiledModel"
+
+
+class Arguments:
+    """The first call's form (`count` positional arguments, then keyword arguments `names`, sorted); `labels` name each
+    place for messages (its position or keyword). `flat(args, kwargs)`: a call's arguments in that order (an
+    `InputError` naming an argument that does not fit), and `split(flat)` the call again."""
+
+    def __init__(self, fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        self.fn, self.count, self.names, self.keys = fn, len(args), tuple(sorted(kwargs)), kwargs.keys() | set()
+        self.labels = [*map(str, range(len(args))), *self.names]
+        self._forms: dict[tuple, tuple[list, list]] = {}
+
+    def flat(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+        if len(args) == self.count and kwargs.keys() == self.keys:
+            return [*args, *map(kwargs.__getitem__, self.names)]
+        form = (len(args), tuple(sorted(kwargs)))
+        if form not in self._forms:
+            self._forms[form] = self.plan(*form)
+        sources, extras = self._forms[form]
+        for kind, where, default, label in extras:
+            value = args[where] if kind == _POSITIONAL else kwargs[where]
+            if value is not default and (type(value) is not type(default) or isinstance(value, torch.Tensor)
+                                         or value != default):
+                raise InputError(f"argument {label} is {value!r:.80}, but the model was compiled with its default "
+                                 f"{default!r}: the first call left it out. {_FIX}")
+        return [args[w] if k == _POSITIONAL else (kwargs[w] if k == _KEYWORD else w) for k, w in sources]
+
+    def split(self, flat: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
+        return list(flat[:self.count]), dict(zip(self.names, flat[self.count:]))
+
+    def plan(self, count: int, names: tuple[str, ...]) -> tuple[list, list]:
+        """Per place of the first call's form, where a call of form (`count`, `names`) has its value (or the
+        parameter's default); and the call's arguments the first call left to defaults."""
+        signature = inspect.signature(self.fn)
+        called = f"compiled for {_form(self.count, self.names)}, called with {_form(count, names)}"
+        first, now = (_bound(signature, n, keys, called) for n, keys in ((self.count, self.names), (count, names)))
+        default = {key: signature.parameters[key].default if isinstance(key, str) else inspect.Parameter.empty
+                   for key in {*first, *now}}
+        for key in [k for k in first if k not in now] + [k for k in now if k not in first]:
+            if default[key] is inspect.Parameter.empty:
+                raise InputError(f"{called}: argument {_label(key)} " + ("is missing, but the first call passed it"
+                                 if key in first else "was not passed in the first call") + f". {_FIX}")
+        place = {(_POSITIONAL, i): i for i in range(self.count)} | {
+            (_KEYWORD, name): self.count + i for i, name in enumerate(self.names)}
+        return ([now.get(key, (_DEFAULT, default[key])) for key in sorted(first, key=lambda k: place[first[k]])],
+                [(*now[key], default[key], _label(key)) for key in now if key not in first])
+
+
+def _bound(signature: inspect.Signature, count: int, names: Sequence[str], called: str) -> dict[Any, tuple[int, Any]]:
+    """Per parameter (a `*args` item by (name, index), a `**kwargs` entry by (name, key)), where a call of `count`
+    positional arguments and keywords `names` has its value: (_POSITIONAL, index) or (_KEYWORD, name)."""
+    try:
+        bound = signature.bind(*[(_POSITIONAL, i) for i in range(count)], **{k: (_KEYWORD, k) for k in names})
+    except TypeError as exc:
+        raise InputError(f"{called}: {exc}: the model's forward{signature} does not take them. Fix: call the model "
+                         f"with arguments its forward takes") from None
+    found = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        items = enumerate(value) if kind is inspect.Parameter.VAR_POSITIONAL else (
+            value.items() if kind is inspect.Parameter.VAR_KEYWORD else None)
+        found.update({(name, k): v for k, v in items} if items is not None else {name: value})
+    return found
+
+
+def _form(count: int, names: Sequence[str]) -> str:
+    return f"{count} arguments" + (f" and the keywords {', '.join(names)}" if names else "")
+
+
+def _label(key: Any) -> str:
+    return key if isinstance(key, str) else f"{key[0]}[{key[1]!r}]"
 
 
 class Binder:
     """`inputs(args, batch)`: the graph's flat inputs for a call; `outputs(flat)`: the model's output.
 
     `sources`: per graph input, `(_ARG, call argument index)`, `(_BATCH, None)` or `(_BOUND, the tensor)`;
-    `template`: the model's output with each tensor replaced by its graph output index (`None` stays `None`)."""
+    `template`: the model's output with each tensor replaced by its graph output index (`None` stays `None`, a
+    constant is a `Constant`)."""
 
     def __init__(self, sources: list[tuple[int, Any]], template: Any) -> None:
         self.sources = sources
@@ -48,7 +139,7 @@ class Binder:
     def outputs(self, flat: Sequence[Any]) -> Any:
         if type(self.template) is int:
             return flat[self.template]
-        return tree_map(lambda k: None if k is None else flat[k], self.template)
+        return tree_map(lambda k: flat[k] if type(k) is int else (None if k is None else k.value), self.template)
 
     def describe(self, model: Any) -> tuple[list[tuple[int, Any]], Any]:
         """`(sources, template)` in plain values, bound tensors named by their parameter or buffer name in `model`:
@@ -63,6 +154,18 @@ class Binder:
         sources, template = description
         state = dict(_state(model))
         return cls([(kind, state[v] if kind == _BOUND else v) for kind, v in sources], template)
+
+
+class Constant:
+    """A constant leaf of the model's output (`bind`'s template), reproduced on every call."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+CONSTANT_TYPES = (bool, int, float, str, bytes, torch.dtype, torch.device, enum.Enum)
 
 
 def _state(model: Any) -> list[tuple[str, torch.Tensor]]:
@@ -89,18 +192,25 @@ def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequ
             sources.append((_BOUND, example))
         else:
             return (f"graph input {node.name} is neither a call argument, a parameter or buffer of the model, nor the "
-                    f"batch size")
+                    f"batch size. Fix: make the tensor a parameter or buffer of the model (register_buffer), or pass "
+                    f"it as an argument")
     if not isinstance(graph_output, (tuple, list)):
         return "the graph did not return a tuple"
     index = {id(t): k for k, t in enumerate(graph_output) if isinstance(t, torch.Tensor)}
     problems = []
+    # A number in the output is the trace's constant unless the graph returns numbers (a size it computed)
+    baked = all(isinstance(t, torch.Tensor) for t in graph_output)
 
-    def leaf(value: Any) -> int | None:
+    def leaf(value: Any) -> Any:
+        if baked and isinstance(value, CONSTANT_TYPES):
+            return Constant(value)
         if value is not None and id(value) not in index:  # `index` holds tensors only
             problems.append(type(value).__name__)
         return index.get(id(value))
 
     template = tree_map(leaf, call_output)
     if problems:
-        return f"the model's output holds values that are not graph outputs ({', '.join(problems)})"
+        return (f"the model's output holds values that are not graph outputs ({', '.join(problems)}). Fix: return "
+                f"tensors the model computes, None and constants, in tuples, lists, dicts, dataclasses or mappings (a "
+                f"Hugging Face model: call it with use_cache=False, so that no cache object is returned)")
     return Binder(sources, template)

@@ -9,8 +9,8 @@ Memory: one max-size copy of each input, and the view objects of the sizes seen 
 `buffer[:b]` per batch size served), made once and reused so that a call slices nothing. Not thread-safe.
 
 `unpad` cuts an output back to the real rows: exactly the leaves `batched_outputs` marked once from the trace
-(outputs whose dim 0 is the batch symbol, in tuples, lists, dicts and namedtuples), never a tensor that only
-happens to have n rows (a weight of size n).
+(outputs whose dim 0 is the batch symbol, in tuples, lists, dicts, namedtuples, mappings such as a Hugging Face
+`ModelOutput`, and dataclasses), never a tensor that only happens to have n rows (a weight of size n).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .values import cycle_rows, tree_map
+from .values import children, cycle_rows, tree_map
 
 
 class StaticInputs:
@@ -48,28 +48,21 @@ class StaticInputs:
                 view.copy_(a, non_blocking=True)
 
 
-def container_items(value: Any) -> list[Any] | None:
-    """The items of a container output (tuple, list, namedtuple, dict values), None for a leaf."""
-    if type(value) in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
-        return list(value)
-    return list(value.values()) if type(value) is dict else None
-
-
-def _rebuild(like: Any, items: list[Any]) -> Any:
-    """A container of `like`'s exact type (a namedtuple stays one) holding `items`."""
-    if type(like) is dict:
-        return dict(zip(like.keys(), items))
-    return type(like)(items) if type(like) in (tuple, list) else type(like)(*items)
+def container_items(value: Any) -> tuple[list[Any], Callable[[list[Any]], Any]] | None:
+    """A container output's items and how to rebuild it (`values.children`: tuples, lists, dicts, namedtuples,
+    mappings such as a `ModelOutput`, dataclasses), None for a leaf."""
+    return children(value)
 
 
 def batched_outputs(output: Any, is_batched: Callable[[Any], bool]) -> Any:
-    """Which leaves of `output` (the tracing call's output) `unpad` cuts: a tree of `output`'s shape whose leaves
-    are `is_batched(leaf)`; a subtree with nothing to cut collapses to False, so a call walks only what it cuts."""
-    items = container_items(output)
-    if items is None:
+    """Which leaves of `output` (the tracing call's output) `unpad` cuts: True or False for a leaf, a list of the
+    items' marks for a container; a subtree with nothing to cut collapses to False, so a call walks only what it
+    cuts."""
+    found = container_items(output)
+    if found is None:
         return bool(is_batched(output))
-    masks = [batched_outputs(v, is_batched) for v in items]
-    return _rebuild(output, masks) if any(m is not False for m in masks) else False
+    masks = [batched_outputs(v, is_batched) for v in found[0]]
+    return masks if any(m is not False for m in masks) else False
 
 
 def unpad(value: Any, batch: int, n: int, batched: Any = None) -> Any:
@@ -84,4 +77,5 @@ def unpad(value: Any, batch: int, n: int, batched: Any = None) -> Any:
                         value)
     if batched is True:
         return value[:batch]
-    return _rebuild(value, [unpad(v, batch, n, m) for v, m in zip(container_items(value), container_items(batched))])
+    items, rebuild = container_items(value)
+    return rebuild([unpad(v, batch, n, m) for v, m in zip(items, batched)])

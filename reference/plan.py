@@ -25,7 +25,6 @@ Addresses:
 
 from __future__ import annotations
 
-import collections
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -39,9 +38,16 @@ from .values import tensors_in, tree_map
 
 StepFn = Callable[[Sequence[Any], list], None]
 _CONST, _INPUT, _SLOT = 0, 1, 2
-# Where a replay finds a value: (_CONST, value), (_INPUT, index into args) or (_SLOT, index into slots). Its own type,
-# so that `tree_map` treats it as a leaf.
-_Ref = collections.namedtuple("_Ref", ["kind", "where"])
+
+
+class _Ref:
+    """Where a replay finds a value: (_CONST, value), (_INPUT, index into args) or (_SLOT, index into slots). A plain
+    class, so that `tree_map` treats it as a leaf."""
+
+    __slots__ = ("kind", "where")
+
+    def __init__(self, kind: int, where: Any) -> None:
+        self.kind, self.where = kind, where
 
 
 class Step(NamedTuple):
@@ -117,7 +123,7 @@ def _getter(ref_tree: Any) -> Callable[[Sequence[Any], list], Any]:
         value = _value(ref_tree, (), [])
         return lambda args, slots: value
     if isinstance(ref_tree, _Ref):  # not a constant: a graph input or a slot
-        kind, where = ref_tree
+        kind, where = ref_tree.kind, ref_tree.where
         return (lambda args, slots: args[where]) if kind == _INPUT else (lambda args, slots: slots[where])
     return lambda args, slots: _value(ref_tree, args, slots)
 

@@ -8,23 +8,29 @@ backend call: a piece the cache lost is compiled from the record's graph), and c
 proved (`Binder.describe`/`restore`).
 
 A record holds the Dynamo graph with its FakeTensor and SymInt metadata (`_compat.pickle_graph`), the binding, the
-outputs cut back to the batch, the arguments the graph writes, and the SHA-256 of every source file Dynamo traced.
+outputs cut back to the batch, the arguments the graph writes, and the identity of every file Dynamo traced code
+from (`file_identity`): a file of an installed distribution (under site-packages: torch, transformers) by the
+distribution's name and version, a frozen standard-library module (`<frozen _collections_abc>`) by its name and the
+Python version, any other file (the user's code, an editable install) by its SHA-256; code made at run time (a
+dataclass's `__init__`) by the file of the module its function belongs to.
 
-When a record is used: its key (computed before tracing) matches, and the traced code is unchanged (checked on
-load by its files' SHA-256; at save time each traced code object must still be what its file compiles to, so a file
-edited after the process imported it gives no record). The key covers the environment (torch build, Triton,
-Python, GPU), the config's `compute_hash`, Dynamo's configuration, the default dtype and autocast state, the model's
-module tree (each module's class with the file it was loaded from, and its attributes, private ones included:
-numbers, strings, bools, None, enums, dtypes, devices, functions by their code, lists, dicts and dataclasses of
-them, objects with `to_dict()` such as transformers configs), its parameters and buffers (names, shapes, strides,
-dtypes, devices, sharing), and the call's signature (`api.signature` of each argument: all but the batch size).
-What the trace read outside the model's module tree and the call (module globals, closure cells, functions'
-defaults, class attributes: Dynamo's guards name them) is in the record as plain stand-ins, read back as a warm start
-will (`outside_reads`); a record whose values differ now is not used, and the log names the value (`changed_read`).
-A model the key cannot cover gets no record and traces every time (logged at INFO): not an nn.Module, a class
-without a source file (a notebook cell), forward hooks (its own or global), an attribute of another kind (an
-object, a closure, a `functools.partial`), a value read outside the model that cannot be compared across processes
-or read back, traced code without a source file (`os.environ` read inside `forward`).
+When a record is used: its key (computed before tracing) matches, and the traced code is unchanged (checked on load by
+each file's identity: a library's version, a file's SHA-256; at save time each traced code object of a file known by its
+SHA-256 must still be what its file compiles to, so a file edited after the process imported it gives no record; a
+library's files edited in place, its version unchanged, are not seen). The key covers the environment (torch build,
+Triton, Python, GPU), the config's `compute_hash`, Dynamo's configuration, the default dtype and autocast state, the
+model's module tree (each module's class with the file it was loaded from, and its attributes, private ones included:
+numbers, strings, bools, None, enums, dtypes, devices, functions by their code, lists, dicts and dataclasses of them,
+objects with `to_dict()` such as transformers configs), its parameters and buffers (names, shapes, strides, dtypes,
+devices, sharing), and the call's signature (`api.signature` of each argument: all but the batch size; the keywords of a
+call made with them). What the trace read outside the model's module tree and the call (module globals, closure cells,
+functions' defaults, class attributes, a dict's keys where a guard reads only those: Dynamo's guards name them) is in
+the record as plain stand-ins, read back as a warm start will (`outside_reads`); a record whose values differ now is not
+used, and the log names the value (`changed_read`). A model the key cannot cover gets no record and traces every time
+(logged at INFO): not an nn.Module, a class without a source file (a notebook cell), forward hooks (its own or global),
+an attribute of another kind (an object, a closure, a `functools.partial`), a value read outside the model that cannot
+be compared across processes or read back, traced code without a source file or module of one (`os.environ` read inside
+`forward`, code a notebook cell made).
 
 Faults: a record that is missing, unreadable, of another version, or whose traced files changed is not used (the
 cache logs a damaged one; a changed file is logged at INFO); one that cannot be rebuilt (a graph this torch cannot
@@ -36,12 +42,15 @@ beside it, it runs code when loaded, so a cache folder must be as trusted as the
 from __future__ import annotations
 
 import builtins
+import gc
 import hashlib
 import importlib
+import importlib.metadata
 import json
 import logging
 import os
 import pickle
+import platform
 import re
 import sys
 import types
@@ -59,7 +68,7 @@ from .watch import original_class
 
 log = logging.getLogger("pieceworks")
 
-RECORD_VERSION = 2
+RECORD_VERSION = 3
 ENTRY = "serving-record"
 
 
@@ -173,31 +182,82 @@ def _compiled_code(path: str) -> dict[tuple[str, int], str]:
     return found
 
 
+_FROZEN = re.compile(r"<frozen ([\w.]+)>")
+
+
+def source_file(code: types.CodeType) -> str:
+    """The file `code` is keyed by: its own; `<frozen name>` for a frozen standard-library module; for code made at
+    run time (a dataclass's `__init__`), the file of the module its function belongs to. `Unkeyable` where there is
+    none (code a notebook cell or `exec` made, `os.environ` read inside `forward`)."""
+    path = code.co_filename
+    if os.path.isfile(path) or _FROZEN.fullmatch(path):
+        return path
+    for fn in gc.get_referrers(code):
+        module = sys.modules.get(getattr(fn, "__module__", None) or "") if isinstance(fn, types.FunctionType) else None
+        if os.path.isfile(getattr(module, "__file__", None) or ""):
+            return module.__file__
+    raise Unkeyable(f"traced code {code.co_qualname} has no source file ({path})")
+
+
+def _distribution(path: str) -> Any:
+    """The installed distribution (`importlib.metadata`) a file under site-packages or dist-packages belongs to, by its
+    top-level package or module, or None."""
+    parts = Path(path).parts
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] in ("site-packages", "dist-packages"):
+            top = parts[i + 1].removesuffix(".py")
+            for name in (top, *(() if _dist_of(top) else importlib.metadata.packages_distributions().get(top, ()))):
+                if (found := _dist_of(name)) is not None:
+                    return found
+            return None
+    return None
+
+
+def _dist_of(name: str) -> Any:
+    try:
+        return importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def file_identity(path: str) -> str:
+    """What a traced file is known by: a frozen standard-library module by its name and the Python version, a file of
+    an installed distribution (under site-packages) by the distribution's name and version, any other file by its
+    SHA-256 (`OSError` where it cannot be read)."""
+    if frozen := _FROZEN.fullmatch(path):
+        return f"frozen {frozen.group(1)}, Python {platform.python_version()}"
+    if (dist := _distribution(path)) is not None:
+        return f"{dist.metadata['Name']} {dist.version}"
+    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def file_digests(codes: Sequence[types.CodeType]) -> dict[str, str]:
-    """SHA-256 of the file of each traced code object, after checking that the file still holds that code: a file
-    edited after the process imported it would pair the old graph with the new file. `Unkeyable` where a traced
-    code object has no file, or its file no longer compiles to it."""
+    """`file_identity` of the file of each traced code object (`source_file`); a file known by its SHA-256 must still
+    hold that code (a file edited after the process imported it would pair the old graph with the new file).
+    `Unkeyable` where a traced code object has no file, or its file no longer compiles to it."""
     digests, compiled = {}, {}
     for code in codes:
-        path = code.co_filename
-        if not os.path.isfile(path):
-            raise Unkeyable(f"traced code {code.co_qualname} has no source file ({path})")
-        if path not in compiled:
-            compiled[path] = _compiled_code(path)
-            digests[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-        if compiled[path].get((code.co_qualname, code.co_firstlineno)) != code_digest(code):
-            raise Unkeyable(f"{path} changed since it was imported ({code.co_qualname})")
+        path = source_file(code)
+        if path not in digests:
+            digests[path] = file_identity(path)
+        if digests[path].startswith("sha256:") and path == code.co_filename:
+            if path not in compiled:
+                compiled[path] = _compiled_code(path)
+            if compiled[path].get((code.co_qualname, code.co_firstlineno)) != code_digest(code):
+                raise Unkeyable(f"{path} changed since it was imported ({code.co_qualname})")
     return digests
 
 
 def changed_file(files: dict[str, str]) -> str | None:
-    """The first traced file that is gone or differs from its digest, or None."""
-    for path, sha in sorted(files.items()):
+    """The first traced file that is gone or whose `file_identity` differs (with both, for a library's version), or
+    None."""
+    for path, identity in sorted(files.items()):
         try:
-            if hashlib.sha256(Path(path).read_bytes()).hexdigest() != sha:
-                return path
+            now = file_identity(path)
         except OSError:
             return path
+        if now != identity:
+            return path if now.startswith("sha256:") else f"{path} ({identity} then, {now} now)"
     return None
 
 
@@ -206,7 +266,12 @@ def changed_file(files: dict[str, str]) -> str | None:
 _COVERED_GUARDS = {"TENSOR_MATCH", "EMPTY_NN_MODULE_HOOKS_DICT", "NOT_PRESENT_IN_GENERIC_DICT", "DUPLICATE_INPUT"}
 # A source inside the model's module tree (an attribute or entry of a module, its `_modules` table): the key covers it.
 _MODEL_STATE = re.compile(r"(L\['model'\]|model)(\.[A-Za-z_]\w*|\['[^']*'\]|\[\d+\])*")
-_CALL = re.compile(r"(L\['args'\]|args)\b")
+_CALL = re.compile(r"(L\['(args|kwargs)'\]|args|kwargs)\b")
+# torch's tables of global module hooks: forward hooks make the model unkeyable (`model_key`), the others (registration
+# hooks, pieceworks' own among them; backward hooks) do not change an inference trace
+_GLOBAL_HOOKS = re.compile(r"G\['__import_torch_dot_nn_dot_modules_dot_module'\]\._global_\w+_hooks")
+# Guards on a dict's keys alone: its keys stand for it
+KEYS_GUARDS = {"DICT_KEYS_MATCH", "DICT_NOT_CONTAINS", "DICT_CONTAINS"}
 
 
 class _Globals(dict):
@@ -230,7 +295,7 @@ def _read_back(source: str, model: Any, frame_globals: dict[str, Any]) -> Any:
     record, which is trusted as code is (see the module doc)."""
     names = {"__builtins__": {}, "G": _Globals(frame_globals), "L": {"model": model}, "model": model,
              "type": lambda value: original_class(type(value)),  # a served model's modules are of watched classes
-             "dict": dict, "getattr": getattr, "__import__": __import__}
+             "dict": dict, "list": list, "getattr": getattr, "__import__": __import__}
     return eval(source, names)  # noqa: S307
 
 
@@ -242,10 +307,15 @@ def _readable(source: str) -> str:
     return re.sub(r"G\['(\w+)'\]", r"\1", re.sub(r"G\['__builtins_dict___\d+'\]", "builtins", source))
 
 
-def _stand_in(value: Any, guard: str, source: str) -> Any:
+def stand_in(value: Any, guard: str, source: str) -> Any:
     """A plain value standing for what guard `guard` compares at `source`, the same in every process: a type by name
-    (TYPE_MATCH), a module by name, a function by name and code, anything else as the key's `portable`."""
+    (TYPE_MATCH), a dict whose keys the guard reads by its keys, a module by name, a function or code object by name
+    and code, anything else as the key's `portable`."""
     value = type(value) if guard == "TYPE_MATCH" else value
+    if guard in KEYS_GUARDS and isinstance(value, dict):
+        return sorted(map(str, value))
+    if isinstance(value, types.CodeType):
+        return [value.co_qualname, code_digest(value)]
     if isinstance(value, types.ModuleType):
         return f"module {value.__name__}"
     if isinstance(value, types.FunctionType):
@@ -261,14 +331,14 @@ def outside_reads(guards: Sequence[Any] | None, model: Any,
                   frame_globals: dict[str, Any]) -> list[tuple[str, str, Any]]:
     """What the trace read outside the model's module tree and the call, from Dynamo's guard entries (`guards`, as
     `guard_filter_fn` gets them): module globals, closure cells, functions' defaults, class attributes; each as
-    (source, guard type, `_stand_in` of the value read back as a warm start will read it). `Unkeyable` where there
+    (source, guard type, `stand_in` of the value read back as a warm start will read it). `Unkeyable` where there
     are no guards, or a value cannot be read back or stood in for."""
     if guards is None:
         raise Unkeyable("Dynamo reported no guards for the trace")
     reads = []
     for guard in guards:
         source, kind = guard.name, guard.guard_type
-        if not guard.has_value or kind in _COVERED_GUARDS or _CALL.match(source) or (
+        if not guard.has_value or kind in _COVERED_GUARDS or _CALL.match(source) or _GLOBAL_HOOKS.match(source) or (
                 not guard.is_global and "__" not in source and _MODEL_STATE.fullmatch(source)):
             continue
         try:  # read back as a warm start will (the guard's own value may come from a module imported before)
@@ -276,7 +346,7 @@ def outside_reads(guards: Sequence[Any] | None, model: Any,
         except Exception as exc:  # noqa: BLE001 - a source this resolution does not cover
             raise Unkeyable(f"the trace read {_readable(source)}, which a warm start cannot read back "
                             f"({type(exc).__name__}: {exc})") from None
-        reads.append((source, kind, _stand_in(value, kind, source)))
+        reads.append((source, kind, stand_in(value, kind, source)))
     return reads
 
 
@@ -284,7 +354,7 @@ def changed_read(reads: Sequence[tuple[str, str, Any]], model: Any, frame_global
     """Why the first of a record's `outside_reads` differs now (which value, now and in the record), or None."""
     for source, kind, value in reads:
         try:
-            now = _stand_in(_read_back(source, model, frame_globals), kind, source)
+            now = stand_in(_read_back(source, model, frame_globals), kind, source)
         except Exception as exc:  # noqa: BLE001 - a module gone, an attribute renamed: the record does not apply
             return f"{_readable(source)} cannot be read ({type(exc).__name__}: {exc})"
         if now != value:

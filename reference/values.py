@@ -1,24 +1,61 @@
-"""The two value helpers every layer shares: walking nested outputs, and repeating rows to a batch size."""
+"""The value helpers every layer shares: walking nested outputs, and repeating rows to a batch size."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+_LEAVES = frozenset({int, float, bool, str, type(None), torch.Tensor, torch.nn.Parameter})
+
+
+def children(value: Any) -> tuple[list[Any], Callable[[list[Any]], Any]] | None:
+    """The items of an output container and a function building one like it (its exact type) from new items; None
+    for a leaf. Containers: tuples, lists and dicts, namedtuples, other mappings (a Hugging Face `ModelOutput`: the
+    fields that are set, so those left unset stay None), and dataclasses (every field; rebuilt as a copy whose
+    fields are set, not through `__init__`)."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return list(value), kind
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return list(value), lambda items: kind(*items)
+    if isinstance(value, Mapping):
+        keys = list(value)
+        if kind is dict or not dataclasses.is_dataclass(value):
+            return [value[k] for k in keys], lambda items: kind(zip(keys, items))
+        return [value[k] for k in keys], lambda items: kind(**dict(zip(keys, items)))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = [field.name for field in dataclasses.fields(value)]
+
+        def rebuild(items: list[Any]) -> Any:
+            new = copy.copy(value)
+            for name, item in zip(names, items):
+                object.__setattr__(new, name, item)
+            return new
+
+        return [getattr(value, name) for name in names], rebuild
+    return None
+
 
 def tree_map(fn: Callable[[Any], Any], value: Any) -> Any:
-    """`value` with `fn` applied to every leaf; tuples, lists and dicts are walked (their exact types are kept)."""
-    if type(value) in (tuple, list):
-        return type(value)(tree_map(fn, v) for v in value)
-    if type(value) is dict:
+    """`value` with `fn` applied to every leaf; the containers of `children` are walked and keep their types."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind(tree_map(fn, v) for v in value)
+    if kind is dict:
         return {k: tree_map(fn, v) for k, v in value.items()}
-    return fn(value)
+    found = None if kind in _LEAVES else children(value)
+    if found is None:
+        return fn(value)
+    items, rebuild = found
+    return rebuild([tree_map(fn, v) for v in items])
 
 
 def tensors_in(value: Any, kind: type = torch.Tensor) -> list[Any]:
-    """The tensors (or other leaves of type `kind`) in `value`, a leaf or a nested tuple, list or dict, in order."""
+    """The tensors (or other leaves of type `kind`) in `value`, a leaf or a nested container, in order."""
     found: list[Any] = []
     tree_map(lambda v: found.append(v) if isinstance(v, kind) else None, value)
     return found

@@ -77,7 +77,7 @@ def test_input_errors_are_clear():
     compiled(torch.randn(4))
     with pytest.raises(pieceworks.InputError, match="dtype=torch.float32"):
         compiled(torch.randn(4, dtype=torch.float64))
-    with pytest.raises(pieceworks.InputError, match="compiled for 1 arguments"):
+    with pytest.raises(pieceworks.InputError, match="compiled for 1 arguments, called with 2 arguments: too many positional arguments"):
         compiled(torch.randn(4), torch.randn(4))
     model = models.ToyLlama(models.ToyLlamaConfig(num_layers=1))
     llama = pieceworks.compile(model, eager_config())
@@ -108,6 +108,30 @@ def test_registered_backend_and_backend_object():
     fn = torch.compile(model, backend=backend, fullgraph=True)
     fn(torch.randn(4))
     assert len(backend.runtimes) == 1 and len(backend.runtimes[0].graph.pieces) == 5
+
+
+@pytest.mark.parametrize("recipe", [True, False])
+def test_torch_compile_traces_once_for_every_batch_size_with_the_recipe(recipe):
+    """docs/your-model.md's recipe for `torch.compile(model, backend="pieceworks")`: dim 0 of the first call's
+    tensors marked dynamic and torch's 0/1 size specialisation off while it traces (`backed_size_oblivious`): one
+    Dynamo graph serves batches 1, 2, 7 and 100, each piece compiled once. Without it, a first call of batch 1 bakes
+    that size in, and batch 2 traces and compiles a second, dynamic graph."""
+    torch.manual_seed(0)
+    model = models.ToyLlama(models.ToyLlamaConfig(num_layers=2))
+    fn = torch.compile(model, backend="pieceworks", fullgraph=True,
+                       options={"splitting_ops": models.SPLITTING_OPS, "compiler": "eager", "cudagraph_mode": "NONE"})
+    graphs, compiles = (1, 3) if recipe else (2, 6)  # 3 distinct pieces, one compile range
+    with counters.expect(num_graphs_seen=graphs, num_eager_compiles=compiles):
+        for batch in (1, 2, 7, 100):
+            args = models.toy_llama_inputs(batch)
+            if batch == 1 and recipe:
+                for a in args:
+                    torch._dynamo.mark_dynamic(a, 0)
+                with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+                    out = fn(*args)
+            else:
+                out = fn(*args)
+            torch.testing.assert_close(out, model(*args))
 
 
 def test_the_runtime_says_where_its_build_took_its_time():
@@ -156,7 +180,10 @@ def test_unprovable_binding_calls_through_dynamo_and_a_retrace_is_refused(caplog
     compiled = pieceworks.compile(ReturnsItsInput(), eager_config())
     compiled(torch.randn(4))
     assert compiled.binder is None
-    assert "calls go through Dynamo (the model's output holds values that are not graph outputs" in caplog.text
+    (warning,) = [r.getMessage() for r in caplog.records  # once, with why and the fix
+                  if r.levelname == "WARNING" and "Dynamo" in r.getMessage()]
+    assert "every call of this model goes through Dynamo" in warning
+    assert "the model's output holds values that are not graph outputs (Tensor). Fix: return tensors" in warning
     x = torch.randn(3)
     doubled, same = compiled(x)
     assert same is x and torch.equal(doubled, x * 2)

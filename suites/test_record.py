@@ -3,6 +3,8 @@ changes its code has changed (its source, its attributes, its state's shapes, th
 
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
 import functools
 import importlib.util
 import os
@@ -322,3 +324,114 @@ def test_a_model_class_made_by_a_function_is_served_only_for_the_same_closure(tm
     for shift, traces in ((1.0, 1), (1.0, 0), (5.0, 1)):
         with counters.expect(num_dynamo_traces=traces, num_traces_reused=1 - traces):
             torch.testing.assert_close(_compile(_shifted(shift)(), tmp_path)(x), 3 * x + shift)
+
+
+def test_a_keyword_call_is_served_from_the_record_of_its_form(tmp_path):
+    """The call's keywords are part of the key: the same form warm-starts, another form traces (its own record)."""
+    torch.manual_seed(0)
+    model = Scaled()
+    for traces, call in [(1, lambda c, x, seen: c(x=x, seen=seen)), (0, lambda c, x, seen: c(seen=seen, x=x)),
+                         (1, lambda c, x, seen: c(x, seen)), (0, lambda c, x, seen: c(x, seen))]:
+        compiled, x = _compile(model, tmp_path), torch.randn(3, 4)
+        seen, seen_eager = torch.zeros(3), torch.zeros(3)
+        with counters.expect(num_dynamo_traces=traces, num_traces_reused=1 - traces), torch.no_grad():
+            torch.testing.assert_close(call(compiled, x, seen), model(x, seen_eager))
+        torch.testing.assert_close(seen, seen_eager)
+
+
+LIBRARY = '''
+def scaled(x):
+    return x * 2.0
+'''
+USES_LIBRARY = '''
+import torch
+import torch.nn as nn
+
+import pwlib
+
+
+class UsesLibrary(nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        return pwlib.scaled(out)
+'''
+
+
+def _distribution(site, version: str) -> None:
+    info = site / "pwlib-1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: pwlib\nVersion: {version}\n")
+
+
+def test_installed_library_code_is_keyed_by_its_distribution_version(tmp_path, caplog, monkeypatch):
+    """A library under site-packages is known by its distribution's version, not its files' bytes: the same version
+    warm-starts (an edit in place is not seen), another version traces again, naming both."""
+    site = tmp_path / "lib" / "site-packages"
+    (site / "pwlib").mkdir(parents=True)
+    (site / "pwlib" / "__init__.py").write_text(LIBRARY)
+    _distribution(site, "1.0")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "pwlib", raising=False)
+    (tmp_path / "uses_library.py").write_text(USES_LIBRARY)
+    model, x = _import(tmp_path / "uses_library.py", "uses_library", monkeypatch).UsesLibrary(), torch.randn(3, 4)
+    path = str(site / "pwlib" / "__init__.py")
+    caplog.set_level("INFO", logger="pieceworks")
+    for version, traces in (("1.0", 1), ("1.0", 0), ("1.1", 1), ("1.1", 0)):
+        _distribution(site, version)
+        (site / "pwlib" / "__init__.py").write_text(LIBRARY + f"# {version}, {traces}\n")  # same version: not seen
+        caplog.clear()
+        with counters.expect(num_dynamo_traces=traces, num_traces_reused=1 - traces):
+            torch.testing.assert_close(_compile(model, tmp_path / "cache")(x), 6 * x)
+        if (version, traces) == ("1.1", 1):
+            assert f"{path} (pwlib 1.0 then, pwlib 1.1 now) changed since" in caplog.text, caplog.text
+    assert record.file_identity(path) == "pwlib 1.1"
+
+
+class _Table(collections.abc.Mapping):
+    """A mapping whose `get` and `__contains__` are the frozen standard library's (collections.abc)."""
+
+    def __init__(self, data):
+        self._data = data
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+
+TABLE = _Table({"scale": 3.0})
+
+
+@dataclasses.dataclass
+class _Result:
+    hidden: torch.Tensor
+    note: str = "made in forward"
+
+
+class FrozenAndGenerated(nn.Module):
+    """Its trace runs frozen standard-library code (Mapping.get, Mapping.__contains__) and a dataclass's generated
+    `__init__`, neither of which has a source file of its own."""
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        scale = TABLE.get("scale") if "scale" in TABLE else 1.0
+        return _Result(out * scale)
+
+
+def test_frozen_standard_library_and_generated_code_get_a_record(tmp_path):
+    x = torch.randn(3, 4)
+    assert record.file_identity("<frozen _collections_abc>").startswith("frozen _collections_abc, Python ")
+    for traces in (1, 0):
+        with counters.expect(num_dynamo_traces=traces, num_traces_reused=1 - traces):
+            out = _compile(FrozenAndGenerated(), tmp_path)(x)
+        torch.testing.assert_close(out.hidden, 9 * x)
+        assert out.note == "made in forward"
+    config = _compile(FrozenAndGenerated(), tmp_path).config
+    files = record.load(config, record.model_key(FrozenAndGenerated(), [pieceworks.api.signature(x)], config)).files
+    assert files["<frozen _collections_abc>"].startswith("frozen _collections_abc, Python "), files

@@ -20,6 +20,7 @@ Everything lands in the details file `serving_<model>_<attention>.json`; asv tra
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from typing import Any
@@ -57,6 +58,9 @@ def serving_model(model: str, attention: str, device: str = DEVICE, dtype: str =
     import torch
 
     from pieceworks.harness import llama
+
+    if model.startswith("hf_"):  # ModelConfig's: the config.json $PIECEWORKS_MODEL_CONFIG names
+        return config_model(model_config()[0], attention, device, dtype)
 
     config = dataclasses.replace(getattr(llama, MODELS[model]), attention=attention, max_seqs=512,
                                  max_blocks_per_seq=128, cache_blocks=8193)
@@ -287,6 +291,45 @@ class _Serving:
         return found["tokens_per_s"]
 
     track_tokens_per_s.unit = "tokens/s"
+
+
+# ---- a Hugging Face model from its config.json ---------------------------------------------------------------------
+MODEL_CONFIG = "PIECEWORKS_MODEL_CONFIG"
+
+
+def model_config() -> tuple[str, str]:
+    """(path, model name) of the config.json `$PIECEWORKS_MODEL_CONFIG` names (a relative path: from the current
+    folder, else from the repository's root, since asv runs benchmarks elsewhere); the name is `hf_` and the file's
+    stem ("hf_qwen3_1_7b"). `LookupError` naming the variable where it is unset or names no file."""
+    import re
+    from pathlib import Path
+
+    value = os.environ.get(MODEL_CONFIG, "")
+    found = [p for p in (Path(value).expanduser(), Path(__file__).resolve().parents[2] / value) if p.is_file()]
+    if not value or not found:
+        raise LookupError(f"${MODEL_CONFIG} {'names no file: ' + value if value else 'is unset'}. Fix: set it to a "
+                          f"Hugging Face config.json (harness/configs/qwen3-1.7b.json, or your model's)")
+    return str(found[0].resolve()), "hf_" + re.sub(r"\W+", "_", found[0].stem).lower()
+
+
+def config_model(path: str, attention: str, device: str = DEVICE, dtype: str = "bfloat16") -> Any:
+    """The Hugging Face decoder of the config.json at `path` (hf_llama.paged_model: random weights, its attention
+    through `attention`'s paged op), with `serving_model`'s batch and cache sizes."""
+    import torch
+
+    from pieceworks.harness import hf_llama
+
+    return hf_llama.paged_model(path, device, getattr(torch, dtype), SEED, serving=dict(
+        attention=attention, block_size=16, max_tokens=512, max_seqs=512, max_blocks_per_seq=128, cache_blocks=8193))
+
+
+class ModelConfigUnified(_Serving):  # the model of $PIECEWORKS_MODEL_CONFIG, with the unified attention op
+    def setup_cache(self):
+        try:
+            return measure(model_config()[1], "unified")
+        except (LookupError, ImportError) as exc:
+            _shared.write_details("serving_model_config_unified", {"skip": str(exc)})
+            return {"skip": str(exc)}
 
 
 class Llama1BUnified(_Serving):  # each class its own setup_cache: asv keys the cache by where it is defined

@@ -1,5 +1,6 @@
 """The models of the conformance suite, each with its inputs, its splitting ops, a way to poison rows, and where it
-has one a closed form.
+has one a closed form. `case(name)`: a model of `CASES` by name, or any Hugging Face decoder from the path of its
+`config.json` (`config_case`: served as `llama` is, with paged attention).
 
 Every model keeps dim 0 of every argument as the batch, and its rows independent of each other (so a poisoned row can
 only show in its own output row). Integer inputs cannot hold NaN: the token-id models reserve `POISON_TOKEN`, whose
@@ -10,7 +11,9 @@ argument-writes-reach-the-caller needs such a model); the others write none of t
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,7 +22,7 @@ from pieceworks.harness import hf_llama as hf
 from pieceworks.harness import llama
 from pieceworks.harness import models
 
-__all__ = ["ModelCase", "CASES", "POISONS"]
+__all__ = ["ModelCase", "CASES", "POISONS", "case", "config_case"]
 
 POISONS = (float("nan"), float("inf"), float("-inf"))
 _TOY = models.ToyLlamaConfig(num_layers=2)
@@ -121,11 +124,12 @@ def _positions(config: llama.LlamaConfig) -> torch.Tensor:
     return torch.arange(config.max_tokens) * 7 % config.max_context
 
 
-def _llama(device: torch.device) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = llama.Llama(config := _llama_config(device))
+def _served(model: torch.nn.Module, embedding: torch.Tensor, device: torch.device) -> torch.nn.Module:
+    """`model` (a Llama, or a paged Hugging Face model) with its last token's embedding row NaN, every row's context
+    prefilled, and the metadata of `max_tokens` decode rows current."""
+    config = model.config
     with torch.no_grad():
-        model.tok_embeddings.weight[config.vocab_size - 1] = float("nan")
+        embedding[config.vocab_size - 1] = float("nan")
         model.to(device)
         for seq, position in enumerate(_positions(config).tolist()):
             if position:
@@ -134,14 +138,59 @@ def _llama(device: torch.device) -> torch.nn.Module:
     return model
 
 
+def _llama(device: torch.device) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = llama.Llama(_llama_config(device))
+    return _served(model, model.tok_embeddings.weight, device)
+
+
+def _token_inputs(config: llama.LlamaConfig) -> Callable[[int, int, torch.device], tuple]:
+    def inputs(batch: int, seed: int, device: torch.device) -> tuple:
+        ids = torch.randint(0, config.vocab_size - 1, (batch,), generator=torch.Generator().manual_seed(seed))
+        return ids.to(device), _positions(config)[:batch].to(device)
+
+    return inputs
+
+
 def _llama_inputs(batch: int, seed: int, device: torch.device) -> tuple:
-    config = _llama_config(device)
-    ids = torch.randint(0, config.vocab_size - 1, (batch,), generator=torch.Generator().manual_seed(seed))
-    return ids.to(device), _positions(config)[:batch].to(device)
+    return _token_inputs(_llama_config(device))(batch, seed, device)
 
 
 def _llama_poison(args: tuple, rows: Any, value: float) -> tuple:
     return _poison_tokens(_llama_config(args[0].device).vocab_size - 1)(args, rows, value)
+
+
+@functools.cache
+def config_case(path: str) -> ModelCase:
+    """The Hugging Face decoder of the `config.json` at `path` (`hf_llama.paged_model`: random weights, paged
+    attention through `llama::paged_attention`, TINY's batch and cache sizes), served as `llama` is: row i the next
+    token of sequence i over a prefilled context. Named by `path`; unavailable without transformers."""
+    if hf.unavailable_reason() is None:
+        config = dataclasses.replace(llama.TINY, vocab_size=hf.load_config(path).vocab_size)
+    else:
+        config = llama.TINY
+
+    def make(device: torch.device) -> torch.nn.Module:
+        model = hf.paged_model(path, device)
+        return _served(model, model.decoder.get_input_embeddings().weight, device)
+
+    return ModelCase(path, (llama.SPLITTING_OPS[0],), make, _token_inputs(config),
+                     _poison_tokens(config.vocab_size - 1), unavailable=hf.unavailable_reason,
+                     max_batch=config.max_tokens)
+
+
+def case(name: str) -> ModelCase:
+    """The model `name` of `CASES`, or for the path of a Hugging Face `config.json`, its `config_case`; `ValueError`
+    naming the models and the fix otherwise."""
+    if name in CASES:
+        return CASES[name]
+    if name.endswith(".json"):
+        if not Path(name).is_file():
+            raise ValueError(f"no file {name}: --conformance-model takes a model of the suite or the path of a Hugging "
+                           f"Face config.json. Fix: give an existing file")
+        return config_case(name)
+    raise ValueError(f"unknown conformance model {name!r}; the suite has {list(CASES)} (or 'all'), or give the path of "
+                   f"a Hugging Face config.json")
 
 
 CASES: dict[str, ModelCase] = {case.name: case for case in [

@@ -44,9 +44,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--impl", action="append", default=[], metavar="NAME",
                     help="a registered implementation, package.module:Adapter or path/to/file.py:Adapter (repeatable; "
                          "default: every registered one)")
-    group.addoption("--conformance-model", action="append", default=[], metavar="NAME",
-                    help="model to test (repeatable; default: silly, silly-inplace, toy-llama, hf-llama, llama; "
-                         "'all': every model)")
+    group.addoption("--conformance-model", action="append", default=[], metavar="NAME|PATH",
+                    help="model to test, or the path of a Hugging Face config.json (repeatable; default: silly, "
+                         "silly-inplace, toy-llama, hf-llama, llama; 'all': every model)")
     group.addoption("--conformance-device", choices=["auto", "cuda", "cpu"], default="auto",
                     help="cuda: every property, as gpu tests; cpu: those that need no CUDA graph; auto (default): "
                          "cuda where this machine has CUDA, else cpu")

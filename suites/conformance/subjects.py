@@ -22,6 +22,7 @@ import torch
 from pieceworks.harness.implementations import IMPLEMENTATIONS, Built, Implementation, load_user_implementations, resolve
 
 from .cases import CASES, ModelCase
+from .cases import case as case_named
 
 __all__ = ["PROPERTIES", "DEFAULT_MODELS", "Subject", "select", "impl_unavailable", "unavailable", "not_applicable",
            "not_observable", "Builds", "warm_start_case"]
@@ -73,16 +74,15 @@ DEFAULT_MODELS = ("silly", "silly-inplace", "toy-llama", "hf-llama", "llama")
 
 def select(impl_specs: list[str], model_names: list[str]) -> list[Subject]:
     """Subjects for the given specs and model names. No specs: every registered implementation (users' ones from
-    $PIECEWORKS_IMPLEMENTATIONS included); no model names: `DEFAULT_MODELS`; "all": every model of the suite.
-    Raises ValueError naming an unknown model."""
+    $PIECEWORKS_IMPLEMENTATIONS included); no model names: `DEFAULT_MODELS`; "all": every model of the suite; the
+    path of a Hugging Face config.json: that model (`cases.case`). Raises ValueError naming an unknown model."""
     load_user_implementations()
     specs = impl_specs or list(IMPLEMENTATIONS)
-    unknown = [m for m in model_names if m not in CASES and m != "all"]
-    names = list(CASES) if "all" in model_names else (model_names or list(DEFAULT_MODELS))
-    if unknown:
-        raise ValueError(f"unknown conformance model(s) {unknown}; the suite has {list(CASES)} (or 'all')")
+    names = [*CASES, *(m for m in model_names if m not in CASES and m != "all")] if "all" in model_names else (
+        model_names or list(DEFAULT_MODELS))
+    cases = [case_named(m) for m in dict.fromkeys(names)]
     impls = [(spec, resolve(spec)) for spec in dict.fromkeys(specs)]
-    return [Subject(spec, impl, CASES[m]) for m in dict.fromkeys(names) for spec, impl in impls]
+    return [Subject(spec, impl, c) for c in cases for spec, impl in impls]
 
 
 def impl_unavailable(impl: Implementation, device: str) -> str | None:
@@ -187,7 +187,7 @@ def warm_start_case(specs: list[str], model: str, device: str, capture_sizes: li
     from .checks import assert_same, clone
 
     load_user_implementations()
-    case = CASES[model]
+    case = case_named(model)
     report: dict[str, Any] = {}
     for spec in specs:
         try:

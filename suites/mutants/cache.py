@@ -266,3 +266,30 @@ def index_rewritten_with_open(mp: pytest.MonkeyPatch) -> None:
 def record_key_ignores_state_shapes(mp: pytest.MonkeyPatch) -> None:
     original = record.state_facts
     mp.setattr(record, "state_facts", lambda model: [[f[0], *f[2:]] for f in original(model)])
+
+
+@mutant("installed library code is keyed by its distribution's name alone: another version serves the old record",
+        cpu=_RECORD + "test_installed_library_code_is_keyed_by_its_distribution_version")
+def library_version_unkeyed(mp: pytest.MonkeyPatch) -> None:
+    original = record.file_identity
+    mp.setattr(record, "file_identity", lambda path: found if (found := original(path)).startswith(
+        ("sha256:", "frozen ")) else found.split(" ")[0])
+
+
+@mutant("traced code without a file of its own (frozen standard library, a dataclass's __init__) gives no record",
+        cpu=_RECORD + "test_frozen_standard_library_and_generated_code_get_a_record")
+def fileless_code_unkeyable(mp: pytest.MonkeyPatch) -> None:
+    original = record.source_file
+
+    def source(code):
+        if not os.path.isfile(code.co_filename):
+            raise record.Unkeyable(f"traced code {code.co_qualname} has no source file ({code.co_filename})")
+        return original(code)
+
+    mp.setattr(record, "source_file", source)
+
+
+@mutant("a guard on a dict's keys compares the whole dict: a transformers model gets no serving record",
+        cpu="suites/test_hf_models.py::test_a_transformers_llama_called_with_keywords_warm_starts_without_a_trace")
+def dict_keys_guards_compare_values(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "KEYS_GUARDS", set())

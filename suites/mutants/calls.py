@@ -15,6 +15,7 @@ import pieceworks.binding as binding
 import pieceworks.dispatch as dispatch
 import pieceworks.padding as padding
 import pieceworks.plan as plan
+import pieceworks.values as values
 import pieceworks.watch as watch
 
 from . import mutant
@@ -253,4 +254,66 @@ def global_hooks_served(mp: pytest.MonkeyPatch) -> None:
 @mutant("a call with grad on and an argument that requires grad returns a detached output without a word",
         cpu=_STATE + "test_a_call_with_grad_on_and_an_input_that_requires_grad_is_refused_naming_the_fix")
 def grad_inputs_served_detached(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(api, "refuse_grad", lambda args: None)
+    mp.setattr(api, "refuse_grad", lambda args, labels=None: None)
+
+
+_FORMS = "suites/test_call_forms.py::"
+
+
+@mutant("keyword arguments are taken in the call's order, not by name",
+        cpu=_FORMS + "test_keyword_calls_are_served_in_any_form_without_dynamo")
+def keywords_by_position(mp: pytest.MonkeyPatch) -> None:
+    original = binding.Arguments.flat
+    mp.setattr(binding.Arguments, "flat", lambda self, args, kwargs: [*args, *kwargs.values()]
+               if len(args) == self.count and kwargs.keys() == self.keys else original(self, args, kwargs))
+
+
+@mutant("an argument the first call left to its default is served with any value",
+        cpu=_FORMS + "test_a_keyword_call_that_does_not_fit_is_an_input_error_naming_the_argument "
+            + _FORMS + "test_a_positional_first_call_serves_keyword_calls_and_checks_their_defaults")
+def defaults_unchecked(mp: pytest.MonkeyPatch) -> None:
+    original = binding.Arguments.plan
+    mp.setattr(binding.Arguments, "plan", lambda self, count, names: (original(self, count, names)[0], []))
+
+
+@mutant("mappings (a ModelOutput), dataclasses and namedtuples in the output are leaves: calls go through Dynamo",
+        cpu=_FORMS + "test_mapping_dataclass_and_namedtuple_outputs_are_served_by_the_graph_alone")
+def output_containers_unwalked(mp: pytest.MonkeyPatch) -> None:
+    original = values.children
+    mp.setattr(values, "children", lambda value: original(value) if type(value) in (tuple, list, dict) else None)
+
+
+@mutant("constants in the output are not reproduced by the graph: such outputs go through Dynamo",
+        cpu=_FORMS + "test_mapping_dataclass_and_namedtuple_outputs_are_served_by_the_graph_alone")
+def output_constants_unserved(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(binding, "CONSTANT_TYPES", ())
+
+
+@mutant("padded outputs inside mappings and dataclasses are not cut back",
+        cpu=_FORMS + "test_padded_rows_are_cut_in_every_container_where_the_trace_has_the_batch")
+def unpad_skips_mappings_and_dataclasses(mp: pytest.MonkeyPatch) -> None:
+    original = padding.container_items
+    mp.setattr(padding, "container_items", lambda value: original(value) if isinstance(value, (tuple, list)) or
+               type(value) is dict else None)
+
+
+@mutant("calls that go through Dynamo are logged at INFO, not said at WARNING",
+        cpu=_FORMS + "test_an_output_the_graph_cannot_produce_is_said_at_warning_once_with_the_fix")
+def dynamo_calls_logged_quietly(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(api.log, "warning", api.log.info)
+
+
+@mutant("the registered backend also compiles the first call's batch size statically (a second compile per piece)",
+        cpu="suites/test_compile.py::test_torch_compile_traces_once_for_every_batch_size_with_the_recipe")
+def backend_compiles_the_traced_size(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks
+
+    original = pieceworks.Backend
+
+    class Backend(original):
+        def __call__(self, gm, example_inputs):
+            batch = min(int(a.shape[0]) for a in example_inputs if isinstance(a, torch.Tensor) and a.dim())
+            self.config = dataclasses.replace(self.config, compile_sizes=[batch]).freeze()
+            return original.__call__(self, gm, example_inputs)
+
+    mp.setattr(pieceworks, "Backend", Backend)

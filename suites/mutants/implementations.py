@@ -146,3 +146,26 @@ def batches_never_beyond(mp: pytest.MonkeyPatch) -> None:
         cpu="suites/test_conformance_suite.py::test_a_run_in_which_nothing_ran_fails_saying_why")
 def conformance_nothing_ran_passes(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(conformance, "nothing_ran", lambda results: None)
+
+
+_HF = "suites/test_hf_models.py::"
+
+
+@mutant("a Hugging Face model served on tokens keeps transformers' own attention, not the paged splitting op",
+        cpu=_HF + "test_each_shipped_config_builds_with_a_paged_kv_cache_per_layer_called_through_the_splitting_op")
+def hf_attention_not_routed(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.hf_llama as hf
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    mp.setattr(hf, "paged_attention_forward", sdpa_attention_forward)  # what hf_llama registers under its name
+
+
+@mutant("the serving benchmark's config model gets the tiny cache blocks (4 positions) instead of the presets' 16",
+        cpu=_HF + "test_the_serving_benchmark_takes_a_config_json_and_runs_on_a_cpu_up_to_where_cuda_is_needed")
+def config_model_with_tiny_blocks(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.hf_llama as hf
+
+    original = hf.paged_model
+    mp.setattr(hf, "paged_model", lambda *args, serving=None, **kwargs: original(
+        *args, serving={k: v for k, v in (serving or {}).items() if k != "block_size"}, **kwargs))
