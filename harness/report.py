@@ -269,8 +269,6 @@ MEMORY_COLUMNS = {"pool_mib": "pool", "estimate_mib": "estimate", "reserved_delt
 MEMORY_SUBJECTS = ("PIECEWISE", "FULL", "meta-pcg", "breakable")  # pieceworks' modes, then the peers
 
 
-SERVING = {(m, a): f"serving.Llama{m.split('_')[1].upper()}{a.title()}" for m in ("llama_1b", "llama_8b")
-           for a in ("unified", "varlen")}  # (model, attention): the asv class
 PIECEWORKS_MODES = ("pieceworks-piecewise", "pieceworks-full", "pieceworks-full_decode_only",
                     "pieceworks-full_and_piecewise")
 
@@ -279,7 +277,8 @@ def serving(r: Results) -> Part:
     """Per model and attention: decode and mixed step latency, tokens/s over each trace with its ratio to
     FULL_AND_PIECEWISE, capture and pool, attention host time, PIECEWISE's host time per launch, a "which mode"
     paragraph; the serving targets' rows."""
-    runs = {key: d for key in SERVING if (d := r.details.get(f"serving_{key[0]}_{key[1]}", {})).get("entries")}
+    runs = {(d["model"], d["attention"]): d for name, d in sorted(r.details.items(), key=lambda kv: (
+        kv[0].startswith("serving_hf"), kv[0])) if name.startswith("serving_") and d.get("entries")}
     judged: dict[str, list] = {k: [] for k in ("attention_host_us", "serving_piecewise_vs_full_b1",
                                                "serving_piecewise_vs_full", "serving_piecewise_vs_breakable",
                                                "serving_mixed_vs_peers", "serving_capture_ms")}
@@ -289,8 +288,8 @@ def serving(r: Results) -> Part:
                 if runs else [])
     for (model, attention), d in runs.items():
         part.add(serving_run(r, model, attention, d, judged))
-    reason = next((d.get("skip") for key in SERVING if (d := r.details.get(f"serving_{key[0]}_{key[1]}", {}))
-                   .get("skip")), None) or r.skip_reason("serving_llama_1b_unified")
+    reason = next((d["skip"] for name, d in r.details.items() if name.startswith("serving_") and d.get("skip")),
+                  None) or r.skip_reason("serving_llama_1b_unified")
     if not runs:
         part.add(not_measured("Serving (Llama models, bfloat16)", reason))
     for key, found in judged.items():
