@@ -16,7 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=$(PIECEWORKS_EXTRAS="test bench" bash ci/setup.sh)
-# The commit measured: git's, else $PIECEWORKS_COMMIT (a copy of the tree without its git history)
+# The commit measured: git's HEAD, else $PIECEWORKS_COMMIT (a copy of the tree whose checkout is not at its commit;
+# asv needs that commit in the repository: fetch it first, e.g. from a `git bundle` of it)
 COMMIT=${PIECEWORKS_COMMIT:-$(git rev-parse HEAD 2>/dev/null)} || true
 [ -n "$COMMIT" ] || { echo "main: no git history here: set PIECEWORKS_COMMIT to the commit of this tree" >&2; exit 64; }
 cuda=0
