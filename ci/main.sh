@@ -20,6 +20,7 @@ PY=$(PIECEWORKS_EXTRAS="test bench" bash ci/setup.sh)
 # asv needs that commit in the repository: fetch it first, e.g. from a `git bundle` of it)
 COMMIT=${PIECEWORKS_COMMIT:-$(git rev-parse HEAD 2>/dev/null)} || true
 [ -n "$COMMIT" ] || { echo "main: no git history here: set PIECEWORKS_COMMIT to the commit of this tree" >&2; exit 64; }
+export PIECEWORKS_COMMIT=$COMMIT  # recorded in every details file: the report reads one commit's results
 cuda=0
 "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" && cuda=1
 MACHINE=${PIECEWORKS_MACHINE:-$("$PY" -c "

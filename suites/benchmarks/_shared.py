@@ -125,13 +125,15 @@ def release() -> None:
 
 
 def environment() -> dict[str, Any]:
-    """Device, driver, CUDA, torch, Triton, Python and the date: what a number needs next to it."""
+    """Device, driver, CUDA, torch, Triton, Python, the date and the commit measured ($PIECEWORKS_COMMIT, which
+    ci/main.sh sets; None outside it): what a number needs next to it."""
     import platform
 
     import torch
 
     info: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": os.environ.get("PIECEWORKS_COMMIT") or None,
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
         "machine": platform.node(), "cpu": platform.processor() or platform.machine(),
     }
