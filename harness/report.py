@@ -4,7 +4,8 @@
 (docs/benchmarks.md says which files) and writes `REPORT.md` and `plots/*.png` (matplotlib) there.
 
 Contracts: every ratio comes from numbers of one run; a section without numbers says "not measured here" and why;
-the header says "committed" only where git tracks every result file read unmodified; the targets, their limits and
+one report is one commit's run (the newest, unless `--commit` names another): result files of other commits are left
+out; the header says "committed" only where git tracks every result file read unmodified; the targets, their limits and
 labels are ci/thresholds.json's "targets" and "own_checks", reported, never asserted.
 """
 
@@ -49,10 +50,11 @@ class Results:
     """One machine's result files, read once (`load_results`)."""
 
     asv: dict[str, dict[tuple, Any]]  # {benchmark: {params: value, None where skipped or failed}}
-    commits: dict[str, str]  # {benchmark: the commit of the run its values come from}
+    commit: str  # the commit every number comes from
     details: dict[str, Any]  # results/bench/<machine>/<name>.json by name; the NEWEST kinds' runs by kind
     pytest_benchmark: dict  # host_overhead.json, {} where absent
-    files: list[str]  # every result file of the machine (what "committed" is judged on)
+    files: list[str]  # the result files read (what "committed" is judged on)
+    others: int  # result files of the machine's other commits, left out
     targets: dict[str, dict]  # the thresholds file's "targets" and "own_checks", by key
     environment: dict  # the suites' record of the machine (device, driver, versions, date)
 
@@ -71,7 +73,7 @@ class Results:
             return self.details[detail]["skip"]
         if needs_cuda and self.environment.get("device") == "cpu":
             return "needs CUDA: this machine has no CUDA device"
-        return "not run on this machine"
+        return f"not run at commit {self.commit[:12]} on this machine"
 
 
 def newest(details: dict[str, Any], kind: str) -> dict | None:
@@ -83,22 +85,43 @@ def newest(details: dict[str, Any], kind: str) -> dict | None:
 
 
 def load_results(results: str, machine: str, commit: str | None = None, targets: str = DEFAULT_PATH) -> Results:
-    """`results`/asv/`machine` (of `commit` only, if given), `results`/bench/`machine` (of each NEWEST kind, the
-    newest run, under the kind's name) and the thresholds file `targets`; ResultSetError where asv has no results."""
-    runs = newest_runs(files := result_files(os.path.join(results, "asv", machine), commit))
-    asv = {name: {tuple(map(ast.literal_eval, combo)): v if is_number(v) else None
-                  for combo, v, _ in values_of(path, doc, name)} for name, (_, path, doc) in runs.items()}
+    """One run of `machine`: the asv results (`results`/asv/`machine`) and details files (`results`/bench/`machine`,
+    of each NEWEST kind the newest, under the kind's name) of `commit`, by default the newest commit measured there
+    (the details' recorded commit and date, else asv's newest run); files of other commits are left out and counted
+    in `others`. Also the thresholds file `targets`. ResultSetError where that commit has no result files."""
+    try:
+        files = result_files(os.path.join(results, "asv", machine))
+    except ResultSetError:
+        files = []
     details = {}
     for path in (bench := sorted(glob.glob(os.path.join(results, "bench", machine, "*.json")))):
         with open(path) as f:
             details[os.path.splitext(os.path.basename(path))[0]] = json.load(f)
+    recorded = {name: doc.get("environment", {}).get("commit") or doc.get("commit") or "" for name, doc in
+                details.items()}  # the suites' details record it in their environment, the breakdown at the top
+    if commit is None:
+        dated = [(str(details[name].get("environment", details[name]).get("date", "")), c)
+                 for name, c in recorded.items() if c]
+        runs = newest_runs(files) if files else {}
+        commit = max(dated)[1] if dated else max(runs.values(), key=lambda run: run[0])[2]["commit_hash"] \
+            if runs else None
+    ours = [f for f in files if commit and os.path.basename(f).startswith(commit[:8])]
+    mine = {name for name, c in recorded.items() if commit and len(c) >= 7 and c[:7] == commit[:7]}
+    if not ours and not mine:
+        raise ResultSetError(f"{results}: no result files of machine {machine}"
+                             + (f" and commit {commit}" if commit else ""))
+    runs = newest_runs(ours) if ours else {}
+    asv = {name: {tuple(map(ast.literal_eval, combo)): v if is_number(v) else None
+                  for combo, v, _ in values_of(path, doc, name)} for name, (_, path, doc) in runs.items()}
+    details = {name: doc for name, doc in details.items() if name in mine}
     details.update({kind: doc for kind in NEWEST if (doc := newest(details, kind)) is not None})
     with open(targets, encoding="utf-8") as f:
         table = json.load(f)
     environment = details.get("environment") or next((d for d in details.values() if "environment" in d), {})
-    return Results(asv, {name: doc["commit_hash"] for name, (_, _, doc) in runs.items()}, details,
-                   details.pop("host_overhead", {}), files + bench, {**table["targets"], **table["own_checks"]},
-                   environment.get("environment", {}))
+    return Results(asv, commit, details, details.pop("host_overhead", {}), ours + [
+        p for p in bench if os.path.splitext(os.path.basename(p))[0] in mine],
+        len(files) - len(ours) + len(recorded) - len(mine),
+        {**table["targets"], **table["own_checks"]}, environment.get("environment", {}))
 
 
 @dataclasses.dataclass
@@ -614,18 +637,17 @@ SECTIONS = (serving, latency, memory, compile_starts, host_overhead, side_by_sid
 def render(r: Results, machine: str, source: str) -> tuple[str, Part]:
     """The whole report, and what its sections add up to; `source` names where its result files come from
     (`result_files_source`)."""
-    body, env, modules = Part(), r.environment, {}
+    body, env = Part(), r.environment
     for section in SECTIONS:
         body.add(section(r))
-    for name, commit in sorted(r.commits.items()):
-        modules.setdefault(commit[:12], set()).add(name.split(".")[0])
     text = [f"# Benchmark report: {machine}", "",
             f"Generated by `python -m pieceworks.harness.report` from {source}; no number is edited by hand. How each "
             f"number was measured: [docs/benchmarks.md]({DOCS}).", "",
             f"- device: {env.get('device', '?')} (driver {env.get('driver')}, CUDA {env.get('cuda')})",
             f"- torch {env.get('torch')}, Triton {env.get('triton')}, Python {env.get('python')}",
-            f"- run: {env.get('date', '?')}, asv machine `{machine}`; asv results of commit "
-            + (", ".join(f"{c} ({', '.join(sorted(m))})" for c, m in modules.items()) or "?"), "",
+            f"- run: {env.get('date', '?')}, asv machine `{machine}`, commit {r.commit[:12]}: every number below comes "
+            f"from it" + (f" ({r.others} result files of other commits in the folder are left out)" if r.others else ""),
+            "",
             "## Targets (ratios from one run; reported, never asserted)", "",
             *_table(["target", "measured", "verdict", "where the time goes (misses)"], "llll", body.targets),
             *body.lines, "## The project's own checks (goals for its code, not product targets)", "",
@@ -690,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default="results", help="the results folder (asv/ and bench/ inside)")
     parser.add_argument("--machine", required=True, help="asv machine name (a folder of results/asv/)")
-    parser.add_argument("--commit", default=None, help="asv results of this commit only (default: each one's newest)")
+    parser.add_argument("--commit", default=None, help="the commit whose results to report (default: the newest)")
     parser.add_argument("--no-plots", action="store_true", help="REPORT.md only (its plot links stay as they are)")
     args = parser.parse_args(argv)
     try:

@@ -24,7 +24,7 @@ from pieceworks.gate.verdicts import iqr_spread
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE = REPO / "suites" / "data" / "asv_sample"  # written by asv 0.6.6 from stand-ins with the suites' names
-H100 = REPO / "results" / "asv"  # the committed H100 runs (one asv file per commit measured)
+H100 = REPO / "suites" / "data" / "report_sample" / "asv"  # H100 runs of several commits (its README)
 
 
 def _fullest_h100_file() -> Path:

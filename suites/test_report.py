@@ -30,6 +30,7 @@ from pieceworks.harness import report
 
 REPO = Path(__file__).resolve().parent.parent
 MACHINE = "nvidia-h100-80gb-hbm3"
+SAMPLE = REPO / "suites" / "data" / "report_sample"  # H100 results of every section, as one commit's (its README)
 
 
 def _scale_asv(results: Path, scale: dict[tuple[str, tuple], float]) -> None:
@@ -46,13 +47,13 @@ def _scale_asv(results: Path, scale: dict[tuple[str, tuple], float]) -> None:
 
 
 def _regenerate(tmp_path: Path, drop: tuple[str, ...] = (), one_side: bool = False,
-                scale: dict[tuple[str, tuple], float] | None = None, plots: bool = False) -> str:
-    """The report of a copy of the committed results, without the files matching `drop`; `one_side`: the latency
+                scale: dict[tuple[str, tuple], float] | None = None, plots: bool = False, source: Path = SAMPLE) -> str:
+    """The report of a copy of `source`'s results, without the files matching `drop`; `one_side`: the latency
     runs' profiles of reduce-overhead removed (one side of the FULL ratio unprofiled); `scale`: asv values multiplied
     (see `_scale_asv`), to force a target's verdict whatever the committed run measured."""
     results = tmp_path / "results"
-    shutil.copytree(REPO / "results" / "asv", results / "asv")
-    shutil.copytree(REPO / "results" / "bench" / MACHINE, results / "bench" / MACHINE,
+    shutil.copytree(source / "asv", results / "asv")
+    shutil.copytree(source / "bench" / MACHINE, results / "bench" / MACHINE,
                     ignore=shutil.ignore_patterns("plots", "REPORT.md", *drop))
     for path in (results / "bench" / MACHINE).glob("latency_toy_llama_*.json") if one_side else ():
         doc = json.loads(path.read_text())
@@ -87,7 +88,7 @@ def _report(results: Path, machine: str = MACHINE) -> str:
 
 def test_the_committed_report_is_what_the_committed_results_regenerate(tmp_path):
     committed = (REPO / "results" / "bench" / MACHINE / "REPORT.md").read_text()
-    _regenerate(tmp_path)
+    _regenerate(tmp_path, source=REPO / "results")
     _commit(tmp_path / "results")  # a clone's committed files, as in the repository
     assert report.main(["--results", str(tmp_path / "results"), "--machine", MACHINE]) == 0
     assert (tmp_path / "results" / "bench" / MACHINE / "REPORT.md").read_text() == committed, (
@@ -165,7 +166,7 @@ def test_a_warm_start_miss_says_where_the_first_call_went(tmp_path):
 def test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost(tmp_path):
     name = "memory.CaptureMemory.track_capture_seconds"
     text = _regenerate(tmp_path, scale={(name, ("PIECEWISE", 51)): 100.0})  # a miss, whatever was measured
-    entries = json.loads((REPO / "results" / "bench" / MACHINE / "memory.json").read_text())["entries"]
+    entries = json.loads((SAMPLE / "bench" / MACHINE / "memory.json").read_text())["entries"]
     one, all_ = entries["PIECEWISE|1"], entries["PIECEWISE|51"]
     per_graph = (all_["capture_seconds"] - one["capture_seconds"]) / (all_["graphs"] - one["graphs"])
     row = _line(text, "| capture of 51 sizes")
@@ -191,16 +192,20 @@ SIDE_BY_SIDE = ["compiled call", "plan run", "graph replays", "splitting ops", "
                 "reduce-overhead"]  # the variants of a runtime breakdown, in the order it times them
 
 
-def _side_by_side_run(folder: Path, commit: str, full: float, unsplit: float, pcg: float,
-                      date: str = "2026-11-23T00:00:00+00:00") -> Path:
-    """A runtime_breakdown result of `date` with one dtype and one batch: the given ratios, each over 3 rounds."""
+SAMPLE_COMMIT = json.loads((SAMPLE / "bench" / MACHINE / "environment.json").read_text())["environment"]["commit"]
+
+
+def _side_by_side_run(folder: Path, label: str, full: float, unsplit: float, pcg: float,
+                      date: str = "2026-11-23T00:00:00+00:00", commit: str = SAMPLE_COMMIT[:7]) -> Path:
+    """A runtime_breakdown result `label` of `commit` and `date` with one dtype and one batch: the given ratios, each
+    over 3 rounds."""
     ratio = lambda m: {"median": m, "min": m - 0.01, "max": m + 0.02, "rounds": 3}  # noqa: E731
     us = {name: {"median_us": 100.0, "p25_us": 99.0, "p75_us": 101.0} for name in SIDE_BY_SIDE}
     doc = {"device": "GPU", "torch": "2.x", "date": date, "model": "ToyLlama", "reps": 30, "commit": commit,
            "dtypes": {"bfloat16": {"batches": {"64": {"us": us, "ratios": {
                "PIECEWISE / meta-pcg": ratio(pcg), "FULL / reduce-overhead": ratio(full),
                "FULL unsplit / reduce-overhead": ratio(unsplit), "compiled call / plan run": ratio(1.01)}}}}}}
-    (path := folder / f"runtime_breakdown_{commit}.json").write_text(json.dumps(doc))
+    (path := folder / f"runtime_breakdown_{label}.json").write_text(json.dumps(doc))
     return path
 
 
@@ -218,17 +223,21 @@ def test_the_newest_side_by_side_run_gets_a_table_of_its_rounds_and_the_call_ove
     folder = tmp_path / "results" / "bench" / MACHINE
     _side_by_side_run(folder, "abc1234", full=1.12, unsplit=1.0, pcg=0.8)
     text = _report(tmp_path / "results")
-    assert "commit abc1234, 2026-11-23" in text and "### bfloat16" in text
+    assert f"commit {SAMPLE_COMMIT[:7]}, 2026-11-23" in text and "### bfloat16" in text
     row = _side_by_side_row(text, 64)
     assert "| 0.800× (0.790-0.820) | 1.120× (1.110-1.140) | 1.000× (0.990-1.020) | 1.010× (1.000-1.030) |" in row
     call = _line(text, "| CompiledModel call ≤ 1.03× its plan run, side by side (rounds)")
     assert "| bfloat16 b64: 1.01× (1.00-1.03) | met |" in call
     assert "Meta pcg, side by side" not in text and "reduce-overhead, side by side" not in text
-    # a later run: only it is read
-    _side_by_side_run(folder, "0def567", full=1.12, unsplit=1.10, pcg=0.8, date="2026-11-24T00:00:00+00:00")
+    # a later run of the same commit: only it is read
+    _side_by_side_run(folder, "later", full=1.12, unsplit=1.10, pcg=0.8, date="2026-11-24T00:00:00+00:00")
     text = _report(tmp_path / "results")
-    assert "commit 0def567" in text and "abc1234" not in text
+    assert f"commit {SAMPLE_COMMIT[:7]}, 2026-11-24" in text and "2026-11-23" not in text
     assert "| 1.120× (1.110-1.140) | 1.100× (1.090-1.120) |" in _side_by_side_row(text, 64)
+    # a run of another commit: left out, counted
+    _side_by_side_run(folder, "other", full=3.0, unsplit=3.0, pcg=3.0, commit="0def567")
+    text = _report(tmp_path / "results")
+    assert "0def567" not in text and "3.000×" not in text and "(1 result files of other commits" in text
 
 
 def test_a_call_over_plan_miss_names_what_the_call_adds_under_cprofile(tmp_path):
@@ -306,7 +315,7 @@ def _cpu_results(tmp_path: Path, gpu_run_skipped: bool = False) -> Path:
     results, machine = tmp_path / "results", "cpu-box"
     (results / "asv" / machine).mkdir(parents=True)
     (results / "bench" / machine).mkdir(parents=True)
-    runs = {Path(f): json.loads(Path(f).read_text()) for f in result_files(str(REPO / "results" / "asv" / MACHINE))}
+    runs = {Path(f): json.loads(Path(f).read_text()) for f in result_files(str(SAMPLE / "asv" / MACHINE))}
     source, doc = max(((f, d) for f, d in runs.items() if "code_size.ReferenceCore.track_lines" in d["results"]),
                       key=lambda run: run[1]["results"]["code_size.ReferenceCore.track_lines"][3])
     for name, row in list(doc["results"].items()):
@@ -317,7 +326,7 @@ def _cpu_results(tmp_path: Path, gpu_run_skipped: bool = False) -> Path:
                 row[0] = [None] * len(row[0])
     (results / "asv" / machine / source.name).write_text(json.dumps(doc))
     for name in ("environment", "compile", "code_size", "host_overhead_cpu"):
-        details = json.loads((REPO / "results" / "bench" / MACHINE / f"{name}.json").read_text())
+        details = json.loads((SAMPLE / "bench" / MACHINE / f"{name}.json").read_text())
         details["environment"].update(device="cpu", cuda=None, driver=None, nvml=None)
         (results / "bench" / machine / f"{name}.json").write_text(json.dumps(details))
     return results
@@ -325,7 +334,7 @@ def _cpu_results(tmp_path: Path, gpu_run_skipped: bool = False) -> Path:
 
 def _asv_value(benchmark: str, index: int) -> float:
     """The value at `index` of `benchmark` in the newest committed asv run of MACHINE that has it."""
-    runs = [json.loads(Path(f).read_text()) for f in result_files(str(REPO / "results" / "asv" / MACHINE))]
+    runs = [json.loads(Path(f).read_text()) for f in result_files(str(SAMPLE / "asv" / MACHINE))]
     newest = max((d for d in runs if benchmark in d["results"]), key=lambda d: d["date"])
     return newest["results"][benchmark][0][index]
 
@@ -358,13 +367,13 @@ def test_gpu_benchmarks_skipped_on_a_cpu_give_the_reason_they_recorded(tmp_path)
     finally:
         sys.path.remove(str(REPO / "suites"))
     results = _cpu_results(tmp_path, gpu_run_skipped=True)
-    os.environ["PIECEWORKS_BENCH_DETAILS"] = str(results / "bench" / "cpu-box")
-    try:
+    os.environ.update(PIECEWORKS_BENCH_DETAILS=str(results / "bench" / "cpu-box"), PIECEWORKS_COMMIT=SAMPLE_COMMIT)
+    try:  # as ci/main.sh runs them: the details record the commit
         if not (cache := latency.measure("toy_llama", "bfloat16")).get("skip"):
             pytest.skip("CUDA is available: the GPU benchmarks run here")
         memory_cache = memory.measure()
     finally:
-        del os.environ["PIECEWORKS_BENCH_DETAILS"]
+        del os.environ["PIECEWORKS_BENCH_DETAILS"], os.environ["PIECEWORKS_COMMIT"]
     with pytest.raises(NotImplementedError, match="^needs CUDA: torch .* sees no CUDA device here"):
         latency.ToyLlamaBfloat16().setup(cache, "eager", 1)
     with pytest.raises(NotImplementedError, match="^needs CUDA: "):
@@ -403,7 +412,7 @@ def test_committed_only_where_git_tracks_the_result_files_unmodified(tmp_path):
     details.write_text(details.read_text().replace('"layers": 12', '"layers": 13'))
     assert "from the committed" not in _report(results, "cpu-box")
     _git(results, "checkout", "--", ".")
-    (results / "bench" / "cpu-box" / "new.json").write_text("{}")
+    (results / "bench" / "cpu-box" / "new.json").write_text(json.dumps({"environment": {"commit": SAMPLE_COMMIT}}))
     assert "from the committed" not in _report(results, "cpu-box")
 
 
@@ -424,7 +433,7 @@ def test_targets_their_limits_and_labels_come_from_the_thresholds_file(tmp_path)
     table["targets"]["pool_51_vs_largest"].update(limit=0.5, label="pool probe ≤ {limit:g}×")
     table["own_checks"]["core_lines"].update(limit=10**6, label="core probe ≤ {limit:,}")
     (path := tmp_path / "thresholds.json").write_text(json.dumps(table))
-    text, _ = report.render(report.load_results(str(REPO / "results"), MACHINE, targets=str(path)), MACHINE, "probe")
+    text, _ = report.render(report.load_results(str(SAMPLE), MACHINE, targets=str(path)), MACHINE, "probe")
     assert "| ToyLlama 12 layers PIECEWISE: 1.000×, ToyLlama 12 layers FULL: 1.000×, Llama 1B PIECEWISE: " in _line(
         text, "| pool probe ≤ 0.5× |")
     assert _line(text, "| pool probe ≤ 0.5× |").endswith("| **missed** |  |")
