@@ -33,12 +33,15 @@ IMPLEMENTATIONS = ["eager", "pieceworks-none", "pieceworks-piecewise", "piecewor
 COMPILED_PEERS = IMPLEMENTATIONS[-2:]  # torch.compile: a static, a dynamic and a batch-1 compile of the whole model
 # Left out where they cost more than they tell: reduce-overhead with the varlen op (its graphs hold the attention's
 # host plan, so it cannot serve mixed steps; its decode steps are the unified class's), and the torch.compile peers
-# on the 8B (three compiles of 32 layers each: minutes the run does not have; the 1B shows how they compare).
+# on the 8B and on a Hugging Face config's model ("hf": compiles of 28-32 layers each cost minutes; the 1B shows how
+# they compare).
 LEFT_OUT = {("llama_1b", "varlen"): {"reduce-overhead-padded": "its CUDA graphs would hold the varlen op's host plan: "
                                      "it cannot serve mixed steps, and its decode steps are the unified class's"},
             **{("llama_8b", a): {i: "three torch.compile compiles of all 32 layers cost minutes this run does not "
                                     "have; the 1B classes compare it" for i in COMPILED_PEERS}
-               for a in ("unified", "varlen")}}
+               for a in ("unified", "varlen")},
+            ("hf", "unified"): {i: "torch.compile compiles of a whole Hugging Face decoder cost minutes; the 1B "
+                                   "classes compare it" for i in COMPILED_PEERS}}
 DECODE_BATCHES = [1, 2, 8, 64, 256, 512]
 MIXED_TOKENS = [64, 256, 512]
 TRACES = {"decode": ("decode_trace", {"seqs": 32}), "mixed": ("mixed_trace", {"requests": 64})}
@@ -126,7 +129,8 @@ def measure(model_name: str, attention: str) -> dict:
     with torch.no_grad():
         for impl_name in IMPLEMENTATIONS:  # torch.compile peers last in the list: their builds reset Dynamo
             impl = resolve(impl_name)
-            if (why := LEFT_OUT.get((model_name, attention), {}).get(impl_name) or impl.unavailable_reason()):
+            left_out = LEFT_OUT.get(("hf" if model_name.startswith("hf_") else model_name, attention), {})
+            if (why := left_out.get(impl_name) or impl.unavailable_reason()):
                 results.update({(impl_name, case): {"skip": why} for case in CASES})
                 continue
             _shared.progress(f"{name}: building {impl_name}")
