@@ -266,9 +266,9 @@ class CompiledModel:
         batch = batch_of(args, self._labels)
         self._signatures = [signature(a) for a in args]
         names = self._arguments.names
-        key = record.model_key(self.model, [*self._signatures, *([("keywords", names)] if names else [])],
-                               self.config) if self.config.reuse_trace and self.config.cache_active() else None
-        if key is not None and self._start_from_record(key, args):
+        facts = record.model_facts(self.model, [*self._signatures, *([("keywords", names)] if names else [])],
+                                   self.config) if self.config.reuse_trace and self.config.cache_active() else None
+        if facts is not None and self._start_from_record(args, facts):
             return self._serve(args, batch)
         own = batch >= 2 and all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor))
         trace_args = [(a.detach() if own else cycle_rows(a, max(batch, 2))) if isinstance(a, torch.Tensor) else a
@@ -294,13 +294,14 @@ class CompiledModel:
             raise RuntimeError("pieceworks: Dynamo compiled no graph for this model")
         for tensor, before in self._traced.get("saved", []):  # a run on copies: put back what else it wrote
             tensor.copy_(before)
-        self._start_serving(trace_args, output, key)
+        self._start_serving(trace_args, output, facts)
         return output if own else self._serve(args, check_arguments(args, self._signatures, self._labels))
 
-    def _start_serving(self, trace_args: list[Any], output: Any, key: str | None) -> None:
+    def _start_serving(self, trace_args: list[Any], output: Any, facts: dict[str, Any] | None) -> None:
         """Build the serving state from the tracing call, in one place: the binding of call arguments to graph
         inputs (or the Dynamo fallback, logged once with why), the outputs to cut back, the runtime and, where
-        graphs will be captured, the static buffers; then store the serving record under `key`, if any."""
+        graphs will be captured, the static buffers; then store the serving record of `facts` (`record.model_facts`), if
+        any."""
         traced, self._traced = self._traced, {}
         graph, example_inputs, graph_output = self._graph, traced["example_inputs"], traced.get("graph_output")
         ids = {id(a): k for k, a in enumerate(trace_args) if isinstance(a, torch.Tensor)}
@@ -319,21 +320,21 @@ class CompiledModel:
         cut |= set(ids) - {id(t) for t in flat}
         binder = None if isinstance(found, str) else found
         self._serve_with(trace_args, binder, batched_outputs(output, lambda leaf: id(leaf) in cut), mutated)
-        if key is not None and binder is not None and graph.cache_dir is not None and traced["code"] is not None:
+        if facts is not None and binder is not None and graph.cache_dir is not None and traced["code"] is not None:
             try:
-                record.save(self.config, key, record.Record(
+                record.save(self.config, record.key_of(facts), record.Record(
                     _compat.pickle_graph(traced["gm"]), binder.describe(self.model), self.batched_outputs, mutated,
                     record.file_digests(traced["code"]), record.outside_reads(traced.get("guards"), self.model,
-                                                                             globals())))
+                                                                             globals())), facts)
             except Exception as exc:  # noqa: BLE001 - no record: the next process traces, as it would without one
                 log.info("pieceworks: no serving record for this model (%s: %s)", type(exc).__name__, exc)
 
-    def _start_from_record(self, key: str, args: tuple) -> bool:
-        """Serve from the serving record stored under `key` (record.py): rebuild the compiled graph from the
+    def _start_from_record(self, args: tuple, facts: dict[str, Any]) -> bool:
+        """Serve from the serving record of `facts` (record.py: `model_facts`): rebuild the compiled graph from the
         record's graph and the cache (pieces load; one the cache lost is compiled from the record's graph, as the
         traced path would) and the serving state from the record. False (a WARNING where a record was found but
         could not be used) when the call must trace."""
-        found = record.load(self.config, key)
+        found = record.load(self.config, record.key_of(facts), facts)
         if found is None:
             return False
         if (changed := record.changed_read(found.reads, self.model, globals())) is not None:  # the entry point's

@@ -268,8 +268,12 @@ class CompilationConfig:
         eager."""
         return self.cache_enabled and not env_flag("PIECEWORKS_DISABLE_CACHE", False) and self.compiler == "inductor"
 
+    def hash_factors(self) -> dict[str, Any]:
+        """The fields that change compiled code, by name (what `compute_hash` digests)."""
+        return {"splitting_ops": self.splitting_ops, "ranges": self.ranges(), "compile_sizes": self.compile_sizes,
+                "compiler": self.compiler, "inductor_compile_config": self.inductor_compile_config}
+
     def compute_hash(self) -> str:
-        """SHA-256 of the fields that change compiled code; equal configs give equal hashes in any process."""
-        factors = {"splitting_ops": self.splitting_ops, "ranges": self.ranges(), "compile_sizes": self.compile_sizes,
-                   "compiler": self.compiler, "inductor_compile_config": self.inductor_compile_config}
-        return hashlib.sha256(json.dumps(factors, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        """SHA-256 of `hash_factors`; equal configs give equal hashes in any process."""
+        text = json.dumps(self.hash_factors(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()

@@ -32,6 +32,9 @@ an attribute of another kind (an object, a closure, a `functools.partial`), a va
 be compared across processes or read back, traced code without a source file or module of one (`os.environ` read inside
 `forward`, code a notebook cell made).
 
+A missing record whose model class had one stored before is explained: `save` keeps the key's facts
+(`model_facts`, by name) as the class's last, and `load` logs the first that changed (`first_change`).
+
 Faults: a record that is missing, unreadable, of another version, or whose traced files changed is not used (the
 cache logs a damaged one; a changed file is logged at INFO); one that cannot be rebuilt (a graph this torch cannot
 unpickle or compile) gives one WARNING. Either way the call traces as before and stores a fresh record. Storage is the compile cache's (cache.py: atomic, checksummed and locked; read-only and unusable
@@ -61,14 +64,14 @@ from typing import Any, NamedTuple
 import torch
 
 from . import _compat
-from .cache import CompileCache
+from .cache import CompileCache, atomic_write
 from .config import CompilationConfig
-from .key import UnkeyableConfigError, digest, portable, environment_factors
+from .key import UnkeyableConfigError, digest, environment_factors, portable, software_factors
 from .watch import original_class
 
 log = logging.getLogger("pieceworks")
 
-RECORD_VERSION = 3
+RECORD_VERSION = 4
 ENTRY = "serving-record"
 
 
@@ -121,15 +124,16 @@ def plain_attributes(module: Any, where: str = "") -> dict[str, Any]:
             if name not in _MODULE_INTERNALS and not isinstance(value, (torch.Tensor, torch.nn.Module))}
 
 
-def model_key(model: Any, signatures: Sequence[tuple], config: CompilationConfig) -> str | None:
-    """The key of `model` called with arguments of `signatures` (`api.signature`) under `config` (see the module
-    doc), or None (logged at INFO) for a model a record cannot be keyed for: not an nn.Module, a class without a
-    source file, forward hooks, an attribute of another type."""
+def model_facts(model: Any, signatures: Sequence[tuple], config: CompilationConfig) -> dict[str, Any] | None:
+    """What the key of `model` called with arguments of `signatures` (`api.signature`) under `config` covers (see
+    the module doc), by name; None (logged at INFO) for a model a record cannot be keyed for: not an nn.Module, a
+    class without a source file, forward hooks, an attribute of another type."""
     if not isinstance(model, torch.nn.Module):
         return None
     try:
-        modules = [[name, class_origin(original_class(type(m))), plain_attributes(m, name)]
-                   for name, m in model.named_modules(remove_duplicate=False)]
+        modules = {name or "<root>": {"class": class_origin(original_class(type(m))),
+                                      "attributes": plain_attributes(m, name)}
+                   for name, m in model.named_modules(remove_duplicate=False)}
         if _compat.global_module_hooks():
             raise Unkeyable("global module hooks are registered")
     except Unkeyable as exc:
@@ -138,19 +142,43 @@ def model_key(model: Any, signatures: Sequence[tuple], config: CompilationConfig
     modes = {"default_dtype": str(torch.get_default_dtype()), "dynamo": _dynamo_config(),
              "default_device": str(torch.get_default_device()),
              "deterministic": torch.are_deterministic_algorithms_enabled(),
-             "autocast": [[d, torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))] for d in ("cpu", "cuda")]}
-    facts = {"version": RECORD_VERSION, "environment": environment_factors(), "config": config.compute_hash(),
-             "modules": modules, "state": state_facts(model), "call": [repr(s) for s in signatures], "modes": modes}
+             "autocast": {d: [torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))] for d in ("cpu", "cuda")}}
+    return {"version": RECORD_VERSION, "environment": software_factors(), "config": config.hash_factors(),
+            "modules": modules, "state": state_facts(model), "call": [repr(s) for s in signatures], "modes": modes}
+
+
+def key_of(facts: dict[str, Any]) -> str:
+    """The serving record's key: a digest of `model_facts`."""
     return digest(json.dumps(facts, sort_keys=True, default=repr))[:24]
 
 
-def state_facts(model: torch.nn.Module) -> list[list[Any]]:
+def model_key(model: Any, signatures: Sequence[tuple], config: CompilationConfig) -> str | None:
+    """`key_of(model_facts(...))`, or None where the model cannot be keyed."""
+    return None if (facts := model_facts(model, signatures, config)) is None else key_of(facts)
+
+
+def first_change(old: Any, new: Any, where: str = "") -> tuple[str, Any, Any] | None:
+    """The first place where two `model_facts` (JSON as stored) differ: (its path, e.g. "config.compile_sizes" or
+    "modules.layers.0.attributes.eps", the old value, the new one), or None where they are equal."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for name in sorted(old.keys() | new.keys(), key=str):
+            if (found := first_change(old.get(name), new.get(name), f"{where}.{name}" if where else str(name))):
+                return found
+        return None
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and not all(
+            isinstance(x, (int, float, bool)) or x is None for x in old + new):  # a shape or strides: whole
+        return next(filter(None, (first_change(a, b, f"{where}[{k}]") for k, (a, b) in enumerate(zip(old, new)))),
+                    None)
+    return None if old == new else (where, old, new)
+
+
+def state_facts(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
     """Each parameter and buffer of `model` by name (shared ones under each name): shape, strides, dtype, device, and
     the first name of its tensor (which are shared)."""
     first: dict[int, str] = {}
-    return [[name, list(t.shape), list(t.stride()), str(t.dtype), str(t.device), first.setdefault(id(t), name)]
-            for name, t in (*model.named_parameters(remove_duplicate=False),
-                            *model.named_buffers(remove_duplicate=False))]
+    tensors = (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
+    return {name: {"shape": list(t.shape), "strides": list(t.stride()), "dtype": str(t.dtype), "device": str(t.device),
+                   "shares": first.setdefault(id(t), name)} for name, t in tensors}
 
 
 def _dynamo_config() -> dict[str, Any]:
@@ -367,11 +395,31 @@ def _store(config: CompilationConfig, key: str) -> CompileCache | None:
                                                                            "model": key})
 
 
-def save(config: CompilationConfig, key: str, record: Record) -> bool:
-    """Store `record` under `key`; False (logged by the cache) where it cannot be written."""
+def _last_facts_path(config: CompilationConfig, facts: dict[str, Any]) -> str:
+    """Where the facts of the last record stored for a model of this class live: `<cache>/last-records/`, one small
+    JSON file a class (not a key folder: `cache.prune` keeps it)."""
+    return os.path.join(config.resolved_cache_dir(), "last-records",
+                        digest(json.dumps(facts["modules"]["<root>"]["class"]))[:16] + ".json")
+
+
+def save(config: CompilationConfig, key: str, record: Record, facts: dict[str, Any] | None = None) -> bool:
+    """Store `record` under `key`; False (logged by the cache) where it cannot be written. `facts` (`model_facts`)
+    are kept, atomically, as the last ones of the model's class, for `load` to explain a later miss."""
     cache = _store(config, key)
     data = pickle.dumps((RECORD_VERSION, tuple(record)), protocol=pickle.HIGHEST_PROTOCOL)
-    return cache is not None and cache.store(ENTRY, lambda path: Path(path).write_bytes(data))
+    saved = cache is not None and cache.store(ENTRY, lambda path: Path(path).write_bytes(data))
+    if saved and facts is not None:
+        try:
+            os.makedirs(os.path.dirname(path := _last_facts_path(config, facts)), exist_ok=True)
+            atomic_write(path, json.dumps(facts, sort_keys=True, default=repr).encode())
+        except OSError:  # only the explanation of a later miss is lost
+            pass
+    return saved
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _read(path: str) -> Record:
@@ -381,10 +429,21 @@ def _read(path: str) -> Record:
     return Record(*fields)
 
 
-def load(config: CompilationConfig, key: str) -> Record | None:
-    """The record stored under `key` whose traced files are unchanged, or None."""
+def load(config: CompilationConfig, key: str, facts: dict[str, Any] | None = None) -> Record | None:
+    """The record stored under `key` whose traced files are unchanged, or None. Where there is none but a record of
+    the model's class was stored before, the log names the first of `facts` (`model_facts`) that changed since."""
     cache = _store(config, key)
     record = None if cache is None else cache.load(ENTRY, _read)[0]
+    if record is None and facts is not None:
+        try:
+            with open(_last_facts_path(config, facts), encoding="utf-8") as f:
+                change = first_change(json.load(f), json.loads(json.dumps(facts, sort_keys=True, default=repr)))
+        except (OSError, ValueError):  # no record of this class yet, or an unreadable one: nothing to explain
+            change = None
+        if change is not None:
+            log.info("pieceworks: tracing the model: its serving record's key changed since the last record of %s "
+                     "was stored: %s was %s, is %s", facts["modules"]["<root>"]["class"][1], change[0],
+                     _short(change[1]), _short(change[2]))
     if record is not None and (path := changed_file(record.files)) is not None:
         log.info("pieceworks: %s changed since this model's serving record was stored: tracing the model", path)
         return None

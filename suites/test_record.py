@@ -100,7 +100,8 @@ def test_a_damaged_record_is_reported_traced_and_replaced(cache_dir, caplog):
 
 def test_a_record_that_cannot_be_rebuilt_warns_once_and_traces(cache_dir, caplog, monkeypatch):
     load = record.load  # a record that passes the cache's checks but holds a graph this torch cannot read
-    monkeypatch.setattr(record, "load", lambda config, key: (r := load(config, key)) and r._replace(graph=b"\x80junk"))
+    monkeypatch.setattr(record, "load", lambda config, key, facts=None: (r := load(config, key, facts)) and
+                        r._replace(graph=b"\x80junk"))
     caplog.set_level("WARNING", logger="pieceworks")
     model = Scaled()
     with counters.expect(num_dynamo_traces=1, num_traces_reused=0, num_inductor_compiles=0):
@@ -112,18 +113,28 @@ def test_a_record_that_cannot_be_rebuilt_warns_once_and_traces(cache_dir, caplog
     assert compiled.runtime is not None and compiled.binder is not None
 
 
-@pytest.mark.parametrize("change", ["attribute", "private attribute", "function attribute", "parameter removed",
-                                    "parameter resized", "buffer resized", "strides", "dtype", "submodule", "buffer",
-                                    "call", "config", "default dtype"])
-def test_the_key_moves_with_what_changes_code(change, monkeypatch):
+# Each change to what the key covers, and where `record.first_change` finds it (what a warm start's miss logs).
+KEY_CHANGES = {"attribute": "modules.<root>.attributes.scale", "private attribute": "modules.<root>.attributes._scale",
+               "function attribute": "modules.<root>.attributes.act", "parameter removed": "state.linear.bias",
+               "parameter resized": "state.linear.weight.shape", "buffer resized": "state.shift.shape",
+               "strides": "state.linear.weight.strides", "dtype": "state.linear.bias.dtype", "submodule": "modules.extra",
+               "buffer": "state.extra", "call": "call[1]", "config": "config.compile_sizes",
+               "default dtype": "modes.default_dtype", "torch version": "environment.torch"}
+
+
+@pytest.mark.parametrize("change", KEY_CHANGES)
+def test_the_key_moves_with_what_changes_code_and_the_change_is_named(change, monkeypatch):
     torch.manual_seed(0)
     base = Scaled()
     config = CompilationConfig(splitting_ops=["silly::attention"])
     call = [pieceworks.api.signature(a) for a in (torch.zeros(2, 4), torch.zeros(2))]
-    key = record.model_key(base, call, config)
+    key, before = record.model_key(base, call, config), record.model_facts(base, call, config)
     assert record.model_key(Scaled(), call, config) == key, "new weights of the same shapes moved the key"
     model = Scaled()
-    if change == "attribute":
+    if change == "torch version":
+        found = record.software_factors()
+        monkeypatch.setattr(record, "software_factors", lambda: {**found, "torch": "9.9.9"})
+    elif change == "attribute":
         model.scale = 3.0
     elif change == "private attribute":
         model._scale = 2.0
@@ -147,9 +158,22 @@ def test_the_key_moves_with_what_changes_code(change, monkeypatch):
         model.register_buffer("extra", torch.zeros(1))
     elif change == "call":
         call = [pieceworks.api.signature(a) for a in (torch.zeros(2, 4), torch.zeros(2, dtype=torch.int64))]
-    else:
+    elif change == "config":
         config = CompilationConfig(splitting_ops=["silly::attention"], compile_sizes=[4])
     assert record.model_key(model, call, config) != key
+    assert record.first_change(before, record.model_facts(model, call, config))[0] == KEY_CHANGES[change]
+
+
+def test_a_warm_start_that_traces_again_names_what_changed(tmp_path, caplog):
+    torch.manual_seed(0)
+    model = Scaled()
+    _check(_compile(model, tmp_path), model)
+    caplog.set_level("INFO", logger="pieceworks")
+    model = Scaled(scale=3.0)
+    with counters.expect(num_dynamo_traces=1, num_traces_reused=0):
+        _check(_compile(model, tmp_path), model)
+    assert ("tracing the model: its serving record's key changed since the last record of Scaled was stored: "
+            "modules.<root>.attributes.scale was 2.0, is 3.0") in caplog.text
 
 
 def _gelu(x):

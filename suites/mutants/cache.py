@@ -208,7 +208,7 @@ def inductor_options_ignored(mp: pytest.MonkeyPatch) -> None:
 @mutant("a warm start traces although the cache holds the model's serving record",
         cpu=_RECORD + "test_a_cached_model_is_served_without_tracing_or_compiling")
 def record_never_used(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(record, "load", lambda config, model_key: None)
+    mp.setattr(record, "load", lambda config, model_key, facts=None: None)
 
 
 @mutant("a serving record is used after a traced source file changed",
@@ -218,7 +218,7 @@ def record_ignores_edited_sources(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant("the serving record's key ignores the modules' plain attributes",
-        cpu=_RECORD + "test_the_key_moves_with_what_changes_code")
+        cpu=_RECORD + "test_the_key_moves_with_what_changes_code_and_the_change_is_named")
 def record_key_ignores_attributes(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(record, "plain_attributes", lambda module, where="": {})
 
@@ -227,7 +227,8 @@ def record_key_ignores_attributes(mp: pytest.MonkeyPatch) -> None:
         cpu=_RECORD + "test_a_cached_model_is_served_without_tracing_or_compiling")
 def record_forgets_written_arguments(mp: pytest.MonkeyPatch) -> None:
     load = record.load
-    mp.setattr(record, "load", lambda config, model_key: (r := load(config, model_key)) and r._replace(mutated_args=[]))
+    mp.setattr(record, "load", lambda config, model_key, facts=None: (r := load(config, model_key, facts)) and
+               r._replace(mutated_args=[]))
 
 
 @mutant("the serving record's key names classes without the file they were loaded from",
@@ -262,10 +263,17 @@ def index_rewritten_with_open(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant("the serving record's key ignores a parameter or buffer resized under the same name",
-        cpu=_RECORD + "test_the_key_moves_with_what_changes_code")
+        cpu=_RECORD + "test_the_key_moves_with_what_changes_code_and_the_change_is_named")
 def record_key_ignores_state_shapes(mp: pytest.MonkeyPatch) -> None:
     original = record.state_facts
-    mp.setattr(record, "state_facts", lambda model: [[f[0], *f[2:]] for f in original(model)])
+    mp.setattr(record, "state_facts", lambda model: {name: {k: v for k, v in facts.items() if k != "shape"}
+                                                     for name, facts in original(model).items()})
+
+
+@mutant("a warm start that traces again does not say what changed in its key",
+        cpu=_RECORD + "test_a_warm_start_that_traces_again_names_what_changed")
+def record_miss_unexplained(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "first_change", lambda old, new, where="": None)
 
 
 @mutant("installed library code is keyed by its distribution's name alone: another version serves the old record",
