@@ -32,8 +32,9 @@ an attribute of another kind (an object, a closure, a `functools.partial`), a va
 be compared across processes or read back, traced code without a source file or module of one (`os.environ` read inside
 `forward`, code a notebook cell made).
 
-A missing record whose model class had one stored before is explained: `save` keeps the key's facts
-(`model_facts`, by name) as the class's last, and `load` logs the first that changed (`first_change`).
+A missing record whose model class has one under another key is explained: each record's folder keeps its key's facts
+(`model_facts`, by name, in factors.json), and `load` logs the first that differs from the newest such record's
+(`first_change`).
 
 Faults: a record that is missing, unreadable, of another version, or whose traced files changed is not used (the
 cache logs a damaged one; a changed file is logged at INFO); one that cannot be rebuilt (a graph this torch cannot
@@ -64,7 +65,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import _compat
-from .cache import CompileCache, atomic_write
+from .cache import CompileCache
 from .config import CompilationConfig
 from .key import UnkeyableConfigError, digest, environment_factors, portable, software_factors
 from .watch import original_class
@@ -390,31 +391,37 @@ def changed_read(reads: Sequence[tuple[str, str, Any]], model: Any, frame_global
     return None
 
 
-def _store(config: CompilationConfig, key: str) -> CompileCache | None:
-    return CompileCache.open(config.resolved_cache_dir(), f"model-{key}", {"environment": environment_factors(),
-                                                                           "model": key})
+def _store(config: CompilationConfig, key: str, facts: dict[str, Any] | None = None) -> CompileCache | None:
+    return CompileCache.open(config.resolved_cache_dir(), f"model-{key}", {
+        "environment": environment_factors(), "model": key, **({"facts": _as_stored(facts)} if facts else {})})
 
 
-def _last_facts_path(config: CompilationConfig, facts: dict[str, Any]) -> str:
-    """Where the facts of the last record stored for a model of this class live: `<cache>/last-records/`, one small
-    JSON file a class (not a key folder: `cache.prune` keeps it)."""
-    return os.path.join(config.resolved_cache_dir(), "last-records",
-                        digest(json.dumps(facts["modules"]["<root>"]["class"]))[:16] + ".json")
+def _as_stored(facts: dict[str, Any]) -> Any:
+    return json.loads(json.dumps(facts, sort_keys=True, default=repr))
 
 
 def save(config: CompilationConfig, key: str, record: Record, facts: dict[str, Any] | None = None) -> bool:
-    """Store `record` under `key`; False (logged by the cache) where it cannot be written. `facts` (`model_facts`)
-    are kept, atomically, as the last ones of the model's class, for `load` to explain a later miss."""
-    cache = _store(config, key)
+    """Store `record` under `key`, with the key's `facts` (`model_facts`) in its folder's factors.json (what `load`
+    explains a later miss with); False (logged by the cache) where it cannot be written."""
+    cache = _store(config, key, facts)
     data = pickle.dumps((RECORD_VERSION, tuple(record)), protocol=pickle.HIGHEST_PROTOCOL)
-    saved = cache is not None and cache.store(ENTRY, lambda path: Path(path).write_bytes(data))
-    if saved and facts is not None:
-        try:
-            os.makedirs(os.path.dirname(path := _last_facts_path(config, facts)), exist_ok=True)
-            atomic_write(path, json.dumps(facts, sort_keys=True, default=repr).encode())
-        except OSError:  # only the explanation of a later miss is lost
-            pass
-    return saved
+    return cache is not None and cache.store(ENTRY, lambda path: Path(path).write_bytes(data))
+
+
+def _last_facts(root: str, key: str, model_class: Any) -> dict[str, Any] | None:
+    """The facts of the newest record under `root`, other than `key`'s, of a model of class `model_class`."""
+    found = []
+    for name in os.listdir(root) if os.path.isdir(root) else ():
+        folder = os.path.join(root, name)
+        if name.startswith("model-") and name != f"model-{key}" and os.path.exists(os.path.join(folder, "index.json")):
+            try:
+                with open(os.path.join(folder, "factors.json"), encoding="utf-8") as f:
+                    facts = json.load(f)["facts"]
+                if facts["modules"]["<root>"]["class"] == model_class:
+                    found.append((os.stat(folder).st_mtime, facts))
+            except (OSError, ValueError, KeyError, TypeError):  # a record of an older version, or damaged
+                continue
+    return max(found, key=lambda f: f[0])[1] if found else None
 
 
 def _short(value: Any) -> str:
@@ -431,19 +438,16 @@ def _read(path: str) -> Record:
 
 def load(config: CompilationConfig, key: str, facts: dict[str, Any] | None = None) -> Record | None:
     """The record stored under `key` whose traced files are unchanged, or None. Where there is none but a record of
-    the model's class was stored before, the log names the first of `facts` (`model_facts`) that changed since."""
-    cache = _store(config, key)
+    the model's class is stored under another key, the log names the first of `facts` (`model_facts`) that differs
+    from the newest such record's."""
+    cache = _store(config, key, facts)
     record = None if cache is None else cache.load(ENTRY, _read)[0]
     if record is None and facts is not None:
-        try:
-            with open(_last_facts_path(config, facts), encoding="utf-8") as f:
-                change = first_change(json.load(f), json.loads(json.dumps(facts, sort_keys=True, default=repr)))
-        except (OSError, ValueError):  # no record of this class yet, or an unreadable one: nothing to explain
-            change = None
-        if change is not None:
+        model_class = _as_stored(facts)["modules"]["<root>"]["class"]
+        last = _last_facts(config.resolved_cache_dir(), key, model_class)
+        if last is not None and (change := first_change(last, _as_stored(facts))) is not None:
             log.info("pieceworks: tracing the model: its serving record's key changed since the last record of %s "
-                     "was stored: %s was %s, is %s", facts["modules"]["<root>"]["class"][1], change[0],
-                     _short(change[1]), _short(change[2]))
+                     "was stored: %s was %s, is %s", model_class[1], change[0], _short(change[1]), _short(change[2]))
     if record is not None and (path := changed_file(record.files)) is not None:
         log.info("pieceworks: %s changed since this model's serving record was stored: tracing the model", path)
         return None
