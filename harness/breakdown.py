@@ -30,10 +30,7 @@ from unittest import mock
 import torch
 import torch.fx
 
-from pieceworks import default_capture_sizes
-from pieceworks.dispatch import padded_size
-from pieceworks.plan import FullGraph
-from pieceworks.runtime import Phase
+from pieceworks import FullGraph, Phase, default_capture_sizes, padded_size
 
 from . import models
 from .profile import host_profile

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from pieceworks.values import tensors_in
+from pieceworks import tensors_in
 
 __all__ = ["CheckedModel", "OutputOverwrittenError"]
 

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 import pieceworks
-from pieceworks.padding import unpad as _cut  # every tensor whose dim 0 is the padded size, cut back
-from pieceworks.split import op_names
+from pieceworks import op_names
+from pieceworks import unpad as _cut  # every tensor whose dim 0 is the padded size, cut back
 
 __all__ = ["Built", "Capabilities", "Implementation", "IMPLEMENTATIONS", "register", "resolve",
            "load_user_implementations"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from pieceworks.cudagraph import pool_bytes
+from pieceworks import pool_bytes
 
 __all__ = ["pool_bytes", "memory_state", "nvml_status", "own_memory"]
 

@@ -173,7 +173,7 @@ def _read_under_load(nvml: Any, handle: Any, seconds: float) -> dict[str, Any]:
 def _software() -> dict[str, Any]:
     import torch
 
-    import pieceworks.key as key  # the factors that key the compile cache
+    import pieceworks
 
     try:
         import triton
@@ -184,8 +184,7 @@ def _software() -> dict[str, Any]:
         "torch_git": getattr(torch.version, "git_version", None), "cuda_runtime": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "triton": getattr(triton, "__version__", None),
-        "cache_key_factors": {name: _query(key, name) for name in
-                              ("software_factors", "environment_factors", "inductor_config_factors")},
+        "cache_key_factors": pieceworks.cache_key_factors(),
     }
 
 

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     import pieceworks
-    from pieceworks.cudagraph import pool_bytes
+    from pieceworks import pool_bytes
 
     from . import models
     from .profile import host_profile

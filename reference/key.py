@@ -120,6 +120,16 @@ def environment_factors() -> str:
     return ";".join(f"{name}={value}" for name, value in sorted(software_factors().items()))
 
 
+def cache_key_factors() -> dict[str, Any]:
+    """What keys the compile cache besides the graph and the config: `software_factors()` and the digest of the
+    global Inductor configuration (`inductor_config_factors`; its error, where it cannot be digested)."""
+    try:
+        inductor = inductor_config_factors()
+    except UnkeyableConfigError as exc:
+        inductor = f"unkeyable: {exc}"
+    return {"software": software_factors(), "inductor_config": inductor}
+
+
 class UnkeyableConfigError(ValueError):
     """The global Inductor configuration holds a value whose effect on code cannot be digested (a custom graph
     pass without `uuid()`). Artifacts compiled under it cannot be cached safely. The message names the entry."""

@@ -79,6 +79,16 @@ def test_the_private_use_finder_sees_attribute_chains_and_imports(tmp_path):
 
 
 TOOLS = ("harness", "suites", "ci")
+OWN = ("harness", "gate", "conformance")  # pieceworks' own tool packages
+
+
+@pytest.mark.parametrize("folder", ["harness", "suites/benchmarks"])
+def test_the_harness_and_the_benchmarks_use_the_core_through_its_facade(folder):
+    """What `pieceworks` exports is enough to build the harness and the benchmarks: no import of a core module
+    (`pieceworks.runtime`, `import pieceworks.key`), so a user's own tool can do what ours do."""
+    found = {str(p.relative_to(REPO)): sorted(n for n in _imports(p) if n.startswith("pieceworks.")
+                                               and n.split(".")[1] not in OWN) for p in _sources(folder)}
+    assert not {k: v for k, v in found.items() if v}, "import the name from `pieceworks` (its __all__) instead"
 
 
 def _private_names_defined(paths: list[Path]) -> set[str]:

@@ -16,8 +16,7 @@ class Dispatch:
     repeat = (3, 10, 5.0)
 
     def setup(self):
-        from pieceworks import CompilationConfig, default_capture_sizes
-        from pieceworks.dispatch import compile_target, padded_size
+        from pieceworks import CompilationConfig, compile_target, default_capture_sizes, padded_size
 
         self.sizes = default_capture_sizes(512)
         self.padded_size = padded_size

@@ -99,7 +99,7 @@ def measure(model_name: str, attention: str) -> dict:
     import torch
 
     from pieceworks import default_capture_sizes
-    from pieceworks.cudagraph import pool_bytes
+    from pieceworks import pool_bytes
     from pieceworks.harness import serving
     from pieceworks.harness.implementations import resolve
     from pieceworks.harness.timing import interleaved_cuda_time_us, ratio_over_rounds
