@@ -14,7 +14,9 @@ any graph may hold (`unified`) and the one whose graphs may hold uniform decode 
   its inputs are built: tokens/s is the trace's tokens over the sum of its steps' times;
 - records capture seconds per size and graph-pool MiB, the attention op's host µs per call (batch 1 decode and a
   64-token mixed step) and PIECEWISE's own host time per launch (`profile.launch_gaps`).
-Everything lands in the details file `serving_<model>_<attention>.json`; asv tracks the step latencies and tokens/s.
+Everything lands in the details file `serving_<model>_<attention>.json`, written after each phase (builds, checks,
+steps, traces, explain: `phase_seconds`; `partial` names the last phase until the run is whole); asv tracks the step
+latencies and tokens/s.
 """
 
 from __future__ import annotations
@@ -126,6 +128,15 @@ def measure(model_name: str, attention: str) -> dict:
             return fn(*args)
 
     built: dict[str, Any] = {}
+    began = time.perf_counter()
+
+    def done(phase: str) -> None:
+        """`phase` took this long; the details so far are written (a run stopped by its time limit keeps them)."""
+        phases = details.setdefault("phase_seconds", {})
+        phases[phase] = time.perf_counter() - began - sum(phases.values())
+        _shared.write_details(name, {**details, "entries": {f"{k[0]}|{k[1]}": v for k, v in results.items()},
+                                     "partial": f"stopped after {phase}"})
+
     with torch.no_grad():
         for impl_name in IMPLEMENTATIONS:  # torch.compile peers last in the list: their builds reset Dynamo
             impl = resolve(impl_name)
@@ -148,6 +159,7 @@ def measure(model_name: str, attention: str) -> dict:
                 "capture_ms_per_size": None if made.capture_seconds is None else made.capture_seconds * 1e3 / len(sizes),
                 "pool_mib": None if pool is None else pool / 2**20}
             built[impl_name] = made
+        done("builds")
         # Which kinds of step each can serve: a decode step and two mixed ones against eager.
         checks = {"decode": [_decode_step(8, 1)], "mixed": [_mixed_step(64, 1), _mixed_step(200, 2)]}
         able: dict[str, set[str]] = {impl_name: set() for impl_name in built}
@@ -168,6 +180,7 @@ def measure(model_name: str, attention: str) -> dict:
                     details["checks"][f"{impl_name}|{kind}"] = {"error": f"{type(exc).__name__}: {exc}"[:500],
                                                                 "serves": False}
         _shared.progress(f"{name}: serves {dict((k, sorted(v)) for k, v in able.items())}")
+        done("checks")
 
         def not_served(impl_name: str, kind: str) -> dict:
             check = details["checks"].get(f"{impl_name}|{kind}", {})
@@ -186,6 +199,7 @@ def measure(model_name: str, attention: str) -> dict:
             details["ratios"][case] = {f"{a} / {b}": ratio_over_rounds(row[a], row[b]) for a in row for b in row
                                        if a != b and a.startswith("pieceworks")}
             _shared.progress(f"{name}: {case}: " + " ".join(f"{i}:{t['median_us']:.0f}us" for i, t in row.items()))
+        done("steps")
         # Traces, whole, per implementation per round.
         for trace_name, (maker, kwargs) in TRACES.items():
             steps = getattr(serving, maker)(seed=SEED, **kwargs)
@@ -222,14 +236,16 @@ def measure(model_name: str, attention: str) -> dict:
                                     for i, found in by_kind.items()}}
             _shared.progress(f"{name}: {trace_name} trace: " + " ".join(
                 f"{i}:{statistics.median(per_round[i]):.0f}tok/s" for i in runnable))
+        done("traces")
         try:  # what follows explains the numbers above: a failure here must not lose them
             _explain(model, built, able, details, inputs_of, call, ops, device)
         except Exception as exc:  # noqa: BLE001 - recorded in the details file
             details["explain_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        done("explain")
     del built
     _shared.release()
     details["entries"] = {f"{k[0]}|{k[1]}": v for k, v in results.items()}
-    _shared.write_details(name, details)
+    _shared.write_details(name, details)  # whole: no "partial"
     return results
 
 
