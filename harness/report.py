@@ -520,9 +520,14 @@ def compile_starts(r: Results) -> Part:
         ok = compiles == 0 and traces in (0, None) and ratio <= r.limit("warm_vs_cold")
         measured.append((f"{start}: {ratio:.2f}× cold, {_fmt(compiles, 0)} compiles, {_fmt(traces, 0)} traces", ok))
         notes += [] if ok else [first_call_note(start, entry)]
+    floor, above = details.get("entries", {}).get("floor", {}).get("process_seconds"), []
+    if floor is not None and starts["cold"].get("process_seconds") is not None:
+        over = {s: e["process_seconds"] - floor for s, e in starts.items() if e.get("process_seconds") is not None}
+        above = [f"Floor (a fresh process importing torch and pieceworks): {floor:.2f} s. Process seconds above it: "
+                 + ", ".join(f"{s} {x:.2f} s ({x / over['cold']:.2f}× cold's)" for s, x in over.items()) + ".", ""]
     return Part([f"## {title}", "", f"ToyLlama 12 layers on {details.get('device', '?')}. Trace: the first call "
                  "outside the backend (Dynamo's trace, or reading the serving record, and one run).", "",
-                 *_table(["start", *shown], "l" + "r" * len(shown), rows)]).add(
+                 *_table(["start", *shown], "l" + "r" * len(shown), rows), *above]).add(
         target_row(label, measured, reason, "; ".join(n for n in notes if n), "; "))
 
 

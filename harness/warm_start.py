@@ -6,6 +6,8 @@ after the first call: `capture`; batches 1, 7, 64, 300), all with one pieceworks
 - cold: empty pieceworks cache, empty Inductor cache;
 - warm: the cold run's pieceworks cache and Inductor cache (a restart on the same host);
 - warm_new_host: the cold run's pieceworks cache, an empty Inductor cache (the cache copied to a new host).
+The floor: a fresh process that imports torch and pieceworks and exits (the faster of two), what every start pays
+before its first call; the report gives each start's process seconds less it.
 A host is a temporary folder (`TMPDIR`, under which Inductor keeps its default cache) and `TORCHINDUCTOR_CACHE_DIR`
 is unset, as on a machine nobody configured: pieceworks then keeps Inductor's cache inside its own, which is what a
 new host inherits. Every folder is removed at exit.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,7 +25,7 @@ from collections.abc import Callable
 
 from .scenario import run_scenario
 
-__all__ = ["STARTS", "measure"]
+__all__ = ["STARTS", "floor_seconds", "measure"]
 
 STARTS = ("cold", "warm", "warm_new_host")
 HOSTS = {"cold": "host", "warm": "host", "warm_new_host": "new-host"}  # a host: a TMPDIR of its own
@@ -55,7 +58,17 @@ def measure(device: str, layers: int = 12, capture: bool = False, profile: bool 
                               **{f"{k}_seconds": build[k] for k in ("split", "load", "compile", "backend")},
                               **{k: counters[f"num_{c}"] for k, c in COUNTED.items()}, **report["capture"]}
             progress(f"compile {start}: {results[start]}")
+        progress("floor: a fresh process importing torch and pieceworks")
+        results["floor"] = {"process_seconds": min(floor_seconds(env("host")) for _ in range(2))}
         if profile:  # once more, under cProfile: where a warm first call goes (its times above stay unprofiled)
             results["warm"]["first_call_profile"] = run_scenario(*args, "--profile", env=env("host"), unset=unset,
                                                                  timeout=500)["first_call_profile"]
         return results
+
+
+def floor_seconds(env: dict[str, str] | None = None) -> float:
+    """Seconds of a fresh interpreter that imports torch and pieceworks and exits (`env` added to its environment)."""
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, pieceworks"], env={**os.environ, **(env or {})}, check=True,
+                   timeout=300, capture_output=True)
+    return time.perf_counter() - began

@@ -88,6 +88,12 @@ def load_artifact(path: str) -> Any:
     return _module("torch._inductor", "CompiledArtifact.load").CompiledArtifact.load(path=path, format="binary")
 
 
+def cpu_vec_isa() -> Any:
+    """The module `torch._inductor.cpu_vec_isa`: Inductor's probe of the CPU's vector ISAs (`valid_vec_isa_list`,
+    cached a process), the ISAs it knows and the CPU's flags (`x86_isa_checker`)."""
+    return _module("torch._inductor.cpu_vec_isa", "valid_vec_isa_list", "x86_isa_checker", "supported_vec_isa_list")
+
+
 def example_value(node: torch.fx.Node) -> Any:
     """The FakeTensor/SymInt a node was traced with: Dynamo's `example_value`, else `val`, else None."""
     return node.meta["example_value"] if "example_value" in node.meta else node.meta.get("val")

@@ -9,7 +9,8 @@ tensors of the traced metadata with the batch size put in (no model runs for the
 
 The compilers: TorchInductor through `standalone_compile` (reached through `_compat`), or "eager" (the piece's own
 GraphModule, for tests whose subject is not Inductor). A compiled piece takes its inputs positionally (ints for
-SymInts) and returns what its GraphModule returns.
+SymInts) and returns what its GraphModule returns. Inductor's probe of the CPU's vector ISAs (about 1 s a process)
+runs once per CPU and torch build: its result is kept in the cache (`known_cpu_isa`).
 
 Counters: `num_backend_compilations` counts every (piece, compile target) served, loads and shared pieces
 included (vLLM's meaning: 13 for a 12-layer ToyLlama with one range, cold or warm); fresh compiles are
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
+import platform
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -31,11 +34,11 @@ import torch
 import torch.fx
 
 from . import _compat
-from .cache import CompileCache
+from .cache import CompileCache, atomic_write
 from .config import CompilationConfig
 from .counters import counters
 from .dispatch import find_range
-from .key import entry_claim, entry_name
+from .key import digest, entry_claim, entry_name
 from .piece import Piece, Target
 from .values import tensors_in
 
@@ -81,7 +84,8 @@ class PieceCompiler:
         if self.cache is None or not computes_tensors(piece):
             self.done[key] = self._compile(piece, target, example_args)[0]
         else:
-            with inductor_cache_dir(self.cache.inductor_dir, self.config.inductor_compile_config):
+            with inductor_cache_dir(self.cache.inductor_dir, self.config.inductor_compile_config), \
+                    known_cpu_isa(os.path.join(self.cache.root, "cpu-isa.json")):
                 self.done[key] = self._get_cached(piece, target, example_args)
         return self.done[key]
 
@@ -208,3 +212,36 @@ def inductor_cache_dir(path: str | None, options: Mapping[str, Any]) -> Iterator
             del os.environ["TORCHINDUCTOR_CACHE_DIR"]
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+
+@contextlib.contextmanager
+def known_cpu_isa(record: str) -> Iterator[None]:
+    """Inductor's probe of the CPU's vector ISAs (once a process: a build and a Python subprocess per ISA, about
+    1 s) skipped (`cpp.vec_isa_ok`) where the JSON file `record` says the probe passed for every ISA this CPU's flags
+    allow, with this torch build; where the probe runs, its result is recorded (atomically). Nothing is done where the
+    user set `cpp.vec_isa_ok`, off x86, or where Inductor lacks these names."""
+    try:
+        isa, config = _compat.cpu_vec_isa(), _compat.inductor_config()
+        probed, flags = isa.valid_vec_isa_list.cache_info().currsize, set(isa.x86_isa_checker())
+        allowed = [str(i) for i in isa.supported_vec_isa_list if all(f in flags for f in str(i).split())]
+        user_set = config.cpp.vec_isa_ok is not None
+    except Exception:  # noqa: BLE001 - another torch: Inductor probes as it would
+        yield
+        return
+    if user_set or probed or platform.machine() not in ("x86_64", "AMD64"):
+        yield
+        return
+    key = digest(json.dumps([sorted(flags), torch.__version__, str(torch.version.git_version)]))
+    try:
+        with open(record, encoding="utf-8") as f:
+            known = json.load(f)
+    except (OSError, ValueError):
+        known = {}
+    if known.get(key) == allowed:
+        with config.patch({"cpp.vec_isa_ok": True}):
+            yield
+        return
+    yield
+    if isa.valid_vec_isa_list.cache_info().currsize:  # the probe ran: its result, for the next process
+        with contextlib.suppress(OSError):
+            atomic_write(record, json.dumps({**known, key: [str(i) for i in isa.valid_vec_isa_list()]}).encode())

@@ -3,6 +3,7 @@ processes, keys, the index format, and Inductor options that really reach the co
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -242,6 +243,56 @@ def test_artifacts_load_in_this_process(tmp_path, monkeypatch):
         assert config.compile_threads == 3
     assert counters.snapshot()["num_compiled_artifacts_loaded"] > before, "the second compile loaded nothing"
     assert seen and set(seen) == {1}, f"artifacts loaded with compile_threads {seen}"
+
+
+class _FakeIsa:
+    """Inductor's `cpu_vec_isa` as `compiler.known_cpu_isa` reads it: `valid_vec_isa_list()` is what a load calls,
+    and `probes` counts the probes it ran (each one builds and starts a process per ISA in Inductor)."""
+
+    def __init__(self, passing=("avx512", "avx2")):
+        self.supported_vec_isa_list, self.passing, self.probes = ["avx512", "avx2"], passing, 0
+        self.valid_vec_isa_list = functools.cache(self._valid)
+
+    def _valid(self):
+        config = torch._inductor.config
+        if config.cpp.vec_isa_ok:
+            return list(self.supported_vec_isa_list)
+        self.probes += 1
+        return [isa for isa in self.supported_vec_isa_list if isa in self.passing]
+
+    def x86_isa_checker(self):
+        return ["avx512", "avx2"]
+
+
+@pytest.mark.parametrize("recorded, skipped", [(None, False), (["avx512", "avx2"], True), (["avx2"], False)])
+def test_the_cpu_isa_probe_is_skipped_only_where_a_passing_probe_of_this_cpu_is_recorded(tmp_path, monkeypatch,
+                                                                                      recorded, skipped):
+    """A load skips Inductor's CPU vector-ISA probe (about 1 s a process: builds and a subprocess per ISA) only where an
+    earlier process recorded that the probe passed for every ISA this CPU's flags allow; a probe that runs is recorded
+    for the next process; a user's `cpp.vec_isa_ok` is left alone."""
+    import importlib
+    import platform
+
+    from pieceworks.compiler import known_cpu_isa
+
+    record, fake = tmp_path / "cpu-isa.json", _FakeIsa()
+    real_import = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module",
+                        lambda name, *a: fake if name == "torch._inductor.cpu_vec_isa" else real_import(name, *a))
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    if recorded is not None:  # the record an earlier process left, under this CPU's and torch's key
+        with known_cpu_isa(str(record)):
+            fake.valid_vec_isa_list()
+        data = json.loads(record.read_text())
+        record.write_text(json.dumps({key: recorded for key in data}))
+        fake = _FakeIsa()  # a new process
+    with known_cpu_isa(str(record)):
+        assert fake.valid_vec_isa_list()
+    assert fake.probes == (0 if skipped else 1)
+    assert list(json.loads(record.read_text()).values()) == [["avx512", "avx2"]]  # what the probe gave, or found
+    fake = _FakeIsa()
+    with torch._inductor.config.patch({"cpp.vec_isa_ok": False}), known_cpu_isa(str(record)):
+        assert torch._inductor.config.cpp.vec_isa_ok is False  # the user's setting wins
 
 
 def test_warm_start_on_a_new_host_compiles_and_builds_nothing(warm_start_root, early_processes, request):

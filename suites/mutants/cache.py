@@ -301,3 +301,14 @@ def fileless_code_unkeyable(mp: pytest.MonkeyPatch) -> None:
         cpu="suites/test_hf_models.py::test_a_transformers_llama_called_with_keywords_warm_starts_without_a_trace")
 def dict_keys_guards_compare_values(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(record, "KEYS_GUARDS", set())
+
+
+@mutant("Inductor's CPU ISA probe is skipped without a record of a passing probe on this CPU",
+        cpu="suites/test_cache.py::test_the_cpu_isa_probe_is_skipped_only_where_a_passing_probe_of_this_cpu_is_recorded")
+def cpu_isa_probe_always_skipped(mp: pytest.MonkeyPatch) -> None:
+    @contextlib.contextmanager
+    def assumed(record: str):
+        with torch._inductor.config.patch({"cpp.vec_isa_ok": True}):
+            yield
+
+    mp.setattr(compiler, "known_cpu_isa", assumed)
