@@ -85,7 +85,7 @@ class PieceCompiler:
             self.done[key] = self._compile(piece, target, example_args)[0]
         else:
             with inductor_cache_dir(self.cache.inductor_dir, self.config.inductor_compile_config), \
-                    known_cpu_isa(os.path.join(self.cache.root, "cpu-isa.json")):
+                    known_cpu_isa(os.path.join(self.cache.directory, "cpu-isa.json")):
                 self.done[key] = self._get_cached(piece, target, example_args)
         return self.done[key]
 
