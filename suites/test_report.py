@@ -143,6 +143,23 @@ def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
     return (results / "bench" / MACHINE / "REPORT.md").read_text(), first_call["warm"]
 
 
+def test_start_up_is_also_given_above_the_floor(tmp_path):
+    """The floor (a process importing torch and pieceworks) recorded beside the starts: each start's process seconds
+    above it, and that over cold's; no floor recorded, no such line."""
+    text = _regenerate(tmp_path)
+    assert "Floor (" not in text
+    details = tmp_path / "results" / "bench" / MACHINE / "compile.json"
+    doc = json.loads(details.read_text())
+    doc["entries"]["floor"] = {"process_seconds": 1.5}
+    details.write_text(json.dumps(doc))
+    text = _report(tmp_path / "results")
+    process = {s: doc["entries"][s]["process_seconds"] for s in ("cold", "warm")}
+    line = _line(text, "Floor (a fresh process importing torch and pieceworks): 1.50 s.")
+    assert f"cold {process['cold'] - 1.5:.2f} s (1.00× cold's)" in line
+    assert f"warm {process['warm'] - 1.5:.2f} s ({(process['warm'] - 1.5) / (process['cold'] - 1.5):.2f}× cold's)" \
+        in line
+
+
 def _line(text: str, start: str) -> str:
     return next(line for line in text.splitlines() if line.startswith(start))
 
