@@ -30,7 +30,7 @@ __all__ = ["STARTS", "floor_seconds", "measure"]
 STARTS = ("cold", "warm", "warm_new_host")
 HOSTS = {"cold": "host", "warm": "host", "warm_new_host": "new-host"}  # a host: a TMPDIR of its own
 COUNTED = {"inductor_compiles": "inductor_compiles", "artifacts_loaded": "compiled_artifacts_loaded",
-           "dynamo_traces": "dynamo_traces", "traces_reused": "traces_reused"}  # {field: counter without "num_"}
+           "dynamo_traces": "dynamo_traces", "traces_reused": "traces_reused", "kernel_rebuilds": "kernel_rebuilds"}  # {field: counter without "num_"}
 
 
 def measure(device: str, layers: int = 12, capture: bool = False, profile: bool = False,

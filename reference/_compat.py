@@ -88,6 +88,12 @@ def load_artifact(path: str) -> Any:
     return _module("torch._inductor", "CompiledArtifact.load").CompiledArtifact.load(path=path, format="binary")
 
 
+def inductor_events() -> Any:
+    """Inductor's event counts (`torch._dynamo.utils.counters["inductor"]`, a Counter): `fxgraph_lookup_write_file`
+    counts FX-graph cache hits whose code Inductor had to write out again, building the kernels it calls."""
+    return _module("torch._dynamo.utils", "counters").counters["inductor"]
+
+
 def cpu_vec_isa() -> Any:
     """The module `torch._inductor.cpu_vec_isa`: Inductor's probe of the CPU's vector ISAs (`valid_vec_isa_list`,
     cached a process), the ISAs it knows and the CPU's flags (`x86_isa_checker`)."""

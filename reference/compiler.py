@@ -182,9 +182,16 @@ def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
 
     Loads run in this process (Inductor's `compile_threads` is 1 for their duration): an artifact carries its
     compiled kernels, so a load builds none, and the pool of compile workers Inductor would otherwise start costs
-    a warm process seconds of start-up for nothing."""
+    a warm process seconds of start-up for nothing. A load whose kernels Inductor's cache lacked builds them:
+    counted (`num_kernel_rebuilds`) and logged with the artifact's path."""
+    events = _compat.inductor_events()
+    before = events["fxgraph_lookup_write_file"]
     with _compat.inductor_config().patch(compile_threads=1):
         artifact = _compat.load_artifact(path)
+    if rebuilt := events["fxgraph_lookup_write_file"] - before:
+        counters.num_kernel_rebuilds += rebuilt
+        log.info("pieceworks: %s loaded, the kernels of %d graphs built again: Inductor's own cache did not hold "
+                 "them", path, rebuilt)
     return _adapt_outputs(artifact, gm)
 
 

@@ -31,6 +31,9 @@ class CompilationCounter:
     num_cache_entries_updated: int = 0
     num_compiled_artifacts_saved: int = 0
     num_compiled_artifacts_loaded: int = 0
+    # graphs of loaded artifacts whose code Inductor wrote out again, building their kernels: its own cache lacked
+    # them (removed, or a TORCHINDUCTOR_CACHE_DIR of the user's that this host has not filled)
+    num_kernel_rebuilds: int = 0
     # artifacts found truncated, garbled or from another torch build, logged and recompiled
     num_cache_artifacts_rejected: int = 0
     num_dynamo_traces: int = 0

@@ -65,11 +65,29 @@ def warm_start_root(early_processes, tmp_path_factory):
     tests run."""
     root = tmp_path_factory.mktemp("warm-start")
     (root / "cold-tmp").mkdir()  # Inductor's default cache folder is below $TMPDIR: an empty one
-    # TORCHINDUCTOR_CACHE_DIR left unset: pieceworks keeps Inductor's cache inside its own
-    env = {**{k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}, "TMPDIR": str(root / "cold-tmp")}
-    early_processes.start(test_warm_start_on_a_new_host_compiles_and_builds_nothing,
-                          _scenario(*WARM_START, "--cache-dir", root / "cache"), env=env)
+    args, kwargs = _cold(root)
+    early_processes.start(test_warm_start_on_a_new_host_compiles_and_builds_nothing, args, **kwargs)
     return root
+
+
+def _cold(root):
+    """The cold run's command line and environment: TORCHINDUCTOR_CACHE_DIR left unset (pieceworks keeps Inductor's
+    cache inside its own), an empty $TMPDIR (Inductor's default cache folder is below it)."""
+    env = {**{k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}, "TMPDIR": str(root / "cold-tmp")}
+    return _scenario(*WARM_START, "--cache-dir", root / "cache"), {"env": env}
+
+
+@pytest.fixture(scope="module")
+def cold_run(warm_start_root, early_processes):
+    """The report of the cold run `warm_start_root` started, once it has finished (its cache is then complete); run
+    now where the test that starts it early is not selected."""
+    test = test_warm_start_on_a_new_host_compiles_and_builds_nothing
+    if early_processes.selected(test):
+        (done,) = early_processes.results(test)
+    else:
+        args, kwargs = _cold(warm_start_root)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=600, **kwargs)
+    return _report(done)
 
 
 def _torch_key() -> bytes:
@@ -295,13 +313,11 @@ def test_the_cpu_isa_probe_is_skipped_only_where_a_passing_probe_of_this_cpu_is_
         assert torch._inductor.config.cpp.vec_isa_ok is False  # the user's setting wins
 
 
-def test_warm_start_on_a_new_host_compiles_and_builds_nothing(warm_start_root, early_processes, request):
+def test_warm_start_on_a_new_host_compiles_and_builds_nothing(warm_start_root, cold_run):
     """Cold in one process; then the cache directory copied elsewhere (another host) and a new process with an empty
     Inductor cache of its own: nothing compiled, no kernel library built (the cache carries them), each distinct
     piece loaded once and shared by its identical twins."""
-    root = warm_start_root
-    (cold_run,) = early_processes.results(request.function)  # started by warm_start_root
-    cold = _report(cold_run)
+    root, cold = warm_start_root, cold_run
     shutil.copytree(root / "cache", root / "copied")
     carried = _libraries(root / "copied")
     tmp = root / "warm-tmp"  # the new host's $TMPDIR, empty: its Inductor has nothing
@@ -312,6 +328,7 @@ def test_warm_start_on_a_new_host_compiles_and_builds_nothing(warm_start_root, e
     # 4 compiled pieces: first, 2 identical middle ones, last: 3 distinct
     assert (c["num_inductor_compiles"], c["num_compiled_artifacts_saved"], c["num_shared_piece_compiles"]) == (3, 3, 1)
     assert (w["num_inductor_compiles"], w["num_compiled_artifacts_loaded"], w["num_shared_piece_compiles"]) == (0, 3, 1)
+    assert w["num_kernel_rebuilds"] == 0
     # vLLM's meaning: one backend compilation per compiled piece and compile target, cold or warm
     assert c["num_backend_compilations"] == w["num_backend_compilations"] == 4
     # the warm start served from the model's serving record: no trace
@@ -321,3 +338,17 @@ def test_warm_start_on_a_new_host_compiles_and_builds_nothing(warm_start_root, e
     assert _libraries(root / "copied") == carried, "the warm start rebuilt kernels the cache carries"
     assert _libraries(tmp) == set(), "the warm start built libraries outside the cache"
     assert cold["max_rel_error"] < 1e-5 and warm["max_rel_error"] < 1e-5
+
+
+def test_a_warm_start_whose_kernels_inductor_lost_counts_their_rebuilds(warm_start_root, cold_run):
+    """The pieceworks cache without Inductor's (`<cache>/inductor` removed): nothing compiled by pieceworks, but the
+    kernels of each loaded artifact are built again, and the counters say so (one per distinct piece)."""
+    root = warm_start_root
+    shutil.copytree(root / "cache", root / "no-kernels")
+    shutil.rmtree(root / "no-kernels" / "inductor")
+    tmp = root / "no-kernels-tmp"
+    tmp.mkdir()
+    warm = run_scenario(*WARM_START, "--cache-dir", str(root / "no-kernels"), env={"TMPDIR": str(tmp)},
+                        unset=("TORCHINDUCTOR_CACHE_DIR",))["counters"]
+    assert (warm["num_inductor_compiles"], warm["num_compiled_artifacts_loaded"], warm["num_kernel_rebuilds"]) == (
+        0, 3, 3)

@@ -60,5 +60,5 @@ def _track(key: str, unit: str):
 for _key, _unit in [("first_call_seconds", "seconds"), ("trace_seconds", "seconds"), ("load_seconds", "seconds"),
                     ("compile_seconds", "seconds"), ("capture_seconds", "seconds"), ("process_seconds", "seconds"),
                     ("inductor_compiles", "compiles"), ("artifacts_loaded", "artifacts"),
-                    ("dynamo_traces", "traces")]:
+                    ("dynamo_traces", "traces"), ("kernel_rebuilds", "rebuilds")]:
     setattr(CompileStart, f"track_{_key}", _track(_key, _unit))

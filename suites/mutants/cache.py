@@ -312,3 +312,18 @@ def cpu_isa_probe_always_skipped(mp: pytest.MonkeyPatch) -> None:
             yield
 
     mp.setattr(compiler, "known_cpu_isa", assumed)
+
+
+@mutant("a load whose kernels Inductor's cache lacked is not counted as a kernel rebuild",
+        cpu="suites/test_cache.py::test_a_warm_start_whose_kernels_inductor_lost_counts_their_rebuilds")
+def kernel_rebuilds_uncounted(mp: pytest.MonkeyPatch) -> None:
+    original = compiler.load_artifact
+
+    def uncounted(path, gm):
+        before = counters.num_kernel_rebuilds
+        try:
+            return original(path, gm)
+        finally:
+            counters.num_kernel_rebuilds = before
+
+    mp.setattr(compiler, "load_artifact", uncounted)
