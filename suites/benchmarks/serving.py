@@ -34,14 +34,18 @@ IMPLEMENTATIONS = ["eager", "pieceworks-none", "pieceworks-piecewise", "piecewor
                    "pieceworks-full_and_piecewise", "breakable", "inductor-partition-padded", "reduce-overhead-padded"]
 COMPILED_PEERS = IMPLEMENTATIONS[-2:]  # torch.compile: a static, a dynamic and a batch-1 compile of the whole model
 # Left out where they cost more than they tell: reduce-overhead with the varlen op (its graphs hold the attention's
-# host plan, so it cannot serve mixed steps; its decode steps are the unified class's), and the torch.compile peers
-# on the 8B and on a Hugging Face config's model ("hf": compiles of 28-32 layers each cost minutes; the 1B shows how
-# they compare).
+# host plan, so it cannot serve mixed steps; its decode steps are the unified class's); the torch.compile peers on the
+# 8B and on a Hugging Face config's model ("hf": compiles of 28-32 layers each cost minutes; the 1B shows how they
+# compare); on the 8B, NONE (eager and the graph modes bracket it; the 1B measures it) and, with the unified op,
+# FULL_DECODE_ONLY (FULL's graphs for decode, NONE for the rest: the 1B measures it).
+_PEERS_8B = "three torch.compile compiles of all 32 layers cost minutes; the 1B classes compare it"
+_NONE_8B = "compiled pieces without graphs: eager and the graph modes bracket it; the 1B classes measure it"
 LEFT_OUT = {("llama_1b", "varlen"): {"reduce-overhead-padded": "its CUDA graphs would hold the varlen op's host plan: "
                                      "it cannot serve mixed steps, and its decode steps are the unified class's"},
-            **{("llama_8b", a): {i: "three torch.compile compiles of all 32 layers cost minutes this run does not "
-                                    "have; the 1B classes compare it" for i in COMPILED_PEERS}
-               for a in ("unified", "varlen")},
+            ("llama_8b", "unified"): {**dict.fromkeys(COMPILED_PEERS, _PEERS_8B), "pieceworks-none": _NONE_8B,
+                                      "pieceworks-full_decode_only": "with the unified op it is FULL for decode steps "
+                                      "and NONE for the rest; the 1B classes measure it"},
+            ("llama_8b", "varlen"): {**dict.fromkeys(COMPILED_PEERS, _PEERS_8B), "pieceworks-none": _NONE_8B},
             ("hf", "unified"): {i: "torch.compile compiles of a whole Hugging Face decoder cost minutes; the 1B "
                                    "classes compare it" for i in COMPILED_PEERS}}
 DECODE_BATCHES = [1, 2, 8, 64, 256, 512]
