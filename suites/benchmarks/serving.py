@@ -282,8 +282,8 @@ def _explain(model: Any, built: dict, able: dict, details: dict, inputs_of: Any,
         details.setdefault("piecewise_launch_gaps", {})[f"b{batch}"] = launch_gaps(
             lambda: call(built["pieceworks-piecewise"], step, args), ops)
     # Last (a profiler session leaves CUPTI loaded): kernels of the modes whose ratios the targets judge.
-    for case, step in [("decode b1", _decode_step(1, 1)), ("decode b64", _decode_step(64, 64)),
-                       ("mixed 256 tokens", _mixed_step(256, 256))]:
+    for case, step in [("decode b1", _decode_step(1, 1)), ("decode b8", _decode_step(8, 8)),
+                       ("decode b64", _decode_step(64, 64)), ("mixed 256 tokens", _mixed_step(256, 256))]:
         args = inputs_of(step)
         for impl_name in ("pieceworks-piecewise", "pieceworks-full", "breakable"):
             if step.kind in able.get(impl_name, ()):
