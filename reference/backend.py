@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,11 +24,11 @@ import torch
 import torch.fx
 
 from ._compat import example_value, fake_mode_of, op_identity
-from .cache import CompileCache
+from .cache import CompileCache, newest_factors
 from .compiler import PieceCompiler
 from .config import CompilationConfig
 from .counters import counters
-from .key import UnkeyableConfigError, cache_factors, cache_key
+from .key import UnkeyableConfigError, cache_factors, cache_key, describe_change, first_change
 from .piece import BatchPosition, Piece, batch_position, mutated_inputs, traced_args
 from .progress import progress
 from .runtime import Runtime
@@ -106,10 +108,29 @@ def open_cache(split_gm: torch.fx.GraphModule, fakes: list[Any], pieces: Sequenc
     except UnkeyableConfigError as exc:
         log.warning("pieceworks: compiling without the compile cache: %s", exc)
         return None
-    cache = CompileCache.open(config.resolved_cache_dir(), cache_key(factors), factors)
+    cache = CompileCache.open(config.resolved_cache_dir(), key := cache_key(factors), factors)
     if cache is not None:
         log.info("pieceworks compile cache: %s%s", cache.directory, "" if cache.writable else " (read-only)")
+        if not os.path.exists(cache.index_path):
+            explain_cache_miss(cache.root, key, factors)
     return cache
+
+
+def explain_cache_miss(root: str, key: str, factors: dict[str, Any]) -> None:
+    """Where `root` holds entries of the same graph under another key, log (INFO) the first factor that differs
+    from the newest such key's: a config field, a software or GPU factor, or the global Inductor configuration."""
+    def readable(found: dict[str, Any]) -> dict[str, Any]:  # the environment string by factor
+        return {**found, "environment": dict(p.split("=", 1) for p in str(found.get("environment")).split(";")
+                                             if "=" in p)}
+
+    last = newest_factors(root, key, lambda found: found.get("graph") == factors["graph"])
+    now = json.loads(json.dumps(factors, sort_keys=True, default=repr))  # as factors.json holds them
+    if last is None or (change := first_change(readable(last), readable(now))) is None:
+        return
+    what = "the global Inductor configuration (torch._inductor.config) changed" if change[0] == "inductor" else \
+        describe_change(change)
+    log.info("pieceworks: compiling this graph again: its compile-cache key changed since its newest entries were "
+             "stored: %s", what)
 
 
 def compile_graph(gm: torch.fx.GraphModule, config: CompilationConfig) -> CompiledGraph:

@@ -169,7 +169,7 @@ class CompileCache:
     turns that into one WARNING and None. `writable` is False for a cache that can be read but not written.
     """
 
-    def __init__(self, root: str, key: str, factors: dict[str, str] | None = None) -> None:
+    def __init__(self, root: str, key: str, factors: dict[str, Any] | None = None) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.directory = os.path.join(self.root, key)
         self.artifact_dir, self.lock_dir, self.index_path, self.lock_path, self.factors_path = (
@@ -196,7 +196,7 @@ class CompileCache:
             self.mark_read_only(exc)
 
     @classmethod
-    def open(cls, root: str, key: str, factors: dict[str, str] | None = None) -> CompileCache | None:
+    def open(cls, root: str, key: str, factors: dict[str, Any] | None = None) -> CompileCache | None:
         """The cache, or None (after one WARNING naming the path and the reason) if it cannot be used at all."""
         try:
             return cls(root, key, factors)
@@ -329,6 +329,20 @@ class CompileCache:
                             name, _reason(exc))
             return False
         return True
+
+
+def newest_factors(root: str, other_than: str, accept: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    """The factors.json of the key folder under `root` used last, among those holding entries (an index.json), other
+    than `other_than`, that `accept` takes; None where there is none. What a miss is explained against."""
+    found = []
+    for name in os.listdir(root) if os.path.isdir(root) else ():
+        folder = os.path.join(root, name)
+        if name != other_than and os.path.exists(os.path.join(folder, "index.json")):
+            with contextlib.suppress(OSError, ValueError):
+                factors = json.loads(Path(folder, "factors.json").read_text(encoding="utf-8"))
+                if isinstance(factors, dict) and accept(factors):
+                    found.append((os.stat(folder).st_mtime, factors))
+    return max(found, key=lambda f: f[0])[1] if found else None
 
 
 def prune(root: str, older_than_days: float | None = None, environment: str | None = None) -> list[str]:

@@ -189,17 +189,38 @@ def inductor_config_factors() -> str:
 
 
 def cache_factors(split_gm: torch.fx.GraphModule, fakes: list[Any], piece_fingerprints: list[str],
-                  config: Any) -> dict[str, str]:
-    """Everything that changes compiled code, as digests: the graph (the stitching module's wiring with its input
+                  config: Any) -> dict[str, Any]:
+    """Everything that changes compiled code: the graph (a digest of the stitching module's wiring with its input
     metadata, and each piece's fingerprint in run order), the config's code-relevant fields, the effective global
     Inductor/functorch configuration, and the software and GPU. Raises `UnkeyableConfigError` when the Inductor
     configuration holds something that cannot be digested."""
-    return {"graph": digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints), "config": config.compute_hash(),
+    return {"graph": digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints), "config": config.hash_factors(),
             "inductor": inductor_config_factors(), "environment": environment_factors()}
 
 
-def cache_key(factors: dict[str, str]) -> str:
-    """The cache folder name for `factors` (name -> digest): equal factors, equal key, in any process."""
+def first_change(old: Any, new: Any, where: str = "") -> tuple[str, Any, Any] | None:
+    """The first place where two keys' facts (JSON as stored) differ: (its path, e.g. "config.compile_sizes" or
+    "modules.layers.0.attributes.eps", the old value, the new one), or None where they are equal."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for name in sorted(old.keys() | new.keys(), key=str):
+            if (found := first_change(old.get(name), new.get(name), f"{where}.{name}" if where else str(name))):
+                return found
+        return None
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and not all(
+            isinstance(x, (int, float, bool)) or x is None for x in old + new):  # a shape or strides: whole
+        return next(filter(None, (first_change(a, b, f"{where}[{k}]") for k, (a, b) in enumerate(zip(old, new)))),
+                    None)
+    return None if old == new else (where, old, new)
+
+
+def describe_change(change: tuple[str, Any, Any]) -> str:
+    """`first_change`'s finding in words: "<path> was <old>, is <new>" (values cut to 80 characters)."""
+    short = [text if len(text := repr(v)) <= 80 else text[:77] + "..." for v in change[1:]]
+    return f"{change[0]} was {short[0]}, is {short[1]}"
+
+
+def cache_key(factors: dict[str, Any]) -> str:
+    """The cache folder name for `factors` (`cache_factors`): equal factors, equal key, in any process."""
     return digest(json.dumps(factors, sort_keys=True, separators=(",", ":")))[:24]
 
 

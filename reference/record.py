@@ -65,9 +65,10 @@ from typing import Any, NamedTuple
 import torch
 
 from . import _compat
-from .cache import CompileCache
+from .cache import CompileCache, newest_factors
 from .config import CompilationConfig
-from .key import UnkeyableConfigError, digest, environment_factors, portable, software_factors
+from .key import (UnkeyableConfigError, describe_change, digest, environment_factors, first_change, portable,
+                  software_factors)
 from .watch import original_class
 
 log = logging.getLogger("pieceworks")
@@ -156,21 +157,6 @@ def key_of(facts: dict[str, Any]) -> str:
 def model_key(model: Any, signatures: Sequence[tuple], config: CompilationConfig) -> str | None:
     """`key_of(model_facts(...))`, or None where the model cannot be keyed."""
     return None if (facts := model_facts(model, signatures, config)) is None else key_of(facts)
-
-
-def first_change(old: Any, new: Any, where: str = "") -> tuple[str, Any, Any] | None:
-    """The first place where two `model_facts` (JSON as stored) differ: (its path, e.g. "config.compile_sizes" or
-    "modules.layers.0.attributes.eps", the old value, the new one), or None where they are equal."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        for name in sorted(old.keys() | new.keys(), key=str):
-            if (found := first_change(old.get(name), new.get(name), f"{where}.{name}" if where else str(name))):
-                return found
-        return None
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and not all(
-            isinstance(x, (int, float, bool)) or x is None for x in old + new):  # a shape or strides: whole
-        return next(filter(None, (first_change(a, b, f"{where}[{k}]") for k, (a, b) in enumerate(zip(old, new)))),
-                    None)
-    return None if old == new else (where, old, new)
 
 
 def state_facts(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
@@ -408,27 +394,6 @@ def save(config: CompilationConfig, key: str, record: Record, facts: dict[str, A
     return cache is not None and cache.store(ENTRY, lambda path: Path(path).write_bytes(data))
 
 
-def _last_facts(root: str, key: str, model_class: Any) -> dict[str, Any] | None:
-    """The facts of the newest record under `root`, other than `key`'s, of a model of class `model_class`."""
-    found = []
-    for name in os.listdir(root) if os.path.isdir(root) else ():
-        folder = os.path.join(root, name)
-        if name.startswith("model-") and name != f"model-{key}" and os.path.exists(os.path.join(folder, "index.json")):
-            try:
-                with open(os.path.join(folder, "factors.json"), encoding="utf-8") as f:
-                    facts = json.load(f)["facts"]
-                if facts["modules"]["<root>"]["class"] == model_class:
-                    found.append((os.stat(folder).st_mtime, facts))
-            except (OSError, ValueError, KeyError, TypeError):  # a record of an older version, or damaged
-                continue
-    return max(found, key=lambda f: f[0])[1] if found else None
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def _read(path: str) -> Record:
     version, fields = pickle.loads(Path(path).read_bytes())  # noqa: S301 - see the module doc on trust
     if version != RECORD_VERSION:
@@ -443,11 +408,13 @@ def load(config: CompilationConfig, key: str, facts: dict[str, Any] | None = Non
     cache = _store(config, key, facts)
     record = None if cache is None else cache.load(ENTRY, _read)[0]
     if record is None and facts is not None:
-        model_class = _as_stored(facts)["modules"]["<root>"]["class"]
-        last = _last_facts(config.resolved_cache_dir(), key, model_class)
-        if last is not None and (change := first_change(last, _as_stored(facts))) is not None:
+        stored = _as_stored(facts)
+        model_class = stored["modules"]["<root>"]["class"]
+        last = newest_factors(config.resolved_cache_dir(), f"model-{key}", lambda found: isinstance(
+            found.get("facts"), dict) and found["facts"].get("modules", {}).get("<root>", {}).get("class") == model_class)
+        if last is not None and (change := first_change(last["facts"], stored)) is not None:
             log.info("pieceworks: tracing the model: its serving record's key changed since the last record of %s "
-                     "was stored: %s was %s, is %s", model_class[1], change[0], _short(change[1]), _short(change[2]))
+                     "was stored: %s", model_class[1], describe_change(change))
     if record is not None and (path := changed_file(record.files)) is not None:
         log.info("pieceworks: %s changed since this model's serving record was stored: tracing the model", path)
         return None

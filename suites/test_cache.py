@@ -3,6 +3,7 @@ processes, keys, the index format, and Inductor options that really reach the co
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -240,6 +241,31 @@ def test_inductor_compile_config_reaches_the_generated_code(tmp_path):
 
     torch.testing.assert_close(run({}), 3 * torch.relu(x))
     torch.testing.assert_close(run({"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}), 3 * (x + 1))
+
+
+@pytest.mark.parametrize("change, named", [
+    ("config", "config.compile_sizes was [], is [4]"),
+    ("inductor", "the global Inductor configuration (torch._inductor.config) changed"),
+    ("torch", "environment.torch was '{torch}', is '9.9.9'")])
+def test_a_compile_cache_miss_names_what_changed_in_its_key(tmp_path, monkeypatch, caplog, change, named):
+    """The same graph compiled again under another compile-cache key (a config field, an Inductor option, the torch
+    build): the log names the factor that differs from its newest entries'."""
+    import pieceworks.key as key
+
+    _compile_silly(tmp_path)
+    caplog.set_level("INFO", logger="pieceworks")
+    kwargs, patch = {}, contextlib.nullcontext()
+    if change == "config":
+        kwargs = {"compile_sizes": [4]}
+    elif change == "inductor":
+        patch = torch._inductor.config.patch(epilogue_fusion=not torch._inductor.config.epilogue_fusion)
+    else:
+        found = key.software_factors()
+        monkeypatch.setattr(key, "software_factors", lambda: {**found, "torch": "9.9.9"})
+    with patch:
+        _compile_silly(tmp_path, **kwargs)
+    assert ("compiling this graph again: its compile-cache key changed since its newest entries were stored: "
+            + named.format(torch=torch.__version__)) in caplog.text
 
 
 def test_artifacts_load_in_this_process(tmp_path, monkeypatch):

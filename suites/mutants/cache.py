@@ -327,3 +327,9 @@ def kernel_rebuilds_uncounted(mp: pytest.MonkeyPatch) -> None:
             counters.num_kernel_rebuilds = before
 
     mp.setattr(compiler, "load_artifact", uncounted)
+
+
+@mutant("a compile-cache miss of a graph cached under another key does not say what changed",
+        cpu="suites/test_cache.py::test_a_compile_cache_miss_names_what_changed_in_its_key")
+def cache_miss_unexplained(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(backend, "explain_cache_miss", lambda root, key, factors: None)
