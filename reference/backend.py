@@ -112,7 +112,10 @@ def open_cache(split_gm: torch.fx.GraphModule, fakes: list[Any], pieces: Sequenc
     if cache is not None:
         log.info("pieceworks compile cache: %s%s", cache.directory, "" if cache.writable else " (read-only)")
         if not os.path.exists(cache.index_path):
-            explain_cache_miss(cache.root, key, factors)
+            try:
+                explain_cache_miss(cache.root, key, factors)
+            except Exception as exc:  # noqa: BLE001 - an explanation must never fail the compile
+                log.debug("pieceworks: no explanation of the compile-cache miss (%s: %s)", type(exc).__name__, exc)
     return cache
 
 

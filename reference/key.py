@@ -202,7 +202,7 @@ def first_change(old: Any, new: Any, where: str = "") -> tuple[str, Any, Any] | 
     """The first place where two keys' facts (JSON as stored) differ: (its path, e.g. "config.compile_sizes" or
     "modules.layers.0.attributes.eps", the old value, the new one), or None where they are equal."""
     if isinstance(old, dict) and isinstance(new, dict):
-        for name in sorted(old.keys() | new.keys(), key=str):
+        for name in [*new, *(k for k in old if k not in new)]:  # in the new facts' order
             if (found := first_change(old.get(name), new.get(name), f"{where}.{name}" if where else str(name))):
                 return found
         return None

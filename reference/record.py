@@ -145,8 +145,10 @@ def model_facts(model: Any, signatures: Sequence[tuple], config: CompilationConf
              "default_device": str(torch.get_default_device()),
              "deterministic": torch.are_deterministic_algorithms_enabled(),
              "autocast": {d: [torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))] for d in ("cpu", "cuda")}}
+    state = state_facts(model)
     return {"version": RECORD_VERSION, "environment": software_factors(), "config": config.hash_factors(),
-            "modules": modules, "state": state_facts(model), "call": [repr(s) for s in signatures], "modes": modes}
+            "modules": modules, "state": state, "call": [repr(s) for s in signatures], "modes": modes,
+            "order": {"modules": list(modules), "state": list(state)}}  # the dicts' keys are sorted when digested
 
 
 def key_of(facts: dict[str, Any]) -> str:
@@ -383,7 +385,8 @@ def _store(config: CompilationConfig, key: str, facts: dict[str, Any] | None = N
 
 
 def _as_stored(facts: dict[str, Any]) -> Any:
-    return json.loads(json.dumps(facts, sort_keys=True, default=repr))
+    """`facts` as JSON holds them (tuples as lists), in their own order."""
+    return json.loads(json.dumps(facts, default=repr))
 
 
 def save(config: CompilationConfig, key: str, record: Record, facts: dict[str, Any] | None = None) -> bool:
@@ -392,6 +395,20 @@ def save(config: CompilationConfig, key: str, record: Record, facts: dict[str, A
     cache = _store(config, key, facts)
     data = pickle.dumps((RECORD_VERSION, tuple(record)), protocol=pickle.HIGHEST_PROTOCOL)
     return cache is not None and cache.store(ENTRY, lambda path: Path(path).write_bytes(data))
+
+
+def _explain_miss(root: str, key: str, stored: dict[str, Any]) -> None:
+    model_class = stored["modules"]["<root>"]["class"]
+
+    def same_class(found: dict[str, Any]) -> bool:
+        modules = found.get("facts", {}).get("modules")
+        return isinstance(modules, dict) and isinstance(modules.get("<root>"), dict) and \
+            modules["<root>"].get("class") == model_class
+
+    last = newest_factors(root, f"model-{key}", same_class)
+    if last is not None and (change := first_change(last["facts"], stored)) is not None:
+        log.info("pieceworks: tracing the model: its serving record's key changed since the last record of %s was "
+                 "stored: %s", model_class[1], describe_change(change))
 
 
 def _read(path: str) -> Record:
@@ -407,14 +424,11 @@ def load(config: CompilationConfig, key: str, facts: dict[str, Any] | None = Non
     from the newest such record's."""
     cache = _store(config, key, facts)
     record = None if cache is None else cache.load(ENTRY, _read)[0]
-    if record is None and facts is not None:
-        stored = _as_stored(facts)
-        model_class = stored["modules"]["<root>"]["class"]
-        last = newest_factors(config.resolved_cache_dir(), f"model-{key}", lambda found: isinstance(
-            found.get("facts"), dict) and found["facts"].get("modules", {}).get("<root>", {}).get("class") == model_class)
-        if last is not None and (change := first_change(last["facts"], stored)) is not None:
-            log.info("pieceworks: tracing the model: its serving record's key changed since the last record of %s "
-                     "was stored: %s", model_class[1], describe_change(change))
+    if cache is not None and facts is not None and not os.path.exists(cache.index_path):
+        try:  # a new key: why, against the newest record of the class
+            _explain_miss(cache.root, key, _as_stored(facts))
+        except Exception as exc:  # noqa: BLE001 - an explanation must never fail the call
+            log.debug("pieceworks: no explanation of the serving record's miss (%s: %s)", type(exc).__name__, exc)
     if record is not None and (path := changed_file(record.files)) is not None:
         log.info("pieceworks: %s changed since this model's serving record was stored: tracing the model", path)
         return None

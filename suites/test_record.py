@@ -117,7 +117,7 @@ def test_a_record_that_cannot_be_rebuilt_warns_once_and_traces(cache_dir, caplog
 KEY_CHANGES = {"attribute": "modules.<root>.attributes.scale", "private attribute": "modules.<root>.attributes._scale",
                "function attribute": "modules.<root>.attributes.act", "parameter removed": "state.linear.bias",
                "parameter resized": "state.linear.weight.shape", "buffer resized": "state.shift.shape",
-               "strides": "state.linear.weight.strides", "dtype": "state.linear.bias.dtype", "submodule": "modules.extra",
+               "strides": "state.linear.weight.strides", "dtype": "state.linear.weight.dtype", "submodule": "modules.extra",
                "buffer": "state.extra", "call": "call[1]", "config": "config.compile_sizes",
                "default dtype": "modes.default_dtype", "torch version": "environment.torch"}
 
@@ -162,6 +162,17 @@ def test_the_key_moves_with_what_changes_code_and_the_change_is_named(change, mo
         config = CompilationConfig(splitting_ops=["silly::attention"], compile_sizes=[4])
     assert record.model_key(model, call, config) != key
     assert record.first_change(before, record.model_facts(model, call, config))[0] == KEY_CHANGES[change]
+
+
+def test_the_key_moves_with_the_order_of_modules_and_tensors():
+    """Two models whose modules (or parameters) differ only in their order run differently: they never share a key."""
+    config = CompilationConfig(splitting_ops=["silly::attention"])
+    call = [pieceworks.api.signature(torch.zeros(2, 4))]
+    ab = nn.Sequential(collections.OrderedDict(a=nn.ReLU(), b=nn.Tanh()))
+    ba = nn.Sequential(collections.OrderedDict(b=nn.Tanh(), a=nn.ReLU()))
+    assert record.model_key(ab, call, config) != record.model_key(ba, call, config)
+    facts = [record.model_facts(m, call, config) for m in (ab, ba)]
+    assert record.first_change(*facts)[0] == "order.modules[1]"
 
 
 def test_a_warm_start_that_traces_again_names_what_changed(tmp_path, caplog):
