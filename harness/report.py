@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import datetime
 import glob
 import json
 import math
@@ -84,11 +85,20 @@ def newest(details: dict[str, Any], kind: str) -> dict | None:
     return None if label is None else {"commit": label, **runs[label]}
 
 
+def recorded_run(doc: dict[str, Any]) -> tuple[str, str]:
+    """(commit, date) a details file records ("" where it records none): the suites' in their environment, the
+    runtime breakdown at its top, pytest-benchmark's in its commit_info."""
+    where = doc.get("environment") if isinstance(doc.get("environment"), dict) and "commit" in doc["environment"] \
+        else doc
+    commit = where.get("commit") or (doc.get("commit_info") or {}).get("id") or ""
+    return str(commit), str(where.get("date") or doc.get("datetime") or "")
+
+
 def load_results(results: str, machine: str, commit: str | None = None, targets: str = DEFAULT_PATH) -> Results:
     """One run of `machine`: the asv results (`results`/asv/`machine`) and details files (`results`/bench/`machine`,
     of each NEWEST kind the newest, under the kind's name) of `commit`, by default the newest commit measured there
-    (the details' recorded commit and date, else asv's newest run); files of other commits are left out and counted
-    in `others`. Also the thresholds file `targets`. ResultSetError where that commit has no result files."""
+    (by the dates the details files and asv's runs record); files of other commits, or recording none, are left out
+    and counted in `others`. Also the thresholds file `targets`. ResultSetError where that commit has no result files."""
     try:
         files = result_files(os.path.join(results, "asv", machine))
     except ResultSetError:
@@ -97,16 +107,13 @@ def load_results(results: str, machine: str, commit: str | None = None, targets:
     for path in (bench := sorted(glob.glob(os.path.join(results, "bench", machine, "*.json")))):
         with open(path) as f:
             details[os.path.splitext(os.path.basename(path))[0]] = json.load(f)
-    recorded = {name: doc.get("environment", {}).get("commit") or doc.get("commit") or "" for name, doc in
-                details.items()}  # the suites' details record it in their environment, the breakdown at the top
+    recorded = {name: recorded_run(doc) for name, doc in details.items()}  # {name: (commit, date)}
     if commit is None:
-        dated = [(str(details[name].get("environment", details[name]).get("date", "")), c)
-                 for name, c in recorded.items() if c]
-        runs = newest_runs(files) if files else {}
-        commit = max(dated)[1] if dated else max(runs.values(), key=lambda run: run[0])[2]["commit_hash"] \
-            if runs else None
+        started = [(datetime.datetime.fromtimestamp(run[0] / 1e3, datetime.timezone.utc).isoformat(timespec="seconds"),
+                    run[2]["commit_hash"]) for run in (newest_runs(files) if files else {}).values()]
+        commit = max([(d, c) for c, d in recorded.values() if c] + started, default=(None, None))[1]
     ours = [f for f in files if commit and os.path.basename(f).startswith(commit[:8])]
-    mine = {name for name, c in recorded.items() if commit and len(c) >= 7 and c[:7] == commit[:7]}
+    mine = {name for name, (c, _) in recorded.items() if commit and len(c) >= 7 and c[:7] == commit[:7]}
     if not ours and not mine:
         raise ResultSetError(f"{results}: no result files of machine {machine}"
                              + (f" and commit {commit}" if commit else ""))
@@ -652,7 +659,7 @@ def render(r: Results, machine: str, source: str) -> tuple[str, Part]:
             f"- device: {env.get('device', '?')} (driver {env.get('driver')}, CUDA {env.get('cuda')})",
             f"- torch {env.get('torch')}, Triton {env.get('triton')}, Python {env.get('python')}",
             f"- run: {env.get('date', '?')}, asv machine `{machine}`, commit {r.commit[:12]}: every number below comes "
-            f"from it" + (f" ({r.others} result files of other commits in the folder are left out)" if r.others else ""),
+            f"from it" + (f" ({r.others} result files of other commits, or recording none, are left out)" if r.others else ""),
             "",
             "## Targets (ratios from one run; reported, never asserted)", "",
             *_table(["target", "measured", "verdict", "where the time goes (misses)"], "llll", body.targets),

@@ -143,6 +143,21 @@ def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
     return (results / "bench" / MACHINE / "REPORT.md").read_text(), first_call["warm"]
 
 
+@pytest.mark.parametrize("same_commit", [True, False])
+def test_pytest_benchmarks_file_is_read_by_the_commit_it_records(tmp_path, same_commit):
+    """pytest-benchmark's host_overhead.json records its commit in its own `commit_info`, not in an environment: read
+    where that is the report's commit, left out (and counted) where it is another's."""
+    _regenerate(tmp_path)
+    path = tmp_path / "results" / "bench" / MACHINE / "host_overhead.json"
+    doc = json.loads(path.read_text())
+    doc.pop("environment", None)
+    doc["commit_info"]["id"] = SAMPLE_COMMIT if same_commit else "0def5670" * 5
+    path.write_text(json.dumps(doc))
+    text = _report(tmp_path / "results")
+    assert ("pytest-benchmark (`suites/test_host_overhead.py`)" in text) == same_commit
+    assert ("(1 result files of other commits, or recording none, are left out)" in text) != same_commit
+
+
 def test_start_up_is_also_given_above_the_floor(tmp_path):
     """The floor (a process importing torch and pieceworks) recorded beside the starts: each start's process seconds
     above it, and that over cold's; no floor recorded, no such line."""

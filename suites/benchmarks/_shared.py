@@ -126,14 +126,16 @@ def release() -> None:
 
 def environment() -> dict[str, Any]:
     """Device, driver, CUDA, torch, Triton, Python, the date and the commit measured ($PIECEWORKS_COMMIT, which
-    ci/main.sh sets; None outside it): what a number needs next to it."""
+    ci/main.sh sets, else this checkout's HEAD: `provenance.code_commit`): what a number needs next to it."""
     import platform
 
     import torch
 
+    from pieceworks.harness.provenance import code_commit
+
     info: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": os.environ.get("PIECEWORKS_COMMIT") or None,
+        "commit": os.environ.get("PIECEWORKS_COMMIT") or code_commit(),
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
         "machine": platform.node(), "cpu": platform.processor() or platform.machine(),
     }

@@ -333,3 +333,15 @@ def kernel_rebuilds_uncounted(mp: pytest.MonkeyPatch) -> None:
         cpu="suites/test_cache.py::test_a_compile_cache_miss_names_what_changed_in_its_key")
 def cache_miss_unexplained(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(backend, "explain_cache_miss", lambda root, key, factors: None)
+
+
+@mutant("the serving record's key ignores the order of modules and tensors",
+        cpu=_RECORD + "test_the_key_moves_with_the_order_of_modules_and_tensors")
+def record_key_ignores_order(mp: pytest.MonkeyPatch) -> None:
+    original = record.model_facts
+
+    def unordered(*args):
+        facts = original(*args)
+        return facts and {k: v for k, v in facts.items() if k != "order"}
+
+    mp.setattr(record, "model_facts", unordered)
