@@ -100,6 +100,13 @@ def cpu_vec_isa() -> Any:
     return _module("torch._inductor.cpu_vec_isa", "valid_vec_isa_list", "x86_isa_checker", "supported_vec_isa_list")
 
 
+def cpp_compiler_version() -> str:
+    """The C++ compiler Inductor builds CPU kernels with, and its version line (`cpp_builder`)."""
+    builder = _module("torch._inductor.cpp_builder", "get_cpp_compiler", "get_compiler_version_info")
+    compiler = builder.get_cpp_compiler()
+    return f"{compiler}: {builder.get_compiler_version_info(compiler)}"
+
+
 def example_value(node: torch.fx.Node) -> Any:
     """The FakeTensor/SymInt a node was traced with: Dynamo's `example_value`, else `val`, else None."""
     return node.meta["example_value"] if "example_value" in node.meta else node.meta.get("val")

@@ -182,16 +182,16 @@ def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
 
     Loads run in this process (Inductor's `compile_threads` is 1 for their duration): an artifact carries its
     compiled kernels, so a load builds none, and the pool of compile workers Inductor would otherwise start costs
-    a warm process seconds of start-up for nothing. A load whose kernels Inductor's cache lacked builds them:
-    counted (`num_kernel_rebuilds`) and logged with the artifact's path."""
+    a warm process seconds of start-up for nothing. A load whose code Inductor's own cache lacked writes it out again
+    and builds what it calls (`counters.num_kernel_rebuilds` says when): counted and logged with the artifact's path."""
     events = _compat.inductor_events()
     before = events["fxgraph_lookup_write_file"]
     with _compat.inductor_config().patch(compile_threads=1):
         artifact = _compat.load_artifact(path)
     if rebuilt := events["fxgraph_lookup_write_file"] - before:
         counters.num_kernel_rebuilds += rebuilt
-        log.info("pieceworks: %s loaded, the kernels of %d graphs built again: Inductor's own cache did not hold "
-                 "them", path, rebuilt)
+        log.info("pieceworks: %s loaded, the code of %d graphs written out and built again: Inductor's own cache "
+                 "did not hold it", path, rebuilt)
     return _adapt_outputs(artifact, gm)
 
 
@@ -223,32 +223,47 @@ def inductor_cache_dir(path: str | None, options: Mapping[str, Any]) -> Iterator
 
 @contextlib.contextmanager
 def known_cpu_isa(record: str) -> Iterator[None]:
-    """Inductor's probe of the CPU's vector ISAs (once a process: a build and a Python subprocess per ISA, about
+    """Inductor's probe of the CPU's vector ISAs (once a process per ISA: a build and a Python subprocess each, about
     1 s) skipped (`cpp.vec_isa_ok`) where the JSON file `record` says the probe passed for every ISA this CPU's flags
-    allow, with this torch build; where the probe runs, its result is recorded (atomically). Nothing is done where the
-    user set `cpp.vec_isa_ok`, off x86, or where Inductor lacks these names."""
-    try:
-        isa, config = _compat.cpu_vec_isa(), _compat.inductor_config()
-        probed, flags = isa.valid_vec_isa_list.cache_info().currsize, set(isa.x86_isa_checker())
-        allowed = [str(i) for i in isa.supported_vec_isa_list if all(f in flags for f in str(i).split())]
-        user_set = config.cpp.vec_isa_ok is not None
-    except Exception:  # noqa: BLE001 - another torch: Inductor probes as it would
+    allow, with this torch build and C++ compiler; where the probe runs, its result is recorded (atomically). Nothing
+    is done where the user set `cpp.vec_isa_ok`, off x86, or where Inductor lacks these names."""
+    found = _isa_facts()
+    if found is None:
         yield
         return
-    if user_set or probed or platform.machine() not in ("x86_64", "AMD64"):
-        yield
-        return
-    key = digest(json.dumps([sorted(flags), torch.__version__, str(torch.version.git_version)]))
-    try:
-        with open(record, encoding="utf-8") as f:
-            known = json.load(f)
-    except (OSError, ValueError):
-        known = {}
-    if known.get(key) == allowed:
+    isa, config, key, allowed = found
+    known = _read_json(record)
+    if known.get(key) == allowed:  # on every entry: a later compile of this process checks the ISA again
         with config.patch({"cpp.vec_isa_ok": True}):
             yield
         return
+    probed = isa.valid_vec_isa_list.cache_info().currsize
     yield
-    if isa.valid_vec_isa_list.cache_info().currsize:  # the probe ran: its result, for the next process
+    if not probed and isa.valid_vec_isa_list.cache_info().currsize:  # it ran here: its result, for the next process
         with contextlib.suppress(OSError):
             atomic_write(record, json.dumps({**known, key: [str(i) for i in isa.valid_vec_isa_list()]}).encode())
+
+
+def _isa_facts() -> tuple[Any, Any, str, list[str]] | None:
+    """(Inductor's ISA module, its config, this CPU's key, the ISAs its flags allow), or None where nothing is to be
+    done (see `known_cpu_isa`)."""
+    try:
+        isa, config = _compat.cpu_vec_isa(), _compat.inductor_config()
+        if config.cpp.vec_isa_ok is not None or platform.machine() not in ("x86_64", "AMD64"):
+            return None
+        flags = sorted(set(isa.x86_isa_checker()))
+        allowed = [str(i) for i in isa.supported_vec_isa_list if all(f in flags for f in str(i).split())]
+        key = digest(json.dumps([flags, torch.__version__, str(torch.version.git_version),
+                                 _compat.cpp_compiler_version()]))
+        return isa, config, key, allowed
+    except Exception:  # noqa: BLE001 - another torch: Inductor probes as it would
+        return None
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}

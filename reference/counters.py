@@ -31,8 +31,9 @@ class CompilationCounter:
     num_cache_entries_updated: int = 0
     num_compiled_artifacts_saved: int = 0
     num_compiled_artifacts_loaded: int = 0
-    # graphs of loaded artifacts whose code Inductor wrote out again, building their kernels: its own cache lacked
-    # them (removed, or a TORCHINDUCTOR_CACHE_DIR of the user's that this host has not filled)
+    # graphs of loaded artifacts whose code Inductor's own cache lacked and wrote out again (its folder removed, or a
+    # TORCHINDUCTOR_CACHE_DIR this host has not filled): on CPU their kernel libraries are built again, on GPU their
+    # Triton kernels are unless the artifact's bundle carried them
     num_kernel_rebuilds: int = 0
     # artifacts found truncated, garbled or from another torch build, logged and recompiled
     num_cache_artifacts_rejected: int = 0
