@@ -353,7 +353,8 @@ def serving_run(r: Results, model: str, attention: str, d: dict, judged: dict[st
     cell = lambda i, case: (f"{e['median_us']:.0f} ({e['iqr_us']:.0f})" if "median_us" in (  # noqa: E731
         e := entries.get(f"{i}|{case}", {})) else "n/a")
     ratio = lambda case, a, b: d.get("ratios", {}).get(case, {}).get(f"{a} / {b}")  # noqa: E731
-    lines = [f"### {name}", ""]
+    lines = [f"### {name}", "", *([f"A partial run ({d['partial']}: its time limit): what follows it is not measured.",
+                                   ""] if d.get("partial") else [])]
     for kind, cases in (("decode", [f"decode b{b}" for b in d["decode_batches"]]),
                         ("mixed", [f"mixed {n} tokens" for n in d["mixed_tokens"]])):
         ratios = [("PIECEWISE / FULL", "pieceworks-piecewise", "pieceworks-full"),

@@ -158,6 +158,17 @@ def test_pytest_benchmarks_file_is_read_by_the_commit_it_records(tmp_path, same_
     assert ("(1 result files of other commits, or recording none, are left out)" in text) != same_commit
 
 
+def test_a_partial_serving_run_says_so(tmp_path):
+    """A serving run stopped by its time limit (its details written after each phase, `partial` naming the last) is
+    shown as partial; a whole one is not."""
+    _regenerate(tmp_path, source=REPO / "results")
+    (path,) = (tmp_path / "results" / "bench" / MACHINE).glob("serving_*.json")
+    assert "A partial run" not in _report(tmp_path / "results")
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "partial": "stopped after steps"}))
+    assert "A partial run (stopped after steps: its time limit)" in _report(tmp_path / "results")
+
+
 def test_start_up_is_also_given_above_the_floor(tmp_path):
     """The floor (a process importing torch and pieceworks) recorded beside the starts: each start's process seconds
     above it, and that over cold's; no floor recorded, no such line."""
