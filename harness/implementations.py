@@ -15,7 +15,6 @@ meta-pcg) may stay alive next to one torch.compile-based build made after them.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import hashlib
 import importlib
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 
 import pieceworks
-from pieceworks import op_names
+from pieceworks import op_names, padded_size
 from pieceworks import unpad as _cut  # every tensor whose dim 0 is the padded size, cut back
 
 __all__ = ["Built", "Capabilities", "Implementation", "IMPLEMENTATIONS", "register", "resolve",
@@ -119,13 +118,12 @@ def _padded_server(sizes: Sequence[int], static: list[Any], replay: Callable[[in
 
     def serve(*args: Any) -> Any:
         batch = _batch_of(args)
-        i = bisect.bisect_left(ordered, batch)
-        if i == len(ordered):
+        if (n := padded_size(ordered, batch)) is None:
             return above(*args)
         for buffer, a in zip(static, args):
             if isinstance(a, torch.Tensor):
                 buffer[:batch].copy_(a)
-        return _cut(replay(ordered[i]), batch, ordered[i])
+        return _cut(replay(n), batch, n)
 
     return serve
 
