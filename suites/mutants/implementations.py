@@ -7,7 +7,6 @@ import bisect
 import dataclasses
 import importlib
 import tempfile
-import types
 from pathlib import Path
 
 import pytest
@@ -101,8 +100,11 @@ def pcg_always_available(mp: pytest.MonkeyPatch) -> None:
 @mutant("Meta pcg's adapter replays the captured size below the batch",
         gpu=_IMPLS + "test_compiler_free_peers_pad_and_serve_like_eager")
 def pcg_pads_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
-    below = types.SimpleNamespace(bisect_left=lambda a, x: max(bisect.bisect_left(a, x) - 1, 0))
-    mp.setattr(impls, "bisect", below)
+    def below(sizes, batch):
+        i = bisect.bisect_left(sizes, batch)
+        return None if i == len(sizes) else sizes[max(i - 1, 0)]
+
+    mp.setattr(impls, "padded_size", below)
 
 
 @mutant("an adapter's compile count includes earlier builds' compiles",
