@@ -272,8 +272,8 @@ def test_the_newest_side_by_side_run_gets_a_table_of_its_rounds_and_the_call_ove
     call = _line(text, "| CompiledModel call ≤ 1.03× its plan run, side by side (rounds)")
     assert "| bfloat16 b64: 1.01× (1.00-1.03) | met |" in call
     assert "Meta pcg, side by side" not in text and "reduce-overhead, side by side" not in text
-    # a later run of the same commit: only it is read
-    _side_by_side_run(folder, "later", full=1.12, unsplit=1.10, pcg=0.8, date="2026-11-24T00:00:00+00:00")
+    # a later run of the same commit, its file name sorting first: only it is read
+    _side_by_side_run(folder, "0-later", full=1.12, unsplit=1.10, pcg=0.8, date="2026-11-24T00:00:00+00:00")
     text = _report(tmp_path / "results")
     assert f"commit {SAMPLE_COMMIT[:7]}, 2026-11-24" in text and "2026-11-23" not in text
     assert "| 1.120× (1.110-1.140) | 1.100× (1.090-1.120) |" in _side_by_side_row(text, 64)
