@@ -46,7 +46,8 @@ def index_without_checksum(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(cache, "entries_digest", lambda entries: "unchecked")
 
 
-@mutant("artifacts load without their SHA-256 check (properties 3, 7)", cpu="suites/test_cache_machine.py")
+@mutant("artifacts load without their SHA-256 check (properties 3, 7)",
+        cpu="suites/test_cache.py::test_corrupt_artifact_is_reported_and_recompiled suites/test_cache_machine.py")
 def load_without_checking(mp: pytest.MonkeyPatch) -> None:
     _load_with(mp, lambda path, entry, loader: loader(path))
 
