@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -28,7 +27,7 @@ from .cache import CompileCache, newest_factors
 from .compiler import PieceCompiler
 from .config import CompilationConfig
 from .counters import counters
-from .key import UnkeyableConfigError, cache_factors, cache_key, describe_change, first_change
+from .key import UnkeyableConfigError, as_json, cache_factors, cache_key, describe_change, first_change
 from .piece import BatchPosition, Piece, batch_position, mutated_inputs, traced_args
 from .progress import progress
 from .runtime import Runtime
@@ -127,8 +126,7 @@ def explain_cache_miss(root: str, key: str, factors: dict[str, Any]) -> None:
                                              if "=" in p)}
 
     last = newest_factors(root, key, lambda found: found.get("graph") == factors["graph"])
-    now = json.loads(json.dumps(factors, sort_keys=True, default=repr))  # as factors.json holds them
-    if last is None or (change := first_change(readable(last), readable(now))) is None:
+    if last is None or (change := first_change(readable(last), readable(as_json(factors)))) is None:
         return
     what = "the global Inductor configuration (torch._inductor.config) changed" if change[0] == "inductor" else \
         describe_change(change)

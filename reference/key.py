@@ -198,6 +198,12 @@ def cache_factors(split_gm: torch.fx.GraphModule, fakes: list[Any], piece_finger
             "inductor": inductor_config_factors(), "environment": environment_factors()}
 
 
+def as_json(value: Any) -> Any:
+    """`value` as a JSON file holds it (tuples as lists, other objects by `repr`), in its own order: what
+    `first_change` compares a stored key's facts with."""
+    return json.loads(json.dumps(value, default=repr))
+
+
 def first_change(old: Any, new: Any, where: str = "") -> tuple[str, Any, Any] | None:
     """The first place where two keys' facts (JSON as stored) differ: (its path, e.g. "config.compile_sizes" or
     "modules.layers.0.attributes.eps", the old value, the new one), or None where they are equal."""

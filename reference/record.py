@@ -67,7 +67,7 @@ import torch
 from . import _compat
 from .cache import CompileCache, newest_factors
 from .config import CompilationConfig
-from .key import (UnkeyableConfigError, describe_change, digest, environment_factors, first_change, portable,
+from .key import (UnkeyableConfigError, as_json, describe_change, digest, environment_factors, first_change, portable,
                   software_factors)
 from .watch import original_class
 
@@ -381,12 +381,7 @@ def changed_read(reads: Sequence[tuple[str, str, Any]], model: Any, frame_global
 
 def _store(config: CompilationConfig, key: str, facts: dict[str, Any] | None = None) -> CompileCache | None:
     return CompileCache.open(config.resolved_cache_dir(), f"model-{key}", {
-        "environment": environment_factors(), "model": key, **({"facts": _as_stored(facts)} if facts else {})})
-
-
-def _as_stored(facts: dict[str, Any]) -> Any:
-    """`facts` as JSON holds them (tuples as lists), in their own order."""
-    return json.loads(json.dumps(facts, default=repr))
+        "environment": environment_factors(), "model": key, **({"facts": as_json(facts)} if facts else {})})
 
 
 def save(config: CompilationConfig, key: str, record: Record, facts: dict[str, Any] | None = None) -> bool:
@@ -426,7 +421,7 @@ def load(config: CompilationConfig, key: str, facts: dict[str, Any] | None = Non
     record = None if cache is None else cache.load(ENTRY, _read)[0]
     if cache is not None and facts is not None and not os.path.exists(cache.index_path):
         try:  # a new key: why, against the newest record of the class
-            _explain_miss(cache.root, key, _as_stored(facts))
+            _explain_miss(cache.root, key, as_json(facts))
         except Exception as exc:  # noqa: BLE001 - an explanation must never fail the call
             log.debug("pieceworks: no explanation of the serving record's miss (%s: %s)", type(exc).__name__, exc)
     if record is not None and (path := changed_file(record.files)) is not None:
