@@ -38,8 +38,9 @@ A missing record whose model class has one under another key is explained: each 
 
 Faults: a record that is missing, unreadable, of another version, or whose traced files changed is not used (the
 cache logs a damaged one; a changed file is logged at INFO); one that cannot be rebuilt (a graph this torch cannot
-unpickle or compile) gives one WARNING. Either way the call traces as before and stores a fresh record. Storage is the compile cache's (cache.py: atomic, checksummed and locked; read-only and unusable
-caches handled there), in a key folder `model-<key>` of its own. A record is a pickle: like the Inductor artifacts
+unpickle or compile) gives one WARNING. Either way the call traces as before and stores a fresh record. Storage is
+the compile cache's (cache.py: atomic, checksummed and locked; read-only and unusable caches handled there), in a key
+folder `model-<key>` of its own. A record is a pickle: like the Inductor artifacts
 beside it, it runs code when loaded, so a cache folder must be as trusted as the code it caches.
 """
 
