@@ -503,15 +503,26 @@ def capture_note(r: Results, model: str, mode: str) -> str:
             f"{one['capture_seconds']:.2f} s, then {1e3 * per_graph:.2f} ms a graph{where}")
 
 
+STARTED_MODELS = {"compile": ("CompileStart", "ToyLlama 12 layers"),  # details: (asv class, model)
+                  "compile_llama_1b": ("CompileStartLlama1B", "Llama-3.2-1B's shape (bfloat16)")}
+
+
 def compile_starts(r: Results) -> Part:
-    """The table of the asv run's starts, each against the cold start; the warm-start target judged on every warm
-    start, a miss's first call split into its parts (`first_call_note`)."""
-    name, title = "compile.CompileStart.track_", "Start-up: cold, warm, warm on a new host"
-    details, reason = r.details.get("compile", {}), r.skip_reason("compile", needs_cuda=False)
+    """A start-up table per model (`STARTED_MODELS`), each start against the model's cold start; the warm-start
+    target judged on every warm start, a miss's first call split into its parts (`first_call_note`)."""
+    part = Part()
+    for detail, (cls, model) in STARTED_MODELS.items():
+        part.add(model_starts(r, detail, cls, model))
+    return part
+
+
+def model_starts(r: Results, detail: str, cls: str, model: str) -> Part:
+    name, title = f"compile.{cls}.track_", f"Start-up: cold, warm, warm on a new host: {model}"
+    details, reason = r.details.get(detail, {}), r.skip_reason(detail, needs_cuda=detail != "compile")
     starts = {s: {**details.get("entries", {}).get(s, {}), **{k: r.value(name + k, s) for k in (
         "first_call_seconds", "process_seconds", "inductor_compiles", "artifacts_loaded")}}
         for s in ("cold", "warm", "warm_new_host")}
-    label = r.label("warm_vs_cold", device=f"; {details['device']}" if details.get("device") else "")
+    label = r.label("warm_vs_cold", device=f"; {model}" + (f" on {details['device']}" if details.get("device") else ""))
     cold = starts["cold"]["first_call_seconds"]
     if cold is None:
         return not_measured(title, reason, targets=[label])
@@ -534,7 +545,7 @@ def compile_starts(r: Results) -> Part:
         over = {s: e["process_seconds"] - floor for s, e in starts.items() if e.get("process_seconds") is not None}
         above = [f"Floor (a fresh process importing torch and pieceworks): {floor:.2f} s. Process seconds above it: "
                  + ", ".join(f"{s} {x:.2f} s ({x / over['cold']:.2f}× cold's)" for s, x in over.items()) + ".", ""]
-    return Part([f"## {title}", "", f"ToyLlama 12 layers on {details.get('device', '?')}. Trace: the first call "
+    return Part([f"## {title}", "", f"{model} on {details.get('device', '?')}. Trace: the first call "
                  "outside the backend (Dynamo's trace, or reading the serving record, and one run).", "",
                  *_table(["start", *shown], "l" + "r" * len(shown), rows), *above]).add(
         target_row(label, measured, reason, "; ".join(n for n in notes if n), "; "))

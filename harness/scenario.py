@@ -44,7 +44,8 @@ def _run_startup_hook() -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["silly", "toy_llama"], default="toy_llama")
+    parser.add_argument("--model", choices=["silly", "toy_llama", "llama_1b"], default="toy_llama",
+                        help="llama_1b: Llama-3.2-1B's shape in bfloat16 with the unified attention (--layers unused)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--batches", default="1,7,64")
@@ -57,19 +58,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import pieceworks
     from pieceworks import pool_bytes
 
-    from . import models
+    from . import llama, models
     from .profile import host_profile
 
     torch.manual_seed(0)
+    splitting_ops = models.SPLITTING_OPS
     if args.model == "silly":
         model, make_inputs = models.SillyModel(), lambda b: (torch.randn(b, device=args.device),)
+    elif args.model == "llama_1b":  # a decode step of b sequences: the model's attention metadata filled and current
+        with torch.device(args.device):
+            model = llama.Llama(llama.LLAMA_1B).to(args.device, torch.bfloat16)
+        make_inputs = lambda b: llama.decode_batch(model, b, device=args.device, seed=b)  # noqa: E731
+        splitting_ops = model.config.splitting_ops
     else:
         config = models.ToyLlamaConfig(num_layers=args.layers)
         model = models.ToyLlama(config).to(args.device)
         make_inputs = lambda b: models.toy_llama_inputs(b, config, device=args.device, seed=b)  # noqa: E731
     mode = pieceworks.CUDAGraphMode.PIECEWISE if args.capture else pieceworks.CUDAGraphMode.NONE
     compiled = pieceworks.compile(model, pieceworks.CompilationConfig(
-        splitting_ops=models.SPLITTING_OPS, cache_dir=args.cache_dir, cudagraph_mode=mode))
+        splitting_ops=splitting_ops, cache_dir=args.cache_dir, cudagraph_mode=mode))
     before = pieceworks.counters.snapshot()
     worst, first_call_s, capture, first_call_profile = 0.0, None, {}, None
     with torch.no_grad():

@@ -1,8 +1,9 @@
-"""Cold, warm, and warm on a new host: ToyLlama compiled in fresh processes, where each first call's time goes.
+"""Cold, warm, and warm on a new host: a model compiled in fresh processes, where each first call's time goes.
 
 `measure` is the compile benchmark's measurement (`bash ci/main.sh --bench '^compile'` runs it alone). Each start
-is one `pieceworks.harness.scenario` process (Inductor, mode NONE, or PIECEWISE with every default size captured
-after the first call: `capture`; batches 1, 7, 64, 300), all with one pieceworks cache:
+is one `pieceworks.harness.scenario` process of one `model` (ToyLlama of `layers`, or "llama_1b": the 1B's shape in
+bfloat16) compiled with Inductor, mode NONE, or PIECEWISE with every default size captured after the first call
+(`capture`); batches 1, 7, 64, 300; all starts with one pieceworks cache:
 - cold: empty pieceworks cache, empty Inductor cache;
 - warm: the cold run's pieceworks cache and Inductor cache (a restart on the same host);
 - warm_new_host: the cold run's pieceworks cache, an empty Inductor cache (the cache copied to a new host).
@@ -33,7 +34,7 @@ COUNTED = {"inductor_compiles": "inductor_compiles", "artifacts_loaded": "compil
            "dynamo_traces": "dynamo_traces", "traces_reused": "traces_reused", "kernel_rebuilds": "kernel_rebuilds"}  # {field: counter without "num_"}
 
 
-def measure(device: str, layers: int = 12, capture: bool = False, profile: bool = False,
+def measure(device: str, layers: int = 12, capture: bool = False, profile: bool = False, model: str = "toy_llama",
             progress: Callable[[str], None] = functools.partial(print, file=sys.stderr, flush=True)) -> dict:
     """`{start: {...}}` for each start, in order (see the module doc): seconds of the first call and of the whole
     process; the first call split into `trace_seconds` (outside the backend: Dynamo's trace or reading the serving
@@ -42,7 +43,7 @@ def measure(device: str, layers: int = 12, capture: bool = False, profile: bool 
     every default capture size (PIECEWISE), their number, and the pool bytes estimated before and read after it; with
     `profile`, the warm start's `first_call_profile` (`profile.host_profile`) from one more warm start."""
     with tempfile.TemporaryDirectory(prefix="pieceworks-warm-start-", ignore_cleanup_errors=True) as work:
-        args = ("--model", "toy_llama", "--layers", str(layers), "--cache-dir", os.path.join(work, "cache"),
+        args = ("--model", model, "--layers", str(layers), "--cache-dir", os.path.join(work, "cache"),
                 "--device", device, "--batches", "1,7,64,300")
         env, unset = lambda host: {"TMPDIR": os.path.join(work, host)}, ("TORCHINDUCTOR_CACHE_DIR",)
         results = {}

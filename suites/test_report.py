@@ -186,6 +186,37 @@ def test_start_up_is_also_given_above_the_floor(tmp_path):
         in line
 
 
+def test_each_started_model_has_its_own_table_from_its_own_results(tmp_path):
+    """The 1B's starts (its own asv class and `compile_llama_1b.json`) make a table and a target row of their own:
+    copies of ToyLlama's results renamed and scaled, warm at 0.05× cold. Without them the 1B says "not measured"."""
+    text = _regenerate(tmp_path / "before")
+    assert "## Start-up: cold, warm, warm on a new host: Llama-3.2-1B's shape (bfloat16)\n\nNot measured here" in text
+    _regenerate(tmp_path)
+    results = tmp_path / "results"
+    bench = results / "bench" / MACHINE
+    doc = json.loads((bench / "compile.json").read_text())
+    (bench / "compile_llama_1b.json").write_text(json.dumps({**doc, "model": "llama_1b"}))
+    for path in (results / "asv" / MACHINE).glob("*-*.json"):
+        run = json.loads(path.read_text())
+        for name in [n for n in run["results"] if n.startswith("compile.CompileStart.")]:
+            row = dict(zip(run["result_columns"], run["results"][name]))
+            starts = [ast.literal_eval(p) for p in row["params"][0]]
+            values = dict(zip(starts, (7 * v for v in row["result"])))
+            if name.endswith("first_call_seconds"):
+                values["warm"] = 0.05 * values["cold"]
+            copy = {**row, "result": [values[s] for s in starts]}
+            run["results"][name.replace("CompileStart.", "CompileStartLlama1B.")] = [
+                copy.get(c) for c in run["result_columns"]]
+        path.write_text(json.dumps(run))
+    text = _report(results)
+    table = text[text.index("## Start-up: cold, warm, warm on a new host: Llama-3.2-1B's shape (bfloat16)"):]
+    cold = report.load_results(str(results), MACHINE).asv["compile.CompileStartLlama1B.track_first_call_seconds"]
+    assert _line(table, "| cold |").startswith(f"| cold | {cold[('cold',)]:.2f} | 1.00 |")
+    assert _line(table, "| warm |").startswith(f"| warm | {cold[('warm',)]:.2f} | 0.05 |")
+    assert "warm: 0.05× cold" in _line(text, "| warm start: 0 Inductor compiles, 0 traces, ≤ 10% of cold (also new "
+                                            "host; Llama-3.2-1B's shape (bfloat16)")
+
+
 def _line(text: str, start: str) -> str:
     return next(line for line in text.splitlines() if line.startswith(start))
 

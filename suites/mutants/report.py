@@ -120,3 +120,10 @@ def warm_start_leaves_its_folder(mp: pytest.MonkeyPatch) -> None:
         yield tempfile.mkdtemp(prefix=prefix)
 
     mp.setattr(warm_start, "tempfile", types.SimpleNamespace(TemporaryDirectory=kept, mkdtemp=tempfile.mkdtemp))
+
+
+@mutant("every model's start-up table reads ToyLlama's results",
+        cpu=_REPORT + "test_each_started_model_has_its_own_table_from_its_own_results")
+def report_starts_of_one_model(mp: pytest.MonkeyPatch) -> None:
+    original = report.model_starts
+    mp.setattr(report, "model_starts", lambda r, detail, cls, model: original(r, "compile", "CompileStart", model))
