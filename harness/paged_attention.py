@@ -27,9 +27,9 @@ Masked positions are never read: a stale or NaN cache never reaches a real row; 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
-import types
 from typing import Any
 
 import torch
@@ -44,6 +44,15 @@ __all__ = ["ATTENTION_OPS", "AttentionMetadata", "SCRATCH_SLOT", "ZERO_SLOT", "a
 ZERO_SLOT, SCRATCH_SLOT = 0, 1  # both in the reserved block 0
 ATTENTION_OPS = {"unified": "llama::paged_attention", "varlen": "llama::paged_attention_varlen"}
 log = logging.getLogger("pieceworks")
+
+
+@dataclasses.dataclass
+class Plan:
+    """The host's plan of a batch: its tokens, sequences, longest query and whether it is uniform decode."""
+    num_tokens: int = 0
+    num_seqs: int = 0
+    max_query_len: int = 1
+    uniform_decode: bool = True
 
 
 class AttentionMetadata(nn.Module):
@@ -65,8 +74,9 @@ class AttentionMetadata(nn.Module):
         tables = torch.where(blocks < config.num_blocks, blocks, 0).view(seqs, -1)
         self.host_tables = torch.cat([tables, tables.new_zeros(1, tables.shape[1])])  # the host's copy
         self.register_buffer("block_tables", self.host_tables.to(self.slot_mapping.device), persistent=False)
-        # the host's plan of the current batch, written in place (the module's own attributes never change)
-        self.plan = types.SimpleNamespace(num_tokens=0, num_seqs=0, max_query_len=1, uniform_decode=True)
+        # the host's plan of the current batch, written in place (the module's own attributes never change); plain
+        # values, so that a serving record can key the model holding it
+        self.plan = Plan()
 
     def assign_blocks(self, seq: int, blocks: list[int]) -> None:
         """Sequence slot `seq` owns cache blocks `blocks` (in position order) from now on."""

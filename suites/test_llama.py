@@ -119,6 +119,21 @@ def test_inductor_pieces_match_eager_for_decode_and_prefill_batches():
             torch.testing.assert_close(compiled(*args), expected, rtol=1e-4, atol=1e-4, msg=lambda m: f"call {i}: {m}")
 
 
+@pytest.mark.parametrize("attention", ["unified", "varlen"])
+def test_the_model_can_be_keyed_for_a_serving_record(attention, caplog):
+    """Every attribute of the model, its attention metadata's host plan included, is a plain value that a serving
+    record's key can digest: a warm start serves from the record instead of tracing again."""
+    from pieceworks import record
+
+    model = L.Llama(dataclasses.replace(C, attention=attention))
+    L.decode_batch(model, 3)
+    with caplog.at_level("INFO", logger="pieceworks"):
+        facts = record.model_facts(model, [], CompilationConfig(splitting_ops=model.config.splitting_ops))
+    assert facts is not None, caplog.text
+    assert facts["modules"]["attn_metadata"]["attributes"]["plan"] == {
+        "num_tokens": 3, "num_seqs": 3, "max_query_len": 1, "uniform_decode": True}
+
+
 @pytest.mark.parametrize("layers", [1, 3])
 def test_the_graph_splits_into_2L_plus_1_pieces(layers):
     config = dataclasses.replace(C, num_layers=layers)
