@@ -395,7 +395,7 @@ def serving_run(r: Results, model: str, attention: str, d: dict, judged: dict[st
         rows.append(row)
         if i == "pieceworks-piecewise" and model == "llama_1b" and b.get("capture_ms_per_size") is not None:
             judged["serving_capture_ms"].append((f"{name}: {b['capture_ms_per_size']:.1f} ms",
-                                                 b["capture_ms_per_size"], ""))
+                                                 b["capture_ms_per_size"], capture_note(r, model, "PIECEWISE")))
     lines += ["Traces, tokens/s (and over FULL_AND_PIECEWISE's, per-round range); capture ms per size; graph pool MiB: "
               + "; ".join(f"{t}: {v['steps']} steps, {v['tokens']} tokens ({', '.join(f'{n} {k}' for k, n in v['kinds'].items())})"
                           for t, v in traces.items()), "",
@@ -404,9 +404,10 @@ def serving_run(r: Results, model: str, attention: str, d: dict, judged: dict[st
     host = d.get("attention_host_us", {})
     for case, h in host.items():
         if case == "decode b1":
-            top = d.get("attention_host_profile", {}).get("top", [])
+            per_call = [{**p, "us": 1e4 * p["tottime_s"]} for p in d.get("attention_host_profile", {}).get("top", [])]
             judged["attention_host_us"].append((f"{name}: {h['median_us']:.1f} µs", h["median_us"], f"{name}, 100 "
-                                                "calls under cProfile, own time: " + _own_time(top, "tottime_s", "s")))
+                                                "calls under cProfile, own time a call: " + _own_time(per_call, "us",
+                                                                                                       "µs")))
     gaps = d.get("piecewise_launch_gaps", {})
     lines += ["Attention op host µs per call: " + ", ".join(f"{c} {h['median_us']:.1f} (IQR {h['iqr_us']:.1f})"
                                                            for c, h in host.items())

@@ -79,3 +79,13 @@ def test_a_mutant_reaches_the_session_and_the_processes_it_starts(tmp_path):
                "-p", "suites.mutants.plugin", "--pieceworks-mutant", "conformance_nothing_ran_passes"]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine where the GPU target skips")
+def test_a_target_that_only_skipped_gives_no_verdict():
+    """A mutant whose target tests all skip here (a GPU test without CUDA) is neither caught nor survived."""
+    from suites.mutants.__main__ import run_one
+
+    name = "attention_sees_one_position_more"
+    caught, detail = run_one(name, MUTANTS[name].gpu, None, 300)
+    assert caught is None and "skipped" in detail, detail

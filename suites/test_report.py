@@ -169,6 +169,23 @@ def test_a_partial_serving_run_says_so(tmp_path):
     assert "A partial run (stopped after steps: its time limit)" in _report(tmp_path / "results")
 
 
+def test_serving_misses_carry_their_profiles(tmp_path):
+    """An attention op over its host-time target is explained by its cProfile's own time a call (100 calls
+    profiled), a PIECEWISE capture over its target by the capture's profile from the memory run."""
+    _regenerate(tmp_path, source=REPO / "results")
+    path = tmp_path / "results" / "bench" / MACHINE / "serving_llama_1b_unified.json"
+    doc = json.loads(path.read_text())
+    doc["attention_host_us"]["decode b1"]["median_us"] = 100.0
+    doc["builds"]["pieceworks-piecewise"]["capture_ms_per_size"] = 100.0
+    path.write_text(json.dumps(doc))
+    text = _report(tmp_path / "results")
+    top = doc["attention_host_profile"]["top"][0]
+    assert (f"llama_1b, unified attention, 100 calls under cProfile, own time a call: `{top['function']}` "
+            f"{1e4 * top['tottime_s']:.1f} µs in {top['calls']:g} calls") in _line(text, "| attention op host time")
+    row = _line(text, "| PIECEWISE capture ≤ 25 ms per size")
+    assert "**missed**" in row and "llama_1b PIECEWISE: " in row and " ms a graph; under cProfile (" in row
+
+
 def test_start_up_is_also_given_above_the_floor(tmp_path):
     """The floor (a process importing torch and pieceworks) recorded beside the starts: each start's process seconds
     above it, and that over cold's; no floor recorded, no such line."""

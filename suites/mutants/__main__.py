@@ -4,8 +4,9 @@
 repository root, runs pytest once per mutant on its `cpu` (or, with --gpu, `gpu`) node ids, stopping at the first
 failure, and records for each: did the tests fail (they must), the first error, and the example hypothesis printed.
 A run past `--timeout` (default 600 s) or ending without a failing test (a usage error, nothing collected) counts
-as SURVIVED, with the reason. Prints `NAME: caught|SURVIVED (seconds)` per mutant as it goes, then the report,
-which `--out` appends to FILE; exit status 1 if any survived. On a GPU use `--profile find-only` (no shrinking: each
+as SURVIVED, with the reason; one whose target tests were all skipped (a 2-GPU test on one GPU) as NO VERDICT.
+Prints `NAME: caught|SURVIVED|NO VERDICT (seconds)` per mutant as it goes, then the report, which `--out` appends to
+FILE; exit status 1 if any was not caught. On a GPU use `--profile find-only` (no shrinking: each
 shrink step compiles and captures a model).
 """
 
@@ -26,12 +27,13 @@ from . import all_mutants
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_one(name: str, target: str, profile: str | None, timeout: float) -> tuple[bool, str]:
-    """(caught, what pytest reported) of mutant `name` against the node ids of `target`."""
+def run_one(name: str, target: str, profile: str | None, timeout: float) -> tuple[bool | None, str]:
+    """(caught, what pytest reported) of mutant `name` against the node ids of `target`; caught is None where every
+    target test was skipped (no verdict)."""
     extra = ["--hypothesis-profile", profile] if profile else []
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", *target.split(), "-x", "-q", "-p", "no:cacheprovider",
+            [sys.executable, "-m", "pytest", *target.split(), "-x", "-q", "-rs", "-p", "no:cacheprovider",
              "--pieceworks-mutant", name, *extra],
             capture_output=True, text=True, timeout=timeout, cwd=REPO,
         )
@@ -47,6 +49,9 @@ def run_one(name: str, target: str, profile: str | None, timeout: float) -> tupl
                       text, re.S) or re.search(r"(state = \w+\(\).*?state\.teardown\(\))", text, re.S)
     if proc.returncode not in (0, 1):  # 2-5: interrupted, internal or usage error, nothing collected: no verdict
         return False, f"pytest exit status {proc.returncode}, not a failing test:\n{text[-1500:]}"
+    if proc.returncode == 0 and not re.search(r"\b\d+ passed\b", text):  # every target test skipped: no verdict
+        return None, "every target test was skipped here:\n" + "\n".join(
+            re.findall(r"^SKIPPED.*$", text, re.M)[:5] or [text[-800:]])
     detail = found.group(1).strip() if found else "(none printed)"
     return proc.returncode == 1, f"{failure[0] if failure else ''}\n{detail}".strip()
 
@@ -73,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, target in targets.items():
         start = time.perf_counter()
         caught, detail = run_one(name, target, args.profile, args.timeout)
-        print(f"{name}: {'caught' if caught else 'SURVIVED'} ({time.perf_counter() - start:.0f} s)", flush=True)
+        verdict = {True: "caught", False: "SURVIVED", None: "NO VERDICT"}[caught]
+        print(f"{name}: {verdict} ({time.perf_counter() - start:.0f} s)", flush=True)
         if not caught:
             survived.append(name)
-        lines += [f"### `{name}`: {mutants[name].description}", "", f"Target: `{target}`. Result: "
-                  f"{'the property failed, as it must' if caught else 'the property still passed'}.", "",
+        result = {True: "the property failed, as it must", False: "the property still passed",
+                  None: "no verdict: its target did not run here"}[caught]
+        lines += [f"### `{name}`: {mutants[name].description}", "", f"Target: `{target}`. Result: {result}.", "",
                   "```", detail, "```", ""]
     text = "\n".join(lines)
     print(text)

@@ -63,9 +63,10 @@ def report_hides_where_the_first_call_went(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant("a missed capture target never says what the first size and each further graph cost",
-        cpu=_REPORT + "test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost")
+        cpu=_REPORT + "test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost "
+        + _REPORT + "test_serving_misses_carry_their_profiles")
 def report_hides_the_capture_cost(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(report, "capture_note", lambda r, mode: "")
+    mp.setattr(report, "capture_note", lambda r, model, mode: "")
 
 
 @mutant("the latency tables and target rows divide one median by the other where the run timed both sides in "
