@@ -660,6 +660,13 @@ def code_size(r: Results) -> Part:
 SECTIONS = (serving, latency, memory, compile_starts, host_overhead, side_by_side, dispatch, code_size)
 
 
+def host_line(host: dict) -> str:
+    """"- host: 16 of 64 logical CPUs usable (CPU model), load average 3.1 at the start, 1 GPU visible": what
+    host-bound times (eager steps, host µs) depend on."""
+    return (f"- host: {host.get('cpus_usable')} of {host.get('cpus')} logical CPUs usable ({host.get('cpu_model')}), "
+            f"load average {host.get('load_average')} at the start, {host.get('gpus_visible')} GPUs visible")
+
+
 def render(r: Results, machine: str, source: str) -> tuple[str, Part]:
     """The whole report, and what its sections add up to; `source` names where its result files come from
     (`result_files_source`)."""
@@ -671,6 +678,7 @@ def render(r: Results, machine: str, source: str) -> tuple[str, Part]:
             f"number was measured: [docs/benchmarks.md]({DOCS}).", "",
             f"- device: {env.get('device', '?')} (driver {env.get('driver')}, CUDA {env.get('cuda')})",
             f"- torch {env.get('torch')}, Triton {env.get('triton')}, Python {env.get('python')}",
+            *([host_line(env["host"])] if env.get("host") else []),
             f"- run: {env.get('date', '?')}, asv machine `{machine}`, commit {r.commit[:12]}: every number below comes "
             f"from it" + (f" ({r.others} result files of other commits, or recording none, are left out)" if r.others else ""),
             "",

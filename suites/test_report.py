@@ -186,6 +186,19 @@ def test_serving_misses_carry_their_profiles(tmp_path):
     assert "**missed**" in row and "llama_1b PIECEWISE: " in row and " ms a graph; under cProfile (" in row
 
 
+def test_the_header_says_what_host_times_ran_on(tmp_path):
+    """The host the run recorded (usable of all logical CPUs, CPU model, load average at the start, GPUs visible)
+    heads the report: host-bound times (eager steps, host µs) mean little without it."""
+    _regenerate(tmp_path)
+    path = tmp_path / "results" / "bench" / MACHINE / "environment.json"
+    doc = json.loads(path.read_text())
+    doc["environment"]["host"] = {"cpu_model": "Some CPU", "cpus_usable": 16, "cpus": 64, "load_average": 31.5,
+                                  "gpus_visible": 1}
+    path.write_text(json.dumps(doc))
+    assert ("- host: 16 of 64 logical CPUs usable (Some CPU), load average 31.5 at the start, 1 GPUs visible\n"
+            in _report(tmp_path / "results"))
+
+
 def test_start_up_is_also_given_above_the_floor(tmp_path):
     """The floor (a process importing torch and pieceworks) recorded beside the starts: each start's process seconds
     above it, and that over cold's; no floor recorded, no such line."""

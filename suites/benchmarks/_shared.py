@@ -124,9 +124,31 @@ def release() -> None:
         torch.cuda.empty_cache()
 
 
+def host() -> dict[str, Any]:
+    """What host-side times depend on: the CPU model, the logical CPUs this process may run on of those the host has,
+    the load average when the run began (other work on the host), and the GPUs this process sees."""
+    import torch
+
+    model = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                  if line.startswith("model name")), None)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu_model": model, "cpus_usable": usable, "cpus": os.cpu_count(),
+            "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+            "gpus_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def environment() -> dict[str, Any]:
-    """Device, driver, CUDA, torch, Triton, Python, the date and the commit measured ($PIECEWORKS_COMMIT, which
-    ci/main.sh sets, else this checkout's HEAD: `provenance.code_commit`): what a number needs next to it."""
+    """Device, driver, CUDA, torch, Triton, Python, the host (`host`), the date and the commit measured
+    ($PIECEWORKS_COMMIT, which ci/main.sh sets, else this checkout's HEAD: `provenance.code_commit`): what a number
+    needs next to it."""
     import platform
 
     import torch
@@ -137,7 +159,7 @@ def environment() -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": os.environ.get("PIECEWORKS_COMMIT") or code_commit(),
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "machine": platform.node(), "cpu": platform.processor() or platform.machine(),
+        "machine": platform.node(), "cpu": platform.processor() or platform.machine(), "host": host(),
     }
     try:
         import triton

@@ -128,3 +128,9 @@ def warm_start_leaves_its_folder(mp: pytest.MonkeyPatch) -> None:
 def report_starts_of_one_model(mp: pytest.MonkeyPatch) -> None:
     original = report.model_starts
     mp.setattr(report, "model_starts", lambda r, detail, cls, model: original(r, "compile", "CompileStart", model))
+
+
+@mutant("the report leaves out the host that host-bound times ran on",
+        cpu=_REPORT + "test_the_header_says_what_host_times_ran_on")
+def report_without_host(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(report, "host_line", lambda host: "- host: recorded")
