@@ -51,6 +51,7 @@ the batch (`unpad`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import types
@@ -172,6 +173,21 @@ def contiguous(args: Sequence[Any]) -> list[Any]:
     return [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
 
 
+@dataclasses.dataclass
+class Trace:
+    """What a tracing call leaves for `CompiledModel._start_serving`, filled by Dynamo's callbacks as they come: the
+    guard filter's `guards`; the backend's `gm`, the traced `code` objects, its `example_inputs` and, tracing on
+    copies, `saved` (what the run will write in place besides them, to put back); the tracing run's
+    `graph_output`. `copies`: ids of the copies traced on; None where the call's own tensors were traced."""
+    copies: set[int] | None = None
+    guards: list[Any] | None = None
+    gm: torch.fx.GraphModule | None = None
+    code: list[Any] | None = None
+    example_inputs: list[Any] = dataclasses.field(default_factory=list)
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=list)
+    graph_output: Any = None
+
+
 class CompiledModel:
     """What `pieceworks.compile` returns. Call it like the model. Not thread-safe: one caller at a time.
 
@@ -194,7 +210,7 @@ class CompiledModel:
         self.config = own_config(config)  # a frozen copy: `config` itself is frozen too (see CompilationConfig)
         self._dynamo_fn = self._entry()
         self._graph: CompiledGraph | None = None  # set by the backend call, once
-        self._traced: dict[str, Any] = {}  # the tracing call's facts, until `_start_serving` reads them
+        self._traced = Trace()  # the tracing call's facts, until `_start_serving` reads them
         self.runtime: Runtime | None = None
         self.binder: Binder | None = None
         self.static_inputs: StaticInputs | None = None
@@ -217,7 +233,7 @@ class CompiledModel:
                              options={"guard_filter_fn": _calling_weakly(self._drop_guards)})
 
     def _drop_guards(self, entries: Sequence[Any]) -> list[bool]:
-        self._traced["guards"] = list(entries)
+        self._traced.guards = list(entries)
         return [False] * len(entries)
 
     def graph_inputs(self, n: int) -> list[Any]:
@@ -239,11 +255,11 @@ class CompiledModel:
                                "torch._dynamo.reset() called?). A CompiledModel never compiles while serving. Fix: "
                                "create a new CompiledModel with pieceworks.compile")
         self._graph = compile_graph(gm, self.config)
-        self._traced.update(gm=gm, code=_compat.traced_code())  # for the serving record
-        if "copies" in self._traced:
-            self._traced["saved"] = [(t, t.clone()) for t in (example_inputs[i] for i in self._graph.mutated_inputs)
-                                     if isinstance(t, torch.Tensor) and id(t) not in self._traced["copies"]]
-        self._traced["example_inputs"] = list(example_inputs)
+        traced = self._traced
+        traced.gm, traced.code, traced.example_inputs = gm, _compat.traced_code(), list(example_inputs)
+        if traced.copies is not None:
+            traced.saved = [(t, t.clone()) for t in (example_inputs[i] for i in self._graph.mutated_inputs)
+                            if isinstance(t, torch.Tensor) and id(t) not in traced.copies]
         return _calling_weakly(self._graph_call)
 
     def _graph_call(self, *flat: Any) -> Any:
@@ -251,7 +267,7 @@ class CompiledModel:
         runtime with the caller's arguments (the fallback, where the binding is not proven)."""
         if self.runtime is not None:
             return self.runtime(*flat)
-        out = self._traced["graph_output"] = self._graph(*flat)
+        out = self._traced.graph_output = self._graph(*flat)
         return out
 
     def _first_call(self, args: tuple) -> Any:
@@ -276,7 +292,7 @@ class CompiledModel:
         for a in trace_args:
             if isinstance(a, torch.Tensor):
                 torch._dynamo.mark_dynamic(a, 0)
-        self._traced = {} if own else {"copies": {id(a) for a in trace_args}}
+        self._traced = Trace(copies=None if own else {id(a) for a in trace_args})
         start = time.perf_counter()
         counters.num_dynamo_traces += 1
         try:
@@ -292,7 +308,7 @@ class CompiledModel:
         log.info("pieceworks: traced and compiled in %.3f s (batch %d)", time.perf_counter() - start, max(batch, 2))
         if self._graph is None:
             raise RuntimeError("pieceworks: Dynamo compiled no graph for this model")
-        for tensor, before in self._traced.get("saved", []):  # a run on copies: put back what else it wrote
+        for tensor, before in self._traced.saved:  # a run on copies: put back what else it wrote
             tensor.copy_(before)
         self._start_serving(trace_args, output, facts)
         return output if own else self._serve(args, check_arguments(args, self._signatures, self._labels))
@@ -302,8 +318,8 @@ class CompiledModel:
         inputs (or the Dynamo fallback, logged once with why), the outputs to cut back, the runtime and, where
         graphs will be captured, the static buffers; then store the serving record of `facts` (`record.model_facts`), if
         any."""
-        traced, self._traced = self._traced, {}
-        graph, example_inputs, graph_output = self._graph, traced["example_inputs"], traced.get("graph_output")
+        traced, self._traced = self._traced, Trace()
+        graph, example_inputs, graph_output = self._graph, traced.example_inputs, traced.graph_output
         ids = {id(a): k for k, a in enumerate(trace_args) if isinstance(a, torch.Tensor)}
         mutated = [ids[id(example_inputs[i])] for i in graph.mutated_inputs if id(example_inputs[i]) in ids]
         placeholders = [n for n in graph.split_module.graph.nodes if n.op == "placeholder"]
@@ -320,11 +336,11 @@ class CompiledModel:
         cut |= set(ids) - {id(t) for t in flat}
         binder = None if isinstance(found, str) else found
         self._serve_with(trace_args, binder, batched_outputs(output, lambda leaf: id(leaf) in cut), mutated)
-        if facts is not None and binder is not None and graph.cache_dir is not None and traced["code"] is not None:
+        if facts is not None and binder is not None and graph.cache_dir is not None and traced.code is not None:
             try:
                 record.save(self.config, record.key_of(facts), record.Record(
-                    _compat.pickle_graph(traced["gm"]), binder.describe(self.model), self.batched_outputs, mutated,
-                    record.file_digests(traced["code"]), record.outside_reads(traced.get("guards"), self.model,
+                    _compat.pickle_graph(traced.gm), binder.describe(self.model), self.batched_outputs, mutated,
+                    record.file_digests(traced.code), record.outside_reads(traced.guards, self.model,
                                                                              globals())), facts)
             except Exception as exc:  # noqa: BLE001 - no record: the next process traces, as it would without one
                 log.info("pieceworks: no serving record for this model (%s: %s)", type(exc).__name__, exc)
