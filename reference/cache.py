@@ -120,7 +120,8 @@ def atomic_write(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-def _sha256_file(path: str) -> tuple[str, int]:
+def file_sha256(path: str) -> tuple[str, int]:
+    """The SHA-256 (hex) and the size in bytes of the file at `path`."""
     return hashlib.sha256(data := Path(path).read_bytes()).hexdigest(), len(data)
 
 
@@ -155,7 +156,7 @@ def _entry_problem(name: str, entry: dict[str, Any], path: str, claim: dict[str,
         return f"was stored for another piece: {', '.join(wrong)}"
     if not entry["file"].startswith(artifact_stem(name) + "-"):
         return f"is not the file of entry {name!r} (swapped index entries)"
-    sha, size = _sha256_file(path)
+    sha, size = file_sha256(path)
     if (sha, size) != (entry["sha256"], entry["bytes"]):
         return (f"has {size} bytes with SHA-256 {sha[:12]}…, the index says {entry['bytes']} bytes with "
                 f"{entry['sha256'][:12]}… (truncated or garbled)")
@@ -306,7 +307,7 @@ class CompileCache:
             save(tmp)
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
-            sha, size = _sha256_file(tmp)
+            sha, size = file_sha256(tmp)
             stem = artifact_stem(name)
             file = f"{stem}-{sha[:16]}.bin"
             with self.index_lock(exclusive=True):

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import builtins
 import gc
-import hashlib
 import importlib
 import importlib.metadata
 import json
@@ -66,7 +65,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import _compat
-from .cache import CompileCache, newest_factors
+from .cache import CompileCache, file_sha256, newest_factors
 from .config import CompilationConfig
 from .key import (UnkeyableConfigError, as_json, describe_change, digest, environment_factors, first_change, portable,
                   software_factors)
@@ -246,7 +245,7 @@ def file_identity(path: str) -> str:
         return f"frozen {frozen.group(1)}, Python {platform.python_version()}"
     if (dist := _distribution(path)) is not None:
         return f"{dist.metadata['Name']} {dist.version}"
-    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return "sha256:" + file_sha256(path)[0]
 
 
 def file_digests(codes: Sequence[types.CodeType]) -> dict[str, str]:
