@@ -30,6 +30,7 @@ __all__ = ["STARTS", "floor_seconds", "measure"]
 
 STARTS = ("cold", "warm", "warm_new_host")
 HOSTS = {"cold": "host", "warm": "host", "warm_new_host": "new-host"}  # a host: a TMPDIR of its own
+PROFILED = {"warm": "host", "warm_new_host": "profiled-new-host"}  # the host of each start profiled once more
 COUNTED = {"inductor_compiles": "inductor_compiles", "artifacts_loaded": "compiled_artifacts_loaded",
            "dynamo_traces": "dynamo_traces", "traces_reused": "traces_reused", "kernel_rebuilds": "kernel_rebuilds"}  # {field: counter without "num_"}
 
@@ -41,7 +42,7 @@ def measure(device: str, layers: int = 12, capture: bool = False, profile: bool 
     record, and one run), `split_seconds`, `load_seconds` and `compile_seconds`; Inductor compiles, artifacts loaded,
     Dynamo traces and traces reused; the worst error against eager; with `capture` (CUDA), `capture_seconds` of
     every default capture size (PIECEWISE), their number, and the pool bytes estimated before and read after it; with
-    `profile`, the warm start's `first_call_profile` (`profile.host_profile`) from one more warm start."""
+    `profile`, each warm start's `first_call_profile` (`profile.host_profile`) from one more start of its kind."""
     with tempfile.TemporaryDirectory(prefix="pieceworks-warm-start-", ignore_cleanup_errors=True) as work:
         args = ("--model", model, "--layers", str(layers), "--cache-dir", os.path.join(work, "cache"),
                 "--device", device, "--batches", "1,7,64,300")
@@ -61,9 +62,12 @@ def measure(device: str, layers: int = 12, capture: bool = False, profile: bool 
             progress(f"compile {start}: {results[start]}")
         progress("floor: a fresh process importing torch and pieceworks")
         results["floor"] = {"process_seconds": min(floor_seconds(env("host")) for _ in range(2))}
-        if profile:  # once more, under cProfile: where a warm first call goes (its times above stay unprofiled)
-            results["warm"]["first_call_profile"] = run_scenario(*args, "--profile", env=env("host"), unset=unset,
-                                                                 timeout=500)["first_call_profile"]
+        for start, host in PROFILED.items() if profile else ():
+            # once more, under cProfile: where each warm first call goes (its times above stay unprofiled); a new
+            # host is a host folder of its own again
+            os.makedirs(env(host)["TMPDIR"], exist_ok=True)
+            results[start]["first_call_profile"] = run_scenario(*args, "--profile", env=env(host), unset=unset,
+                                                                timeout=500)["first_call_profile"]
         return results
 
 

@@ -46,17 +46,21 @@ def _stand_in_scenario(*args: str, env: dict | None = None, unset: tuple = (), t
         os.makedirs(os.path.join(env["TMPDIR"], "torchinductor_user"), exist_ok=True)
     return {"counters": collections.defaultdict(int), "first_call_s": 1.0, "max_rel_error": 0.0, "torch": "torch",
             "cache_dir": cache, "build_seconds": collections.defaultdict(float), "capture": {},
-            "first_call_profile": None}
+            "first_call_profile": {"host": env["TMPDIR"]} if "--profile" in args else None}
 
 
-def test_the_compile_benchmark_removes_its_folders(private_tmp, monkeypatch):
+def test_the_compile_benchmark_removes_its_folders_and_profiles_each_warm_start(private_tmp, monkeypatch):
     monkeypatch.setattr(warm_start, "run_scenario", _stand_in_scenario)
     monkeypatch.delenv("PIECEWORKS_BENCH_DETAILS", raising=False)
     monkeypatch.syspath_prepend(str(REPO / "suites"))
     from benchmarks import compile as compile_benchmark
 
-    assert set(compile_benchmark.measure()) == {*warm_start.STARTS, "floor"}
+    results = compile_benchmark.measure()
+    assert set(results) == {*warm_start.STARTS, "floor"}
     assert _left(private_tmp) == []
+    # each warm start is profiled once more, the new host's on a host of its own (an empty Inductor cache)
+    hosts = {s: Path(results[s]["first_call_profile"]["host"]).name for s in ("warm", "warm_new_host")}
+    assert hosts == {"warm": "host", "warm_new_host": "profiled-new-host"}
 
 
 def _python(code: str, tmp: Path) -> None:

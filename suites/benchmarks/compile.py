@@ -10,8 +10,8 @@ captures the 51 default sizes (PIECEWISE) after its first call.
 Tracked: seconds of the first call, split into trace (outside the backend: Dynamo's trace, or reading the serving
 record on a warm start), load (artifacts) and compile (Inductor); seconds of the capture and of the whole process
 (imports included); Inductor compiles, artifacts loaded and Dynamo traces. Details (`compile.json`, for the report):
-all of it (`compile_llama_1b.json` for the 1B), with the estimated and the captured pool bytes, and where a warm first call's host time goes (one more
-warm start under cProfile). Targets (report): warm 0 compiles, 0 traces and <= 10% of
+all of it (`compile_llama_1b.json` for the 1B), with the estimated and the captured pool bytes, and where each
+warm first call's host time goes (each warm start once more, under cProfile). Targets (report): warm 0 compiles, 0 traces and <= 10% of
 cold, also on a new host."""
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def code_size_counts_docstrings(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant("the start-up measurement leaves its temporary folder behind",
-        cpu="suites/test_temp_folders.py::test_the_compile_benchmark_removes_its_folders")
+        cpu="suites/test_temp_folders.py::test_the_compile_benchmark_removes_its_folders_and_profiles_each_warm_start")
 def warm_start_leaves_its_folder(mp: pytest.MonkeyPatch) -> None:
     @contextlib.contextmanager
     def kept(prefix: str = "tmp", **_: object):
@@ -134,3 +134,9 @@ def report_starts_of_one_model(mp: pytest.MonkeyPatch) -> None:
         cpu=_REPORT + "test_the_header_says_what_host_times_ran_on")
 def report_without_host(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(report, "host_line", lambda host: "- host: recorded")
+
+
+@mutant("the new host's start is profiled on the warm host, whose Inductor cache is full",
+        cpu="suites/test_temp_folders.py::test_the_compile_benchmark_removes_its_folders_and_profiles_each_warm_start")
+def new_host_profiled_on_the_warm_host(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(warm_start, "PROFILED", {"warm": "host", "warm_new_host": "host"})
