@@ -1,51 +1,55 @@
-"""`pieceworks.compile(model, config)`: trace once, compile everything, serve every batch size without compiling.
+"""`pieceworks.compile(model, config)`: trace once, compile everything, serve every batch size without
+compiling.
 
 Contracts of the returned `CompiledModel`:
-- it is called as the model is, with positional and keyword arguments: the first call's form is the compiled one,
-  and every call is put in its order (binding.Arguments: a call of the same form costs one list, another form is
-  bound by `forward`'s signature once per form; a parameter the first call left out must keep its default);
+- it is called as the model is, with positional and keyword arguments: the first call's form is the compiled
+  one, and every call is put in its order (binding.Arguments: a call of the same form costs one list, another
+  form is bound by `forward`'s signature once per form; a parameter the first call left out must keep its
+  default);
 - dim 0 of every tensor argument is the batch dimension, the only dynamic one; all tensor arguments share it;
 - the first call traces the model with Dynamo once (with a batch of at least 2, so that Dynamo's 0/1
   specialisation cannot bake in the size) and compiles every piece for every compile range and size before it
-  returns; no later call traces or compiles, batch 1 included. The model runs once per call, the first included:
-  a first call of batch >= 2 (contiguous tensors) is traced with its own arguments and returns the tracing run's
-  result; a first call of batch 1 is traced on a 2-row copy, and whatever that run wrote in place besides the copy
-  (the graph's mutated inputs: buffers, a KV cache, parameters) is put back before the call runs. That costs one
-  temporary copy of exactly the state the graph writes in place, at that one call;
-- after the first call no call enters Dynamo: the compiled graph is called directly, its inputs bound once and its
-  output rebuilt in the model's containers (tuples, dicts, dataclasses, a `ModelOutput`; see binding.py; where the
-  binding cannot be proven, one WARNING says why and the fix, and calls go through Dynamo with its guards dropped).
-  Python side effects of `forward` happen in the first call only;
-- Dynamo's guards are dropped (`guard_filter_fn`), so pieceworks checks arguments itself on every call: the same
-  count, dtypes, devices, ranks and non-batch sizes as the first call, and non-tensor arguments of the same type and
-  value (which the trace baked in: `2.0` where the trace saw `2`, or `1` for `True`, raises). A mismatch raises
-  `InputError` naming the argument (its position or keyword). Any memory layout is served: pieces are compiled for
-  contiguous tensors, so a non-contiguous argument (transposed, sliced) is copied into the static buffers or, without
-  graphs, into a contiguous copy (written back where the model writes it in place);
-- with CUDA graphs (`capture()` called, or `lazy_capture`) for the call's kind of batch (`pieceworks.uniform_decode()`
-  marks uniform decode calls; the mode says which kinds have graphs), a batch of b rows is copied into static buffers,
-  padded to the smallest captured size n >= b, run, and its outputs cut back to b rows (exactly the outputs whose
-  dim 0 the trace shows is the batch, in tuples, lists, dicts and namedtuples). Outputs then alias graph
-  memory and are valid until the next call (vLLM's contract): clone what you keep. Batches above the largest
-  captured size run without graphs. Arguments the model writes to in place are copied back after the call;
+  returns; no later call traces or compiles, batch 1 included. The model runs once per call, the first
+  included: a first call of batch >= 2 (contiguous tensors) is traced with its own arguments and returns the
+  tracing run's result; a first call of batch 1 is traced on a 2-row copy, and whatever that run wrote in
+  place besides the copy (the graph's mutated inputs: buffers, a KV cache, parameters) is put back before the
+  call runs. That costs one temporary copy of exactly the state the graph writes in place, at that one call;
+- after the first call no call enters Dynamo: the compiled graph is called directly, its inputs bound once and
+  its output rebuilt in the model's containers (tuples, dicts, dataclasses, a `ModelOutput`; see binding.py;
+  where the binding cannot be proven, one WARNING says why and the fix, and calls go through Dynamo with its
+  guards dropped). Python side effects of `forward` happen in the first call only;
+- Dynamo's guards are dropped (`guard_filter_fn`), so pieceworks checks arguments itself on every call: the
+  same count, dtypes, devices, ranks and non-batch sizes as the first call, and non-tensor arguments of the
+  same type and value (which the trace baked in: `2.0` where the trace saw `2`, or `1` for `True`, raises). A
+  mismatch raises `InputError` naming the argument (its position or keyword). Any memory layout is served:
+  pieces are compiled for contiguous tensors, so a non-contiguous argument (transposed, sliced) is copied into
+  the static buffers or, without graphs, into a contiguous copy (written back where the model writes it in
+  place);
+- with CUDA graphs (`capture()` called, or `lazy_capture`) for the call's kind of batch
+  (`pieceworks.uniform_decode()` marks uniform decode calls; the mode says which kinds have graphs), a batch
+  of b rows is copied into static buffers, padded to the smallest captured size n >= b, run, and its outputs
+  cut back to b rows (exactly the outputs whose dim 0 the trace shows is the batch, in tuples, lists, dicts
+  and namedtuples). Outputs then alias graph memory and are valid until the next call (vLLM's contract): clone
+  what you keep. Batches above the largest captured size run without graphs. Arguments the model writes to in
+  place are copied back after the call;
 - parameters and buffers are read where they live: in-place updates (`load_state_dict(state)`, `copy_`) are
   served; replacing or reallocating one after the first call raises `StateReplacedError` naming it and the fix
-  at the next call. Any other change to the model's state the trace read (an attribute set or deleted, a forward
-  hook registered or removed) makes the next call trace and compile the model again, logged once at WARNING, never
-  serve the old trace; a global module forward hook raises `GlobalHookError` (watch.py says what is watched and
-  how: nothing is checked per call but one flag and one count);
-- inference only: calls run under `torch.no_grad()`; a call with grad on and an argument that requires grad raises
-  `InputError` (its output could carry no gradient).
+  at the next call. Any other change to the model's state the trace read (an attribute set or deleted, a
+  forward hook registered or removed) makes the next call trace and compile the model again, logged once at
+  WARNING, never serve the old trace; a global module forward hook raises `GlobalHookError` (watch.py says
+  what is watched and how: nothing is checked per call but one flag and one count);
+- inference only: calls run under `torch.no_grad()`; a call with grad on and an argument that requires grad
+  raises `InputError` (its output could carry no gradient).
 
 State and the data's path. `CompiledModel` owns the serving state of `pieceworks.compile`, built once, in one
 place (`_start_serving`), right after the tracing call: the `Runtime` (runtime.py: capture and replay), the
-`Binder` (binding.py: call arguments to graph inputs), the static input buffers (`StaticInputs`, padding.py) and
-which outputs to cut back. A call: `__call__` puts keyword arguments, or a call of another form than the first, in the
-first call's order (`_in_order`; a positional call of the first call's form skips it), checks the arguments
-(`check_arguments`), copies them into the static buffers and pads (`StaticInputs.load`), binds them to the graph's flat
-inputs (memoised per size), and calls `Runtime.run(flat, n, static=True)`, which replays the `ReplayPlan` or `FullGraph`
-of size n (plan.py: graph replays and eager splitting ops); then in-place writes are copied back and the outputs cut to
-the batch (`unpad`).
+`Binder` (binding.py: call arguments to graph inputs), the static input buffers (`StaticInputs`, padding.py)
+and which outputs to cut back. A call: `__call__` puts keyword arguments, or a call of another form than the
+first, in the first call's order (`_in_order`; a positional call of the first call's form skips it), checks
+the arguments (`check_arguments`), copies them into the static buffers and pads (`StaticInputs.load`), binds
+them to the graph's flat inputs (memoised per size), and calls `Runtime.run(flat, n, static=True)`, which
+replays the `ReplayPlan` or `FullGraph` of size n (plan.py: graph replays and eager splitting ops); then
+in-place writes are copied back and the outputs cut to the batch (`unpad`).
 """
 
 from __future__ import annotations
@@ -77,10 +81,10 @@ log = logging.getLogger("pieceworks")
 
 
 def _calling_weakly(method: Callable[..., Any]) -> Callable[..., Any]:
-    """The bound `method`, called through a weak reference to its object. Dynamo keeps backends in a process-wide
-    table until `torch._dynamo.reset()`, and may keep a compiled function in the traced function's module after
-    that (it does for graphs holding collectives); neither may keep the CompiledModel, its pieces and its CUDA
-    graphs alive once the caller drops it."""
+    """The bound `method`, called through a weak reference to its object. Dynamo keeps backends in a
+    process-wide table until `torch._dynamo.reset()`, and may keep a compiled function in the traced
+    function's module after that (it does for graphs holding collectives); neither may keep the
+    CompiledModel, its pieces and its CUDA graphs alive once the caller drops it."""
     ref = weakref.WeakMethod(method)
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -93,8 +97,8 @@ def _calling_weakly(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """A function calling `model` whose code object belongs to this CompiledModel alone, and which tells Dynamo
-    that every tensor argument has the same dim 0.
+    """A function calling `model` whose code object belongs to this CompiledModel alone, and which tells
+    Dynamo that every tensor argument has the same dim 0.
 
     Dynamo caches compiled code on the code object of the frame it compiles. With guards dropped, two
     CompiledModels sharing a code object (two instances of one class) would share compiled code; a code
@@ -102,8 +106,8 @@ def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]
     """
 
     def call_model(*args: Any, **kwargs: Any) -> Any:
-        # One batch symbol for all inputs: tell Dynamo what the contract says (dim 0 is shared), so that pieces
-        # never carry two unrelated batch symbols that only happen to be equal.
+        # One batch symbol for all inputs: tell Dynamo what the contract says (dim 0 is shared), so that
+        # pieces never carry two unrelated batch symbols that only happen to be equal.
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         for a in tensors[1:]:
             torch._check(a.shape[0] == tensors[0].shape[0])
@@ -114,8 +118,8 @@ def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]
 
 
 def batch_of(args: Sequence[Any], labels: Sequence[str] | None = None) -> int:
-    """The batch size of a call: dim 0 of every tensor argument, which must agree (else `InputError`). `labels` name
-    the arguments (default: their positions)."""
+    """The batch size of a call: dim 0 of every tensor argument, which must agree (else `InputError`).
+    `labels` name the arguments (default: their positions)."""
     names = labels or range(len(args))
     sizes = {names[i]: a.shape[0] if a.dim() else None for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     if None in sizes.values():
@@ -134,8 +138,8 @@ def batch_of(args: Sequence[Any], labels: Sequence[str] | None = None) -> int:
 
 
 def signature(a: Any) -> tuple:
-    """What a later call must repeat: a tensor's dtype, device, rank and trailing sizes; a value's type and value
-    (`2 == 2.0 == True` in Python, but the trace baked in the type too)."""
+    """What a later call must repeat: a tensor's dtype, device, rank and trailing sizes; a value's type and
+    value (`2 == 2.0 == True` in Python, but the trace baked in the type too)."""
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.device, a.dim(), tuple(a.shape[1:]))
     return ("value", type(a), a)
@@ -159,8 +163,8 @@ def check_arguments(args: Sequence[Any], signatures: list[tuple], labels: Sequen
 
 
 def refuse_grad(args: Sequence[Any], labels: Sequence[str] | None = None) -> None:
-    """`InputError` naming the first tensor argument that requires grad (call while grad mode is on): the compiled
-    model serves inference only, so its output could carry no gradient where eager's would."""
+    """`InputError` naming the first tensor argument that requires grad (call while grad mode is on): the
+    compiled model serves inference only, so its output could carry no gradient where eager's would."""
     for i, a in zip(labels or range(len(args)), args):
         if isinstance(a, torch.Tensor) and a.requires_grad:
             raise InputError(f"argument {i} requires grad and grad mode is on, but a compiled model serves inference "
@@ -175,10 +179,11 @@ def contiguous(args: Sequence[Any]) -> list[Any]:
 
 @dataclasses.dataclass
 class Trace:
-    """What a tracing call leaves for `CompiledModel._start_serving`, filled by Dynamo's callbacks as they come: the
-    guard filter's `guards`; the backend's `gm`, the traced `code` objects, its `example_inputs` and, tracing on
-    copies, `saved` (what the run will write in place besides them, to put back); the tracing run's
-    `graph_output`. `copies`: ids of the copies traced on; None where the call's own tensors were traced."""
+    """What a tracing call leaves for `CompiledModel._start_serving`, filled by Dynamo's callbacks as they
+    come: the guard filter's `guards`; the backend's `gm`, the traced `code` objects, its `example_inputs`
+    and, tracing on copies, `saved` (what the run will write in place besides them, to put back); the
+    tracing run's `graph_output`. `copies`: ids of the copies traced on; None where the call's own tensors
+    were traced."""
     copies: set[int] | None = None
     guards: list[Any] | None = None
     gm: torch.fx.GraphModule | None = None
@@ -191,12 +196,13 @@ class Trace:
 class CompiledModel:
     """What `pieceworks.compile` returns. Call it like the model. Not thread-safe: one caller at a time.
 
-    Public view for tools (read it; only this object writes it): `runtime` (the `Runtime`, None before the first
-    call; `runtime.graph` is the `CompiledGraph` with its pieces and build seconds), `binder` (the `Binder`: how
-    calls reach the compiled graph without Dynamo, call arguments to graph inputs and graph outputs to the model's
-    output; None where that could not be proven and calls go through Dynamo), `static_inputs` (the `StaticInputs`
-    calls are copied into; None without CUDA graphs), `batched_outputs` (which output leaves are cut back to the
-    batch: `padding.batched_outputs`) and `graph_inputs(n)` (what a replay of size n reads).
+    Public view for tools (read it; only this object writes it): `runtime` (the `Runtime`, None before the
+    first call; `runtime.graph` is the `CompiledGraph` with its pieces and build seconds), `binder` (the
+    `Binder`: how calls reach the compiled graph without Dynamo, call arguments to graph inputs and graph
+    outputs to the model's output; None where that could not be proven and calls go through Dynamo),
+    `static_inputs` (the `StaticInputs` calls are copied into; None without CUDA graphs), `batched_outputs`
+    (which output leaves are cut back to the batch: `padding.batched_outputs`) and `graph_inputs(n)` (what a
+    replay of size n reads).
     """
 
     _count = 0
@@ -207,7 +213,8 @@ class CompiledModel:
         if config is not None and not isinstance(config, CompilationConfig):
             raise TypeError(f"pieceworks.compile needs a pieceworks.CompilationConfig, got {type(config).__name__}")
         self.model = model
-        self.config = own_config(config)  # a frozen copy: `config` itself is frozen too (see CompilationConfig)
+        # a frozen copy: `config` itself is frozen too (see CompilationConfig)
+        self.config = own_config(config)
         self._dynamo_fn = self._entry()
         self._graph: CompiledGraph | None = None  # set by the backend call, once
         self._traced = Trace()  # the tracing call's facts, until `_start_serving` reads them
@@ -224,9 +231,9 @@ class CompiledModel:
         counters.num_models_seen += 1
 
     def _entry(self) -> Callable[..., Any]:
-        """A Dynamo entry point of this model's own that traces it once (its first call, or the first after a
-        change to the model's state) with guards dropped; the guards' entries go to `_traced` (the serving record
-        checks what they read outside the model)."""
+        """A Dynamo entry point of this model's own that traces it once (its first call, or the first after
+        a change to the model's state) with guards dropped; the guards' entries go to `_traced` (the
+        serving record checks what they read outside the model)."""
         CompiledModel._count += 1
         entry = _own_entry_point(self.model, f"pieceworks_model_{CompiledModel._count}")
         return torch.compile(entry, backend=_calling_weakly(self._compile_graph), fullgraph=True, dynamic=False,
@@ -246,10 +253,10 @@ class CompiledModel:
             self._flat_by_size[n] = self.binder.inputs(self.static_inputs.views(n), n)
         return self._flat_by_size[n]
 
-    # ---- the first call -------------------------------------------------------------------------------------
+    # ---- the first call -----------------------------------------------------------------------------------
     def _compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        """The backend Dynamo calls, once. While tracing on copies (a first call of batch 1), it saves what the
-        tracing run is about to write in place besides the copies, for `_first_call` to put back."""
+        """The backend Dynamo calls, once. While tracing on copies (a first call of batch 1), it saves what
+        the tracing run is about to write in place besides the copies, for `_first_call` to put back."""
         if self._graph is not None:
             raise RuntimeError("pieceworks: Dynamo asked to compile this model again after its first call (was "
                                "torch._dynamo.reset() called?). A CompiledModel never compiles while serving. Fix: "
@@ -271,13 +278,14 @@ class CompiledModel:
         return out
 
     def _first_call(self, args: tuple) -> Any:
-        """Serve from the model's serving record where the cache holds one (record.py: no trace); else trace and
-        compile with tensors of batch >= 2 whose dim 0 is marked dynamic, and store the record; return this call's
-        output.
+        """Serve from the model's serving record where the cache holds one (record.py: no trace); else
+        trace and compile with tensors of batch >= 2 whose dim 0 is marked dynamic, and store the record;
+        return this call's output.
 
-        Batch >= 2 and contiguous tensors: traced with aliases of the call's own tensors (`detach()`: same memory,
-        so the marks stay off the caller's tensors), and the tracing run is the call. Otherwise: traced on
-        contiguous copies of 2 (or batch) rows, the model state that run wrote is restored, and the call runs."""
+        Batch >= 2 and contiguous tensors: traced with aliases of the call's own tensors (`detach()`: same
+        memory, so the marks stay off the caller's tensors), and the tracing run is the call. Otherwise:
+        traced on contiguous copies of 2 (or batch) rows, the model state that run wrote is restored, and
+        the call runs."""
         refuse_global_hooks()
         batch = batch_of(args, self._labels)
         self._signatures = [signature(a) for a in args]
@@ -296,8 +304,8 @@ class CompiledModel:
         start = time.perf_counter()
         counters.num_dynamo_traces += 1
         try:
-            # Data-dependent ops (`.item()`, `nonzero`) stay in the one graph (see _compat.data_dependent_tracing);
-            # their pieces then run without CUDA graphs.
+            # Data-dependent ops (`.item()`, `nonzero`) stay in the one graph (see
+            # _compat.data_dependent_tracing); their pieces then run without CUDA graphs.
             with _compat.data_dependent_tracing():
                 output = self._dynamo_call(trace_args)
         except _compat.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
@@ -314,10 +322,10 @@ class CompiledModel:
         return output if own else self._serve(args, check_arguments(args, self._signatures, self._labels))
 
     def _start_serving(self, trace_args: list[Any], output: Any, facts: dict[str, Any] | None) -> None:
-        """Build the serving state from the tracing call, in one place: the binding of call arguments to graph
-        inputs (or the Dynamo fallback, logged once with why), the outputs to cut back, the runtime and, where
-        graphs will be captured, the static buffers; then store the serving record of `facts` (`record.model_facts`), if
-        any."""
+        """Build the serving state from the tracing call, in one place: the binding of call arguments to
+        graph inputs (or the Dynamo fallback, logged once with why), the outputs to cut back, the runtime
+        and, where graphs will be captured, the static buffers; then store the serving record of `facts`
+        (`record.model_facts`), if any."""
         traced, self._traced = self._traced, Trace()
         graph, example_inputs, graph_output = self._graph, traced.example_inputs, traced.graph_output
         ids = {id(a): k for k, a in enumerate(trace_args) if isinstance(a, torch.Tensor)}
@@ -327,9 +335,10 @@ class CompiledModel:
         if isinstance(found, str):
             log.warning("pieceworks: every call of this model goes through Dynamo, its output rebuilt by Dynamo's "
                         "code, not the compiled graph alone: %s", found)
-        # The output leaves cut back to the batch: graph outputs whose trace value's dim 0 is the batch symbol, and
-        # tensor arguments returned as they are; nothing else (a weight of n rows is not cut at padded size n).
-        # Leaves are told apart by identity, here, while the tracing call's tensors and outputs are alive.
+        # The output leaves cut back to the batch: graph outputs whose trace value's dim 0 is the batch
+        # symbol, and tensor arguments returned as they are; nothing else (a weight of n rows is not cut at
+        # padded size n). Leaves are told apart by identity, here, while the tracing call's tensors and
+        # outputs are alive.
         flat = graph_output if isinstance(graph_output, (tuple, list)) else ()
         cut = {id(t) for t, v in zip(flat, graph.output_values)
                if isinstance(v, torch.Tensor) and v.dim() > 0 and str(v.shape[0]) in graph.batch_symbols}
@@ -346,14 +355,15 @@ class CompiledModel:
                 log.info("pieceworks: no serving record for this model (%s: %s)", type(exc).__name__, exc)
 
     def _start_from_record(self, args: tuple, facts: dict[str, Any]) -> bool:
-        """Serve from the serving record of `facts` (record.py: `model_facts`): rebuild the compiled graph from the
-        record's graph and the cache (pieces load; one the cache lost is compiled from the record's graph, as the
-        traced path would) and the serving state from the record. False (a WARNING where a record was found but
-        could not be used) when the call must trace."""
+        """Serve from the serving record of `facts` (record.py: `model_facts`): rebuild the compiled graph
+        from the record's graph and the cache (pieces load; one the cache lost is compiled from the
+        record's graph, as the traced path would) and the serving state from the record. False (a WARNING
+        where a record was found but could not be used) when the call must trace."""
         found = record.load(self.config, record.key_of(facts), facts)
         if found is None:
             return False
-        if (changed := record.changed_read(found.reads, self.model, globals())) is not None:  # the entry point's
+        # the entry point's
+        if (changed := record.changed_read(found.reads, self.model, globals())) is not None:
             log.info("pieceworks: %s: tracing the model instead of serving its serving record", changed)
             return False
         try:
@@ -373,8 +383,8 @@ class CompiledModel:
         return True
 
     def _serve_with(self, example_args: Sequence[Any], binder: Binder | None, batched: Any, mutated: list[int]) -> None:
-        """The serving state over `self._graph`: binding, outputs to cut, written arguments, runtime, state watch
-        and, where graphs will be captured, static buffers shaped like `example_args`."""
+        """The serving state over `self._graph`: binding, outputs to cut, written arguments, runtime, state
+        watch and, where graphs will be captured, static buffers shaped like `example_args`."""
         self.binder, self.batched_outputs, self._mutated_args = binder, batched, mutated
         self.runtime = Runtime(self._graph, self.config)
         self._state_watch = StateWatch(self.model, self) if isinstance(self.model, torch.nn.Module) else None
@@ -389,9 +399,9 @@ class CompiledModel:
         self._flat_by_size = {}
 
     def _state_changed(self) -> None:
-        """What the state watch saw (watch.py): a replaced parameter raises, a global hook raises, another change
-        drops the serving state so that the call traces the model as it is now, through a new entry point (the
-        old one's code ignores its guards)."""
+        """What the state watch saw (watch.py): a replaced parameter raises, a global hook raises, another
+        change drops the serving state so that the call traces the model as it is now, through a new entry
+        point (the old one's code ignores its guards)."""
         watch = self._state_watch
         if watch.replaced:
             raise StateReplacedError(watch.replaced)
@@ -403,9 +413,10 @@ class CompiledModel:
             self._forget()
             self._dynamo_fn = self._entry()
 
-    # ---- calls ----------------------------------------------------------------------------------------------
+    # ---- calls --------------------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs or len(args) != self._count:  # keywords, or not the form of a positional first call (or the first)
+        # keywords, or not the form of a positional first call (or the first)
+        if kwargs or len(args) != self._count:
             args = self._in_order(args, kwargs)
         if torch.is_grad_enabled():
             refuse_grad(args, self._labels)
@@ -418,8 +429,8 @@ class CompiledModel:
             return self._serve(args, check_arguments(args, self._signatures, self._labels))
 
     def _in_order(self, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        """The call's arguments in the first call's order (`binding.Arguments`: positional, then keyword arguments;
-        another form bound by `forward`'s signature); the first call sets the order."""
+        """The call's arguments in the first call's order (`binding.Arguments`: positional, then keyword
+        arguments; another form bound by `forward`'s signature); the first call sets the order."""
         if self._arguments is None:
             forward = self.model.forward if isinstance(self.model, torch.nn.Module) else self.model
             self._arguments = Arguments(forward, args, kwargs)
@@ -448,29 +459,32 @@ class CompiledModel:
         return out
 
     def _run(self, n: int, args: Sequence[Any] | None = None) -> Any:
-        """The model on `args` of batch n (contiguous; run without graphs) or, without `args`, on the static buffers
-        at captured size n (replayed, captured or run without graphs). Through Dynamo where no binding was proven."""
-        if self.binder is None:  # forward runs again: the attributes it writes are its own, not the user's changes
+        """The model on `args` of batch n (contiguous; run without graphs) or, without `args`, on the
+        static buffers at captured size n (replayed, captured or run without graphs). Through Dynamo where
+        no binding was proven."""
+        # forward runs again: the attributes it writes are its own, not the user's changes
+        if self.binder is None:
             with _paused(self._state_watch):
                 return self._dynamo_call(self.static_inputs.views(n) if args is None else args)
         flat = self.graph_inputs(n) if args is None else self.binder.inputs(args, n)
         return self.binder.outputs(self.runtime.run(flat, n, static=args is None))
 
     def estimate_capture(self, sizes: Iterable[int] | None = None, samples: int = 6) -> dict[str, Any]:
-        """The graph-pool bytes `capture(sizes)` will take, measured before it on a sample of the sizes whose graphs
-        are then freed (`Runtime.estimate_pool` says how): what an engine subtracts before sizing its KV cache. Call
-        after the first call and before `capture()`. Without CUDA or graphs the estimate is 0."""
+        """The graph-pool bytes `capture(sizes)` will take, measured before it on a sample of the sizes
+        whose graphs are then freed (`Runtime.estimate_pool` says how): what an engine subtracts before
+        sizing its KV cache. Call after the first call and before `capture()`. Without CUDA or graphs the
+        estimate is 0."""
         if self.runtime is None:
             raise RuntimeError("call the model once before estimate_capture(): the first call traces and compiles it")
         with torch.no_grad():
             return self.runtime.estimate_pool(self._run, [] if self.static_inputs is None else sizes, samples)
 
     def capture(self, sizes: Iterable[int] | None = None) -> dict[str, Any]:
-        """The capture phase: every `cudagraph_capture_sizes` entry (or those in `sizes`), largest first, into one
-        pool; then closed.
+        """The capture phase: every `cudagraph_capture_sizes` entry (or those in `sizes`), largest first, into
+        one pool; then closed.
 
-        Call after the first call (which traces and compiles). Without CUDA, or with mode NONE, it logs that it
-        captures nothing and returns. Returns the phase's numbers: sizes, seconds, MiB, graphs.
+        Call after the first call (which traces and compiles). Without CUDA, or with mode NONE, it logs that
+        it captures nothing and returns. Returns the phase's numbers: sizes, seconds, MiB, graphs.
         """
         if self.runtime is None:
             raise RuntimeError("call the model once before capture(): the first call traces and compiles it")

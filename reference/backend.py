@@ -1,12 +1,12 @@
 """The torch.compile backend: split the Dynamo graph, analyse and compile every piece, stitch them back.
 
-`compile_graph` does it all inside the backend call, before the first result is returned, and returns an immutable
-`CompiledGraph`: the stitching module with the compiled pieces installed, and the `Piece` records. Structurally
-identical pieces share one compiled artifact (a 12-layer ToyLlama has 13 compiled pieces but 3 distinct ones). No
-batch size seen later triggers a compile.
+`compile_graph` does it all inside the backend call, before the first result is returned, and returns an
+immutable `CompiledGraph`: the stitching module with the compiled pieces installed, and the `Piece` records.
+Structurally identical pieces share one compiled artifact (a 12-layer ToyLlama has 13 compiled pieces but 3
+distinct ones). No batch size seen later triggers a compile.
 
-`Backend` is the raw torch.compile backend: each graph Dynamo hands over becomes a `Runtime` (runtime.py) over a
-`CompiledGraph`, kept in `runtimes`. `pieceworks.compile` (api.py) calls `compile_graph` itself.
+`Backend` is the raw torch.compile backend: each graph Dynamo hands over becomes a `Runtime` (runtime.py) over
+a `CompiledGraph`, kept in `runtimes`. `pieceworks.compile` (api.py) calls `compile_graph` itself.
 """
 
 from __future__ import annotations
@@ -40,16 +40,16 @@ log = logging.getLogger("pieceworks")
 class CompiledGraph:
     """One compiled Dynamo graph; read-only.
 
-    `split_module`: the stitching module, compiled pieces installed (calling it runs the model without graphs);
-    `pieces`: every piece in run order, splitting ones included; `inputs`: the graph inputs' trace values;
-    `batch_symbols` / `batch`: the batch size's symbols, and where it sits among the inputs; `mutated_inputs`:
-    graph inputs some piece writes in place; `restored_inputs`: those a compiled piece writes, put back after a FULL
-    capture's warm-ups (a splitting op's writes are not: the warm-ups repeat them, as vLLM's dummy runs do; a lazy
-    capture, which serves a call, puts back every mutated input);
-    `output_values`: the trace value (FakeTensor) of each graph output; `build_seconds`: where the backend call
-    went (`split`: splitting and analysing; `pieces`: serving every piece its code, of which `load` went to reading
-    and loading artifacts and `compile` to Inductor; `backend`: all of it); `cache_dir`: the cache folder used, if
-    any.
+    `split_module`: the stitching module, compiled pieces installed (calling it runs the model without
+    graphs); `pieces`: every piece in run order, splitting ones included; `inputs`: the graph inputs' trace
+    values; `batch_symbols` / `batch`: the batch size's symbols, and where it sits among the inputs;
+    `mutated_inputs`: graph inputs some piece writes in place; `restored_inputs`: those a compiled piece
+    writes, put back after a FULL capture's warm-ups (a splitting op's writes are not: the warm-ups repeat
+    them, as vLLM's dummy runs do; a lazy capture, which serves a call, puts back every mutated input);
+    `output_values`: the trace value (FakeTensor) of each graph output; `build_seconds`: where the backend
+    call went (`split`: splitting and analysing; `pieces`: serving every piece its code, of which `load` went
+    to reading and loading artifacts and `compile` to Inductor; `backend`: all of it); `cache_dir`: the cache
+    folder used, if any.
     """
 
     split_module: torch.fx.GraphModule
@@ -74,9 +74,10 @@ class CompiledGraph:
 class Backend:
     """A torch.compile backend: `torch.compile(model, backend=Backend(config), fullgraph=True)`.
 
-    Each graph Dynamo hands over becomes a `Runtime` (with `lazy_capture`, each capture size is captured when first
-    called), kept in `runtimes` in arrival order. Dynamo's guards and dynamic-shape marking are the caller's
-    business; the caller owns the input buffers, so replays check their addresses. `config` is frozen and copied.
+    Each graph Dynamo hands over becomes a `Runtime` (with `lazy_capture`, each capture size is captured when
+    first called), kept in `runtimes` in arrival order. Dynamo's guards and dynamic-shape marking are the
+    caller's business; the caller owns the input buffers, so replays check their addresses. `config` is frozen
+    and copied.
     """
 
     def __init__(self, config: CompilationConfig | None = None) -> None:
@@ -98,8 +99,8 @@ def own_config(config: CompilationConfig | None) -> CompilationConfig:
 
 def open_cache(split_gm: torch.fx.GraphModule, fakes: list[Any], pieces: Sequence[Piece],
                config: CompilationConfig) -> CompileCache | None:
-    """The compile cache for this graph, or None: cache off (`config.cache_active()`), its folder unusable, or an
-    Inductor configuration that cannot be keyed (each logged once with the reason)."""
+    """The compile cache for this graph, or None: cache off (`config.cache_active()`), its folder unusable,
+    or an Inductor configuration that cannot be keyed (each logged once with the reason)."""
     if not config.cache_active():
         return None
     try:
@@ -119,8 +120,9 @@ def open_cache(split_gm: torch.fx.GraphModule, fakes: list[Any], pieces: Sequenc
 
 
 def explain_cache_miss(root: str, key: str, factors: dict[str, Any]) -> None:
-    """Where `root` holds entries of the same graph under another key, log (INFO) the first factor that differs
-    from the newest such key's: a config field, a software or GPU factor, or the global Inductor configuration."""
+    """Where `root` holds entries of the same graph under another key, log (INFO) the first factor that
+    differs from the newest such key's: a config field, a software or GPU factor, or the global Inductor
+    configuration."""
     def readable(found: dict[str, Any]) -> dict[str, Any]:  # the environment string by factor
         return {**found, "environment": dict(p.split("=", 1) for p in str(found.get("environment")).split(";")
                                              if "=" in p)}
@@ -144,7 +146,8 @@ def compile_graph(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compil
     check_splitting_ops(config.splitting_ops)
     absent = absent_splitting_ops(gm, config.splitting_ops)
     if absent:
-        ops = {op_identity(node.target) for node in gm.graph.nodes} - {None}  # (name, overload) of each op called
+        # (name, overload) of each op called
+        ops = {op_identity(node.target) for node in gm.graph.nodes} - {None}
         called = sorted({name for name, _ in ops if not name.startswith(("aten::", "prims::"))})
         log.warning("pieceworks: splitting ops %s are registered but never called in the traced graph, so they split "
                     "nothing (the graph calls %s)", absent, called or "no custom op")

@@ -1,20 +1,20 @@
-"""What kind of batch a call serves, and which CUDA graphs its splitting ops allow (vLLM's batch descriptor and
-attention backends' graph support).
+"""What kind of batch a call serves, and which CUDA graphs its splitting ops allow (vLLM's batch descriptor
+and attention backends' graph support).
 
-A batch is *uniform decode* (every sequence contributes one new token: a decode step) or *mixed* (prefill chunks,
-alone or beside decode tokens). A caller says which with `uniform_decode()` around the call (vLLM's model runner
-sets the batch descriptor of its forward context); a call outside it is mixed, the kind every graph mode serves
-correctly. Splitting ops that plan their launch on the host (an attention kernel whose grid or kernel choice depends
-on host-side query lengths, as FlashAttention's varlen API and FlashInfer's plan do) read `is_uniform_decode()` and
-declare, with `declare_graph_support`, what a CUDA graph around them may hold:
-- `ALWAYS`: everything the op launches is fixed by the padded token count (lengths read from device buffers), so a
-  FULL graph may serve any batch;
-- `UNIFORM_DECODE`: a FULL graph may serve only uniform decode batches (its launch was planned for one token per
-  sequence); mixed batches run the op eagerly (PIECEWISE) or without graphs;
-- `NEVER`: the op cannot sit inside any graph: PIECEWISE (the op eager between graphs) or NONE.
-An op nobody declared is `ALWAYS` (a FULL capture that fails still falls back, logged). Declarations are
-process-wide, keyed by op name ("ns::op"), made before `pieceworks.compile` sees the op. Not thread-safe: one call at
-a time, as the rest of the runtime.
+A batch is *uniform decode* (every sequence contributes one new token: a decode step) or *mixed* (prefill
+chunks, alone or beside decode tokens). A caller says which with `uniform_decode()` around the call (vLLM's
+model runner sets the batch descriptor of its forward context); a call outside it is mixed, the kind every
+graph mode serves correctly. Splitting ops that plan their launch on the host (an attention kernel whose grid
+or kernel choice depends on host-side query lengths, as FlashAttention's varlen API and FlashInfer's plan do)
+read `is_uniform_decode()` and declare, with `declare_graph_support`, what a CUDA graph around them may hold:
+- `ALWAYS`: everything the op launches is fixed by the padded token count (lengths read from device buffers),
+  so a FULL graph may serve any batch;
+- `UNIFORM_DECODE`: a FULL graph may serve only uniform decode batches (its launch was planned for one token
+  per sequence); mixed batches run the op eagerly (PIECEWISE) or without graphs;
+- `NEVER`: the op cannot sit inside any graph: PIECEWISE (the op eager between graphs) or NONE. An op nobody
+  declared is `ALWAYS` (a FULL capture that fails still falls back, logged). Declarations are process-wide,
+  keyed by op name ("ns::op"), made before `pieceworks.compile` sees the op. Not thread-safe: one call at a
+  time, as the rest of the runtime.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any
 
 
 class GraphSupport(enum.IntEnum):
-    """What a CUDA graph around a splitting op may hold (vLLM's `AttentionCGSupport`, uniform batches merged)."""
+    """What a CUDA graph around a splitting op may hold (vLLM's `AttentionCGSupport`, uniform batches
+    merged)."""
 
     NEVER = 0
     UNIFORM_DECODE = 1
@@ -46,7 +47,8 @@ def declare_graph_support(op: str, support: GraphSupport | str) -> None:
 
 
 def graph_support(ops: set[str] | frozenset[str]) -> tuple[GraphSupport, str | None]:
-    """The least support declared among `ops` (names "ns::op"), and the op that sets it (None: all `ALWAYS`)."""
+    """The least support declared among `ops` (names "ns::op"), and the op that sets it (None: all
+    `ALWAYS`)."""
     least = min(((_declared.get(op, GraphSupport.ALWAYS), op) for op in sorted(ops)), default=(GraphSupport.ALWAYS,
                                                                                                 None))
     return least if least[0] is not GraphSupport.ALWAYS else (GraphSupport.ALWAYS, None)
@@ -58,8 +60,8 @@ def is_uniform_decode() -> bool:
 
 
 class uniform_decode:  # noqa: N801 - used as a function: `with pieceworks.uniform_decode():`
-    """Calls inside are uniform decode batches when `flag` is true (the default), mixed otherwise; the previous kind
-    is restored on exit. Costs two list writes."""
+    """Calls inside are uniform decode batches when `flag` is true (the default), mixed otherwise; the
+    previous kind is restored on exit. Costs two list writes."""
 
     __slots__ = ("_flag", "_previous")
 

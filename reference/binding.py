@@ -1,30 +1,31 @@
-"""Calling the compiled graph without Dynamo: call arguments to graph inputs, graph outputs to the model's output.
+"""Calling the compiled graph without Dynamo: call arguments to graph inputs, graph outputs to the model's
+output.
 
-`Arguments` puts a call's positional and keyword arguments in one order, the one the compiled model serves: the
-first call's positional arguments, then its keyword arguments sorted by name. A later call of the same form (as many
-positional arguments, the same keywords, in any order) costs one list; a call of another form is bound by the
-model's `forward` signature once per form (`model(ids)` after `model(input_ids=ids)`): a parameter the first call
-left to its default must be passed with that default's value (type and value, as any non-tensor argument), since
-the trace baked it in.
+`Arguments` puts a call's positional and keyword arguments in one order, the one the compiled model serves:
+the first call's positional arguments, then its keyword arguments sorted by name. A later call of the same
+form (as many positional arguments, the same keywords, in any order) costs one list; a call of another form is
+bound by the model's `forward` signature once per form (`model(ids)` after `model(input_ids=ids)`): a
+parameter the first call left to its default must be passed with that default's value (type and value, as any
+non-tensor argument), since the trace baked it in.
 
 Dynamo hands a backend `example_inputs`: the real values of the graph's placeholders in the tracing call (the
-call's tensors, the model's parameters and buffers, and the batch size as a SymInt). `bind` proves, from that one
-call, how to build them for any later call:
+call's tensors, the model's parameters and buffers, and the batch size as a SymInt). `bind` proves, from that
+one call, how to build them for any later call:
 - a placeholder whose example is (by identity) a tensor argument of the tracing call reads that argument;
 - a placeholder whose example value is a batch-size symbol gets the call's batch size;
 - a placeholder whose example is a parameter or buffer of the model is bound to that object once, so in-place
-  updates stay visible. Replacing one (setattr, `load_state_dict(assign=True)`, a new submodule) or reallocating
-  it (`.to()`, `.cuda()`, `.half()`) is seen by the model's `StateWatch` (watch.py: nothing per call) and refused at
-  the next call: the graphs still read the old memory;
-and the model's output is the graph's outputs arranged as in the tracing call: each output tensor found by identity
-among the graph's outputs, `None` and plain constants (numbers, strings, dtypes: what the trace baked in) kept,
-inside tuples, lists, dicts, namedtuples, mappings (a Hugging Face `ModelOutput`, whose unset fields stay None) and
-dataclasses (`values.children`).
+  updates stay visible. Replacing one (setattr, `load_state_dict(assign=True)`, a new submodule) or
+  reallocating it (`.to()`, `.cuda()`, `.half()`) is seen by the model's `StateWatch` (watch.py: nothing per
+  call) and refused at the next call: the graphs still read the old memory; and the model's output is the
+  graph's outputs arranged as in the tracing call: each output tensor found by identity among the graph's
+  outputs, `None` and plain constants (numbers, strings, dtypes: what the trace baked in) kept, inside tuples,
+  lists, dicts, namedtuples, mappings (a Hugging Face `ModelOutput`, whose unset fields stay None) and
+  dataclasses (`values.children`).
 
-Anything else (a tensor the model reads from a global or a plain attribute, an output Dynamo built outside the graph, an
-object such as a KV-cache object in the output) makes `bind` return why not and the fix, and the caller keeps calling
-through Dynamo. Python side effects of `forward` (attribute writes, prints) happen in the tracing call only: after it,
-the graph is the model.
+Anything else (a tensor the model reads from a global or a plain attribute, an output Dynamo built outside the
+graph, an object such as a KV-cache object in the output) makes `bind` return why not and the fix, and the
+caller keeps calling through Dynamo. Python side effects of `forward` (attribute writes, prints) happen in the
+tracing call only: after it, the graph is the model.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ _FIX = "Fix: pass arguments like the first call's, or compile another CompiledMo
 
 
 class Arguments:
-    """The first call's form (`count` positional arguments, then keyword arguments `names`, sorted); `labels` name each
-    place for messages (its position or keyword). `flat(args, kwargs)`: a call's arguments in that order (an
-    `InputError` naming an argument that does not fit), and `split(flat)` the call again."""
+    """The first call's form (`count` positional arguments, then keyword arguments `names`, sorted);
+    `labels` name each place for messages (its position or keyword). `flat(args, kwargs)`: a call's
+    arguments in that order (an `InputError` naming an argument that does not fit), and `split(flat)` the
+    call again."""
 
     def __init__(self, fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         self.fn, self.count, self.names, self.keys = fn, len(args), tuple(sorted(kwargs)), kwargs.keys() | set()
@@ -98,8 +100,9 @@ class Arguments:
 
 
 def _bound(signature: inspect.Signature, count: int, names: Sequence[str], called: str) -> dict[Any, tuple[int, Any]]:
-    """Per parameter (a `*args` item by (name, index), a `**kwargs` entry by (name, key)), where a call of `count`
-    positional arguments and keywords `names` has its value: (_POSITIONAL, index) or (_KEYWORD, name)."""
+    """Per parameter (a `*args` item by (name, index), a `**kwargs` entry by (name, key)), where a call of
+    `count` positional arguments and keywords `names` has its value: (_POSITIONAL, index) or (_KEYWORD,
+    name)."""
     try:
         bound = signature.bind(*[(_POSITIONAL, i) for i in range(count)], **{k: (_KEYWORD, k) for k in names})
     except TypeError as exc:
@@ -142,15 +145,16 @@ class Binder:
         return tree_map(lambda k: flat[k] if type(k) is int else (None if k is None else k.value), self.template)
 
     def describe(self, model: Any) -> tuple[list[tuple[int, Any]], Any]:
-        """`(sources, template)` in plain values, bound tensors named by their parameter or buffer name in `model`:
-        what `restore` needs to bind the same graph to a model of the same structure in another process."""
+        """`(sources, template)` in plain values, bound tensors named by their parameter or buffer name in
+        `model`: what `restore` needs to bind the same graph to a model of the same structure in another
+        process."""
         names = {id(t): name for name, t in _state(model)}
         return [(kind, names[id(v)] if kind == _BOUND else v) for kind, v in self.sources], self.template
 
     @classmethod
     def restore(cls, description: tuple[list[tuple[int, Any]], Any], model: Any) -> Binder:
-        """The `Binder` that `describe` described, bound to `model`'s parameters and buffers (`KeyError` naming a
-        missing one)."""
+        """The `Binder` that `describe` described, bound to `model`'s parameters and buffers (`KeyError`
+        naming a missing one)."""
         sources, template = description
         state = dict(_state(model))
         return cls([(kind, state[v] if kind == _BOUND else v) for kind, v in sources], template)
@@ -177,7 +181,8 @@ def _state(model: Any) -> list[tuple[str, torch.Tensor]]:
 
 def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequence[Any], call_args: Sequence[Any],
          batch_symbols: set[str], call_output: Any, graph_output: Any) -> Binder | str:
-    """A `Binder` for the graph traced from `model(*call_args)` (see the module doc), or why it cannot be proven."""
+    """A `Binder` for the graph traced from `model(*call_args)` (see the module doc), or why it cannot be
+    proven."""
     if len(placeholders) != len(example_inputs):
         return f"{len(placeholders)} graph inputs but {len(example_inputs)} example inputs"
     by_id = {id(a): k for k, a in enumerate(call_args) if isinstance(a, torch.Tensor)}

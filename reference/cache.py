@@ -1,35 +1,36 @@
 """The on-disk compile cache.
 
 Layout: `<root>/<key>/` where `key` digests everything that changes compiled code (the traced graph with its
-input metadata, the config hash, the effective Inductor configuration, the torch/Triton/Python build and the GPU)
-and nothing that varies per run. Inside: `index.json` maps an entry name (`range:1-8192|<piece fingerprint>` or
-`size:4|<piece fingerprint>`) to an artifact file, its SHA-256 and size, and the claim of the piece it was
-compiled for; `artifacts/` holds the files; `locks/` one lock file per entry; `factors.json` records the key's
-inputs for people. `<root>/inductor/` is Inductor's own cache while pieceworks compiles and loads (see
-`CompileCache.inductor_dir`), so that copying `<root>` to another machine carries the built kernels too.
+input metadata, the config hash, the effective Inductor configuration, the torch/Triton/Python build and the
+GPU) and nothing that varies per run. Inside: `index.json` maps an entry name (`range:1-8192|<piece
+fingerprint>` or `size:4|<piece fingerprint>`) to an artifact file, its SHA-256 and size, and the claim of the
+piece it was compiled for; `artifacts/` holds the files; `locks/` one lock file per entry; `factors.json`
+records the key's inputs for people. `<root>/inductor/` is Inductor's own cache while pieceworks compiles and
+loads (see `CompileCache.inductor_dir`), so that copying `<root>` to another machine carries the built kernels
+too.
 
 Contracts:
-- every file is written to a temporary name in the same folder, fsynced and renamed: a reader sees the old file or
-  the new one, never half of one;
+- every file is written to a temporary name in the same folder, fsynced and renamed: a reader sees the old
+  file or the new one, never half of one;
 - writers take an exclusive `flock` on `index.lock` to install an artifact and merge the index (read, update,
   write), so concurrent processes never lose each other's entries or pair an index hash with another file;
   readers take a shared lock while they check and load;
 - `entry_lock(name)`: processes that miss the same entry take turns on that entry's lock, so one compiles and
   stores it while the others wait and then load it (N cold processes cost about one cold compile);
-- the index is JSON, read with `json.loads` (no eval, no pickle), with a SHA-256 over its entries; an index that
-  does not parse or does not match its digest is logged and treated as empty;
+- the index is JSON, read with `json.loads` (no eval, no pickle), with a SHA-256 over its entries; an index
+  that does not parse or does not match its digest is logged and treated as empty;
 - an entry is loaded only if it names the file derived from its own name and claims the same piece (graph
   fingerprint, compile target, input metadata) as the caller; an artifact whose bytes do not match the index's
   SHA-256 (truncated, garbled, overwritten) is never loaded. Either is logged with its path and the caller
   recompiles. An artifact that fails to load (another torch build) likewise;
-- a broken location never kills a model: a directory that cannot be created or written at all gives one WARNING
-  (path, reason, `PIECEWORKS_DISABLE_CACHE`) and `CompileCache.open` returns None (run uncached); a read-only
-  cache loads what is valid and compiles the rest in memory (one WARNING); a file where the cache expects a
-  folder, or a folder where it expects a file, inside the key directory is logged as corrupt and replaced. Each
-  problem of a cache root (all its key folders) warns once per process, in words;
-- `prune(root, older_than_days=..., environment=...)` removes key folders unused for N days or built by another
-  torch build, GPU or Python (a key folder's mtime is its last use).
-POSIX only (`fcntl`). Safe across processes; one `CompileCache` object is not meant to be shared by threads.
+- a broken location never kills a model: a directory that cannot be created or written at all gives one
+  WARNING (path, reason, `PIECEWORKS_DISABLE_CACHE`) and `CompileCache.open` returns None (run uncached); a
+  read-only cache loads what is valid and compiles the rest in memory (one WARNING); a file where the cache
+  expects a folder, or a folder where it expects a file, inside the key directory is logged as corrupt and
+  replaced. Each problem of a cache root (all its key folders) warns once per process, in words;
+- `prune(root, older_than_days=..., environment=...)` removes key folders unused for N days or built by
+  another torch build, GPU or Python (a key folder's mtime is its last use). POSIX only (`fcntl`). Safe across
+  processes; one `CompileCache` object is not meant to be shared by threads.
 """
 
 from __future__ import annotations
@@ -66,9 +67,9 @@ class CacheIndexError(ValueError):
 
 def artifact_stem(name: str) -> str:
     """How the artifact files of entry `name` begin (derived from the name, so entries cannot trade files).
-    A file is `<stem>-<first 16 hex digits of its SHA-256>.bin`: a new version of an entry never overwrites the
-    file the index still names, so a writer dying between installing a file and updating the index leaves the
-    old entry intact."""
+    A file is `<stem>-<first 16 hex digits of its SHA-256>.bin`: a new version of an entry never overwrites
+    the file the index still names, so a writer dying between installing a file and updating the index
+    leaves the old entry intact."""
     return hashlib.sha256(name.encode()).hexdigest()[:32]
 
 
@@ -90,7 +91,8 @@ def parse_index(data: bytes) -> dict[str, dict[str, Any]]:
         raise CacheIndexError(f"not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION or not isinstance(doc.get("entries"), dict):
         raise CacheIndexError(f"not a version-{INDEX_VERSION} pieceworks index")
-    for name, entry in doc["entries"].items():  # known fields of the right types, a plain file name in `artifacts/`
+    # known fields of the right types, a plain file name in `artifacts/`
+    for name, entry in doc["entries"].items():
         if not (isinstance(entry, dict) and _REQUIRED <= set(entry) <= _REQUIRED | set(CLAIM_FIELDS)
                 and all(isinstance(v, str) for k, v in entry.items() if k != "bytes") and type(entry["bytes"]) is int
                 and os.path.basename(entry["file"]) == entry["file"] and entry["file"][:1] not in ("", ".")):
@@ -126,7 +128,8 @@ def file_sha256(path: str) -> tuple[str, int]:
 
 
 def _reason(exc: BaseException) -> str:
-    """Why, in words: `"/c is a file, not a folder"`, `"permission denied"`; the type name for anything else."""
+    """Why, in words: `"/c is a file, not a folder"`, `"permission denied"`; the type name for anything
+    else."""
     path = getattr(exc, "filename", None)
     while path and not os.path.lexists(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)  # the part of the path that stands in the way
@@ -148,9 +151,9 @@ def _remove(path: str) -> None:
 
 
 def _entry_problem(name: str, entry: dict[str, Any], path: str, claim: dict[str, str] | None) -> str | None:
-    """Why the artifact at `path` must not be loaded as entry `name` for a piece with `claim`, or None: the entry
-    claims another piece, names another entry's file, or the file's bytes differ from the index's SHA-256.
-    `OSError` if the file cannot be read."""
+    """Why the artifact at `path` must not be loaded as entry `name` for a piece with `claim`, or None: the
+    entry claims another piece, names another entry's file, or the file's bytes differ from the index's
+    SHA-256. `OSError` if the file cannot be read."""
     if wrong := [f"{k}={entry.get(k)!r} (this piece: {want!r})" for k, want in sorted((claim or {}).items())
                  if entry.get(k) != want]:
         return f"was stored for another piece: {', '.join(wrong)}"
@@ -198,7 +201,8 @@ class CompileCache:
 
     @classmethod
     def open(cls, root: str, key: str, factors: dict[str, Any] | None = None) -> CompileCache | None:
-        """The cache, or None (after one WARNING naming the path and the reason) if it cannot be used at all."""
+        """The cache, or None (after one WARNING naming the path and the reason) if it cannot be used at
+        all."""
         try:
             return cls(root, key, factors)
         except OSError as exc:
@@ -208,7 +212,7 @@ class CompileCache:
                        "PIECEWORKS_DISABLE_CACHE=1 to run uncached without this warning", path, _reason(exc))
             return None
 
-    # ---- set-up ---------------------------------------------------------------------------------------------
+    # ---- set-up -------------------------------------------------------------------------------------------
     def _make_folder(self, path: str, what: str) -> None:
         """Create the folder `path` if needed, replacing what stands in its place (`what`)."""
         if os.path.lexists(path) and not os.path.isdir(path):
@@ -229,16 +233,16 @@ class CompileCache:
 
     @property
     def inductor_dir(self) -> str | None:
-        """Where Inductor's own cache lives while pieceworks compiles and loads: `<root>/inductor`, so that the
-        pieceworks cache carries the kernels a warm start would otherwise rebuild (C++ libraries on CPU). None
-        when the cache is read-only (Inductor must write) or `TORCHINDUCTOR_CACHE_DIR` names a folder of the
-        user's choosing (it wins, as in SGLang)."""
+        """Where Inductor's own cache lives while pieceworks compiles and loads: `<root>/inductor`, so that
+        the pieceworks cache carries the kernels a warm start would otherwise rebuild (C++ libraries on
+        CPU). None when the cache is read-only (Inductor must write) or `TORCHINDUCTOR_CACHE_DIR` names a
+        folder of the user's choosing (it wins, as in SGLang)."""
         return os.path.join(self.root, "inductor") if self.writable and not _user_chose_inductor_dir() else None
 
-    # ---- locks ----------------------------------------------------------------------------------------------
+    # ---- locks --------------------------------------------------------------------------------------------
     def _lock_file(self, path: str) -> BinaryIO | None:
-        # A read-only cache opens the lock read-only: a shared lock still keeps us from reading half of another
-        # writer's update.
+        # A read-only cache opens the lock read-only: a shared lock still keeps us from reading half of
+        # another writer's update.
         for mode in ("ab", "rb"):
             with contextlib.suppress(OSError):
                 return open(path, mode)
@@ -252,15 +256,16 @@ class CompileCache:
         return _flocked(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) if lock else contextlib.nullcontext()
 
     def entry_lock(self, name: str) -> contextlib.AbstractContextManager[None]:
-        """Hold entry `name`'s exclusive lock across processes (while compiling and storing it), so that processes
-        missing the same entry take turns: the first compiles and stores it, the others then find it. A no-op when
-        the cache is read-only."""
+        """Hold entry `name`'s exclusive lock across processes (while compiling and storing it), so that
+        processes missing the same entry take turns: the first compiles and stores it, the others then find
+        it. A no-op when the cache is read-only."""
         lock = self._lock_file(os.path.join(self.lock_dir, artifact_stem(name) + ".lock")) if self.writable else None
         return _flocked(lock, fcntl.LOCK_EX, waiting_for=name) if lock else contextlib.nullcontext()
 
-    # ---- reading --------------------------------------------------------------------------------------------
+    # ---- reading ------------------------------------------------------------------------------------------
     def read_index(self) -> dict[str, dict[str, Any]]:
-        """The index's entries; `{}` (logged) when the file is missing, cannot be read or is not an intact index."""
+        """The index's entries; `{}` (logged) when the file is missing, cannot be read or is not an intact
+        index."""
         try:
             return parse_index(Path(self.index_path).read_bytes())
         except FileNotFoundError:
@@ -272,9 +277,9 @@ class CompileCache:
 
     def load(self, name: str, loader: Callable[[str], Any], claim: dict[str, str] | None = None,
              skip: dict[str, Any] | None = None) -> tuple[Any | None, dict[str, Any] | None]:
-        """`(loader(path), entry)` for entry `name`, or `(None, entry)`: a miss when the entry is absent, corrupt or
-        unloadable, or equal to `skip` (an entry this caller already tried: not loaded nor reported twice). One
-        read of the index, under its shared lock.
+        """`(loader(path), entry)` for entry `name`, or `(None, entry)`: a miss when the entry is absent,
+        corrupt or unloadable, or equal to `skip` (an entry this caller already tried: not loaded nor reported
+        twice). One read of the index, under its shared lock.
 
         `claim` (see CLAIM_FIELDS): what the caller's piece is; an entry claiming anything else is corrupt.
         """
@@ -294,15 +299,17 @@ class CompileCache:
             return None, entry
         return loaded, entry
 
-    # ---- writing --------------------------------------------------------------------------------------------
+    # ---- writing ------------------------------------------------------------------------------------------
     def store(self, name: str, save: Callable[[str], None], claim: dict[str, str] | None = None) -> bool:
         """Save an artifact with `save(tmp_path)` and record it as entry `name` with `claim`.
 
-        False (logged) if `save` fails or the cache cannot be written; the caller runs what it compiled anyway.
+        False (logged) if `save` fails or the cache cannot be written; the caller runs what it compiled
+        anyway.
         """
         if not self.writable:
             return False
-        tmp = os.path.join(self.artifact_dir, f".tmp-{os.getpid()}-{time.monotonic_ns()}")  # save writes the path
+        # save writes the path
+        tmp = os.path.join(self.artifact_dir, f".tmp-{os.getpid()}-{time.monotonic_ns()}")
         try:
             save(tmp)
             with open(tmp, "rb") as f:
@@ -333,8 +340,9 @@ class CompileCache:
 
 
 def newest_factors(root: str, other_than: str, accept: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
-    """The factors.json of the key folder under `root` used last, among those holding entries (an index.json), other
-    than `other_than`, that `accept` takes; None where there is none. What a miss is explained against."""
+    """The factors.json of the key folder under `root` used last, among those holding entries (an
+    index.json), other than `other_than`, that `accept` takes; None where there is none. What a miss is
+    explained against."""
     found = []
     for name in os.listdir(root) if os.path.isdir(root) else ():
         folder = os.path.join(root, name)
@@ -348,9 +356,9 @@ def newest_factors(root: str, other_than: str, accept: Callable[[dict[str, Any]]
 
 def prune(root: str, older_than_days: float | None = None, environment: str | None = None) -> list[str]:
     """Remove the key folders under `root` last used more than `older_than_days` ago, or built by another
-    environment than `environment` (torch build, GPU, Python: `pieceworks.key.environment_factors()` is this
-    one's); keep `<root>/inductor` and anything that is not a key folder. Returns the removed paths. Run it while
-    no process uses those folders."""
+    environment than `environment` (torch build, GPU, Python: `pieceworks.key.environment_factors()` is
+    this one's); keep `<root>/inductor` and anything that is not a key folder. Returns the removed paths.
+    Run it while no process uses those folders."""
     removed = []
     for path in sorted(os.path.join(root, name) for name in os.listdir(root)):
         with contextlib.suppress(OSError, ValueError):
@@ -364,8 +372,8 @@ def prune(root: str, older_than_days: float | None = None, environment: str | No
 
 @contextlib.contextmanager
 def _flocked(file: BinaryIO, operation: int, waiting_for: str | None = None) -> Iterator[None]:
-    """Hold `flock(file, operation)` for the block, then close `file` (which releases it). `waiting_for`: the entry
-    to log when another process holds the lock."""
+    """Hold `flock(file, operation)` for the block, then close `file` (which releases it). `waiting_for`:
+    the entry to log when another process holds the lock."""
     with file:
         try:
             fcntl.flock(file, operation | fcntl.LOCK_NB)
@@ -377,8 +385,8 @@ def _flocked(file: BinaryIO, operation: int, waiting_for: str | None = None) -> 
 
 
 def _user_chose_inductor_dir() -> bool:
-    """Whether TORCHINDUCTOR_CACHE_DIR names a folder other than Inductor's default (Inductor writes its default
-    into the environment itself once it has used it, so "set" alone does not mean "chosen")."""
+    """Whether TORCHINDUCTOR_CACHE_DIR names a folder other than Inductor's default (Inductor writes its
+    default into the environment itself once it has used it, so "set" alone does not mean "chosen")."""
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     default = inductor_default_cache_dir() if chosen else None
     if default is None:  # unset, or the layout of another torch: only the folder's name is known

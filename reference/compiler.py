@@ -4,13 +4,13 @@
 range and one static compile per compile size. A target is served from this process's memo when an identical
 piece (same fingerprint) was already served, else from the on-disk cache, else by compiling and storing it.
 Across processes a miss is compiled under that entry's lock, so concurrent cold starts share the work: one
-compiles, the others wait and load. Static compiles specialise to one batch size: their example inputs are empty
-tensors of the traced metadata with the batch size put in (no model runs for them).
+compiles, the others wait and load. Static compiles specialise to one batch size: their example inputs are
+empty tensors of the traced metadata with the batch size put in (no model runs for them).
 
-The compilers: TorchInductor through `standalone_compile` (reached through `_compat`), or "eager" (the piece's own
-GraphModule, for tests whose subject is not Inductor). A compiled piece takes its inputs positionally (ints for
-SymInts) and returns what its GraphModule returns. Inductor's probe of the CPU's vector ISAs (about 1 s a process)
-runs once per CPU and torch build: its result is kept in the cache (`known_cpu_isa`).
+The compilers: TorchInductor through `standalone_compile` (reached through `_compat`), or "eager" (the piece's
+own GraphModule, for tests whose subject is not Inductor). A compiled piece takes its inputs positionally
+(ints for SymInts) and returns what its GraphModule returns. Inductor's probe of the CPU's vector ISAs (about
+1 s a process) runs once per CPU and torch build: its result is kept in the cache (`known_cpu_isa`).
 
 Counters: `num_backend_compilations` counts every (piece, compile target) served, loads and shared pieces
 included (vLLM's meaning: 13 for a 12-layer ToyLlama with one range, cold or warm); fresh compiles are
@@ -46,9 +46,9 @@ log = logging.getLogger("pieceworks")
 
 
 class PieceCompiler:
-    """Compiles (or loads) each distinct (piece fingerprint, target) of one graph once. `compiled`, `loaded` and
-    `shared` count what it did, for the log line; `seconds` says where its time went ("load": reading and loading
-    artifacts, misses included; "compile": compiling)."""
+    """Compiles (or loads) each distinct (piece fingerprint, target) of one graph once. `compiled`,
+    `loaded` and `shared` count what it did, for the log line; `seconds` says where its time went ("load":
+    reading and loading artifacts, misses included; "compile": compiling)."""
 
     def __init__(self, config: CompilationConfig, cache: CompileCache | None) -> None:
         self.config = config
@@ -58,8 +58,8 @@ class PieceCompiler:
         self.seconds = {"load": 0.0, "compile": 0.0}
 
     def compile(self, piece: Piece) -> Piece:
-        """`piece` with code for every compile range and size. A piece with data-dependent sizes gets no static
-        compile (it would bake in one call's sizes): its range code serves the compile sizes."""
+        """`piece` with code for every compile range and size. A piece with data-dependent sizes gets no
+        static compile (it would bake in one call's sizes): its range code serves the compile sizes."""
         ranges, sizes = self.config.ranges(), self.config.compile_sizes
         if piece.unbacked_symbols and sizes:
             log.info("pieceworks: piece %s has data-dependent sizes (%s): compile_sizes %s are served by the code "
@@ -97,8 +97,8 @@ class PieceCompiler:
         fn, seen = self.cache.load(name, load, claim)
         if fn is None:
             with self.cache.entry_lock(name):
-                # Another process may have stored it while we looked or waited; an entry we already rejected is
-                # skipped, not tried (nor reported) twice.
+                # Another process may have stored it while we looked or waited; an entry we already rejected
+                # is skipped, not tried (nor reported) twice.
                 fn, _ = self.cache.load(name, load, claim, skip=seen)
                 self.seconds["load"] += time.perf_counter() - start
                 if fn is None:
@@ -114,8 +114,8 @@ class PieceCompiler:
         return fn
 
     def _compile(self, piece: Piece, target: Target, example_args: list[Any]) -> tuple[Callable[..., Any], Any]:
-        """Compile `piece` afresh: as traced (the eager compiler, or a piece with nothing for Inductor), else with
-        Inductor."""
+        """Compile `piece` afresh: as traced (the eager compiler, or a piece with nothing for Inductor),
+        else with Inductor."""
         self.compiled += 1
         if self.config.compiler == "eager" or not computes_tensors(piece):
             counters.num_eager_compiles += 1
@@ -130,17 +130,18 @@ class PieceCompiler:
 
 
 def computes_tensors(piece: Piece) -> bool:
-    """Whether a piece returns a tensor or writes one of its inputs in place. One that does neither (size checks a
-    split leaves alone in a piece, work whose results nothing reads) gives Inductor nothing to generate: its compile
-    saves no artifact, so it would be compiled again on every warm start. Such a piece runs as traced (the eager
-    compiler) and is never cached."""
+    """Whether a piece returns a tensor or writes one of its inputs in place. One that does neither (size
+    checks a split leaves alone in a piece, work whose results nothing reads) gives Inductor nothing to
+    generate: its compile saves no artifact, so it would be compiled again on every warm start. Such a
+    piece runs as traced (the eager compiler) and is never cached."""
     output = piece.graph.graph.output_node()
     return any(tensors_in(_compat.example_value(n)) for n in output.all_input_nodes) or bool(piece.mutated_inputs)
 
 
 def static_example_args(example_args: Sequence[Any], size: int) -> list[Any]:
-    """Real example inputs at batch `size`: an empty tensor of each traced tensor's dtype, device, sizes and strides
-    with every symbol set to `size` (static compiles read metadata, never values), ints for SymInts."""
+    """Real example inputs at batch `size`: an empty tensor of each traced tensor's dtype, device, sizes
+    and strides with every symbol set to `size` (static compiles read metadata, never values), ints for
+    SymInts."""
     def at_size(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             shape, stride = ([_compat.evaluate_at(d, size) for d in dims] for dims in (value.shape, value.stride()))
@@ -163,11 +164,13 @@ def _adapt_outputs(fn: Callable[..., Any], gm: torch.fx.GraphModule) -> Callable
 
 def compile_inductor(gm: torch.fx.GraphModule, example_args: list[Any], *, static: bool,
                      inductor_config: dict[str, Any]) -> tuple[Callable[..., Any], Any]:
-    """Compile `gm` with Inductor; returns `(callable, artifact)`. `static=False`: `example_args` are the trace's
-    FakeTensors/SymInts and the batch size stays symbolic; `static=True`: real values of one batch size.
+    """Compile `gm` with Inductor; returns `(callable, artifact)`. `static=False`: `example_args` are the
+    trace's FakeTensors/SymInts and the batch size stays symbolic; `static=True`: real values of one batch
+    size.
 
-    "from_graph" reads the shape environment off the FakeTensors the piece returns; a piece that returns no tensor
-    (one that only writes its inputs) has none, and then Dynamo's tracing context holds the same one."""
+    "from_graph" reads the shape environment off the FakeTensors the piece returns; a piece that returns no
+    tensor (one that only writes its inputs) has none, and then Dynamo's tracing context holds the same
+    one."""
     returned = [_compat.example_value(n) for n in gm.graph.output_node().all_input_nodes]
     symbolic = "from_graph" if _compat.fake_mode_of(returned) is not None else "from_tracing_context"
     artifact = _compat.standalone_compile(gm, list(example_args),
@@ -177,13 +180,14 @@ def compile_inductor(gm: torch.fx.GraphModule, example_args: list[Any], *, stati
 
 
 def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
-    """Load an artifact `compile_inductor` made, saved in the binary format (`PieceCompiler` saves it); raises on
-    any problem (another torch build, bad bytes).
+    """Load an artifact `compile_inductor` made, saved in the binary format (`PieceCompiler` saves it);
+    raises on any problem (another torch build, bad bytes).
 
-    Loads run in this process (Inductor's `compile_threads` is 1 for their duration): an artifact carries its
-    compiled kernels, so a load builds none, and the pool of compile workers Inductor would otherwise start costs
-    a warm process seconds of start-up for nothing. A load whose code Inductor's own cache lacked writes it out again
-    and builds what it calls (`counters.num_kernel_rebuilds` says when): counted and logged with the artifact's path."""
+    Loads run in this process (Inductor's `compile_threads` is 1 for their duration): an artifact carries
+    its compiled kernels, so a load builds none, and the pool of compile workers Inductor would otherwise
+    start costs a warm process seconds of start-up for nothing. A load whose code Inductor's own cache
+    lacked writes it out again and builds what it calls (`counters.num_kernel_rebuilds` says when): counted
+    and logged with the artifact's path."""
     events = _compat.inductor_events()
     before = events["fxgraph_lookup_write_file"]
     with _compat.inductor_config().patch(compile_threads=1):
@@ -197,12 +201,13 @@ def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def inductor_cache_dir(path: str | None, options: Mapping[str, Any]) -> Iterator[None]:
-    """Point Inductor's on-disk cache (`TORCHINDUCTOR_CACHE_DIR`) at `path` for the block, then restore it; `None`
-    leaves everything alone. With a `path`, C++ kernels are built without Inductor's precompiled header (unless
-    `options`, the config's `inductor_compile_config`, sets `cpp_cache_precompile_headers`): Inductor keeps it
-    outside `TORCHINDUCTOR_CACHE_DIR` and rebuilds it before it looks for a kernel's library, so a warm start on a
-    new host would spend a g++ run on it. Compile and load run under the same setting, so library names (digests of
-    the build command) match. Not thread-safe (the environment is process-wide), like the rest of a compile."""
+    """Point Inductor's on-disk cache (`TORCHINDUCTOR_CACHE_DIR`) at `path` for the block, then restore it;
+    `None` leaves everything alone. With a `path`, C++ kernels are built without Inductor's precompiled
+    header (unless `options`, the config's `inductor_compile_config`, sets `cpp_cache_precompile_headers`):
+    Inductor keeps it outside `TORCHINDUCTOR_CACHE_DIR` and rebuilds it before it looks for a kernel's
+    library, so a warm start on a new host would spend a g++ run on it. Compile and load run under the same
+    setting, so library names (digests of the build command) match. Not thread-safe (the environment is
+    process-wide), like the rest of a compile."""
     if path is None:
         yield
         return
@@ -214,7 +219,8 @@ def inductor_cache_dir(path: str | None, options: Mapping[str, Any]) -> Iterator
     try:
         with config.patch(**headers):
             yield
-    finally:  # this variable alone: Inductor sets others inside the block, and C++ threads read the environment
+    # this variable alone: Inductor sets others inside the block, and C++ threads read the environment
+    finally:
         if before is None:
             del os.environ["TORCHINDUCTOR_CACHE_DIR"]
         else:
@@ -223,10 +229,11 @@ def inductor_cache_dir(path: str | None, options: Mapping[str, Any]) -> Iterator
 
 @contextlib.contextmanager
 def known_cpu_isa(record: str) -> Iterator[None]:
-    """Inductor's probe of the CPU's vector ISAs (once a process per ISA: a build and a Python subprocess each, about
-    1 s) skipped (`cpp.vec_isa_ok`) where the JSON file `record` says the probe passed for every ISA this CPU's flags
-    allow, with this torch build and C++ compiler; where the probe runs, its result is recorded (atomically). Nothing
-    is done where the user set `cpp.vec_isa_ok`, off x86, or where Inductor lacks these names."""
+    """Inductor's probe of the CPU's vector ISAs (once a process per ISA: a build and a Python subprocess
+    each, about 1 s) skipped (`cpp.vec_isa_ok`) where the JSON file `record` says the probe passed for
+    every ISA this CPU's flags allow, with this torch build and C++ compiler; where the probe runs, its
+    result is recorded (atomically). Nothing is done where the user set `cpp.vec_isa_ok`, off x86, or where
+    Inductor lacks these names."""
     found = _isa_facts()
     if found is None:
         yield
@@ -239,14 +246,15 @@ def known_cpu_isa(record: str) -> Iterator[None]:
         return
     probed = isa.valid_vec_isa_list.cache_info().currsize
     yield
-    if not probed and isa.valid_vec_isa_list.cache_info().currsize:  # it ran here: its result, for the next process
+    # it ran here: its result, for the next process
+    if not probed and isa.valid_vec_isa_list.cache_info().currsize:
         with contextlib.suppress(OSError):
             atomic_write(record, json.dumps({**known, key: [str(i) for i in isa.valid_vec_isa_list()]}).encode())
 
 
 def _isa_facts() -> tuple[Any, Any, str, list[str]] | None:
-    """(Inductor's ISA module, its config, this CPU's key, the ISAs its flags allow), or None where nothing is to be
-    done (see `known_cpu_isa`)."""
+    """(Inductor's ISA module, its config, this CPU's key, the ISAs its flags allow), or None where nothing
+    is to be done (see `known_cpu_isa`)."""
     try:
         isa, config = _compat.cpu_vec_isa(), _compat.inductor_config()
         if config.cpp.vec_isa_ok is not None or platform.machine() not in ("x86_64", "AMD64"):

@@ -26,16 +26,19 @@ _OP_NAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
 
 
 class ConfigError(ValueError):
-    """A `CompilationConfig` field has a value pieceworks cannot use. The message names the field and the fix."""
+    """A `CompilationConfig` field has a value pieceworks cannot use. The message names the field and the
+    fix."""
 
 
 class CUDAGraphMode(enum.Enum):
-    """How compiled code is replayed, per kind of batch (vLLM's modes and meanings; batch_kind.py says the kinds).
+    """How compiled code is replayed, per kind of batch (vLLM's modes and meanings; batch_kind.py says the
+    kinds).
 
-    NONE: compiled pieces run as they are. PIECEWISE: one CUDA graph per compiled piece and batch size, splitting
-    ops run eagerly between them. FULL: one graph per batch size over the whole model, for every batch.
-    FULL_DECODE_ONLY: full graphs for uniform decode batches, nothing for mixed ones. FULL_AND_PIECEWISE: full graphs
-    for uniform decode batches, PIECEWISE for mixed ones. Where a full graph cannot be had, PIECEWISE serves instead.
+    NONE: compiled pieces run as they are. PIECEWISE: one CUDA graph per compiled piece and batch size,
+    splitting ops run eagerly between them. FULL: one graph per batch size over the whole model, for every
+    batch. FULL_DECODE_ONLY: full graphs for uniform decode batches, nothing for mixed ones.
+    FULL_AND_PIECEWISE: full graphs for uniform decode batches, PIECEWISE for mixed ones. Where a full graph
+    cannot be had, PIECEWISE serves instead.
     """
 
     NONE = 0
@@ -85,9 +88,10 @@ def _is_int(value: Any) -> bool:
 
 
 def check_inductor_keys(config: dict[str, Any]) -> None:
-    """Every key must be an Inductor config option (dotted for nested ones, e.g. "triton.cudagraphs"), and its value
-    of the option's type."""
-    known = inductor_config().get_config_copy() if config else {}  # no options: Inductor's config stays unread
+    """Every key must be an Inductor config option (dotted for nested ones, e.g. "triton.cudagraphs"), and
+    its value of the option's type."""
+    # no options: Inductor's config stays unread
+    known = inductor_config().get_config_copy() if config else {}
     for key, value in config.items():
         close = [] if key in known else difflib.get_close_matches(key, known, n=3)
         _require(key in known, "inductor_compile_config", config, f"{key!r} is not an Inductor config option",
@@ -99,8 +103,9 @@ def check_inductor_keys(config: dict[str, Any]) -> None:
 
 
 def fits_option_type(value: Any, kind: Any) -> bool:
-    """Whether a JSON `value` fits the type `kind` an Inductor option declares: bool, int, float, str, None, lists
-    (or tuples), dicts, their unions and literals. A type this cannot check (a callable's, a class) fits."""
+    """Whether a JSON `value` fits the type `kind` an Inductor option declares: bool, int, float, str,
+    None, lists (or tuples), dicts, their unions and literals. A type this cannot check (a callable's, a
+    class) fits."""
     origin = typing.get_origin(kind) or kind
     if origin in (typing.Union, types.UnionType):
         return any(fits_option_type(value, a) for a in typing.get_args(kind))
@@ -112,8 +117,8 @@ def fits_option_type(value: Any, kind: Any) -> bool:
 
 
 def env_flag(name: str, default: bool) -> bool:
-    """The boolean environment variable `name`: 1, true, yes, on or 0, false, no, off (any case); `default` when
-    unset or empty; else `ConfigError` naming the variable, its value and the spellings."""
+    """The boolean environment variable `name`: 1, true, yes, on or 0, false, no, off (any case); `default`
+    when unset or empty; else `ConfigError` naming the variable, its value and the spellings."""
     value = os.environ.get(name, "").strip().lower()
     if value in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         return value in ("1", "true", "yes", "on")
@@ -136,8 +141,8 @@ def check_something_to_capture(mode: CUDAGraphMode, capture_sizes: list[int]) ->
 
 
 def _int_list(field: str, value: Any, top: int, fix: str | None = None) -> list[int]:
-    """`value`, a list of batch sizes in `[1, top]` (`top`: max_num_batched_tokens), sorted and without repeats;
-    else `ConfigError` (`fix`: what to do instead of a non-int)."""
+    """`value`, a list of batch sizes in `[1, top]` (`top`: max_num_batched_tokens), sorted and without
+    repeats; else `ConfigError` (`fix`: what to do instead of a non-int)."""
     _require(isinstance(value, (list, tuple)) and all(map(_is_int, value)), field, value, "expected a list of int",
              fix or f"pass e.g. {field}=[1, 2, 4, 8]")
     _require(all(v > 0 for v in value), field, value, "every entry must be a positive batch size",
@@ -153,7 +158,8 @@ _FIELD_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "splitting_ops": (lambda v: isinstance(v, (list, tuple)), "expected a list of op names",
                       'pass ["silly::attention"]'),
     "max_num_batched_tokens": (lambda v: _is_int(v) and v > 0, "expected a positive int", "pass e.g. 8192"),
-    "cudagraph_mode": (lambda v: isinstance(v, CUDAGraphMode), "unknown mode",  # a known name is converted first
+    # a known name is converted first
+    "cudagraph_mode": (lambda v: isinstance(v, CUDAGraphMode), "unknown mode",
                        f"use pieceworks.CUDAGraphMode or one of {list(CUDAGraphMode.__members__)}"),
     "cudagraph_num_warmups": (lambda v: _is_int(v) and v >= 0, "expected an int >= 0", "pass 0 or more, e.g. 1"),
     "compiler": (lambda v: v in ("inductor", "eager"), "unknown compiler", 'use "inductor" or "eager"'),
@@ -175,15 +181,16 @@ class CompilationConfig:
     `compile_sizes`, `max_num_batched_tokens`, `compiler`, `inductor_compile_config`. The others only steer
     capture and caching.
 
-    `compile_ranges` are endpoints with vLLM's meaning: `[e1, e2]` gives the ranges `[1, e1]`, `[e1+1, e2]` and
-    `[e2+1, max_num_batched_tokens]`; each piece is compiled once per range with a symbolic batch size, and once
-    per entry of `compile_sizes` for that static size. A batch size is served by its compile size if there is
-    one, else by the range that holds it; a batch above `max_num_batched_tokens` is an error.
+    `compile_ranges` are endpoints with vLLM's meaning: `[e1, e2]` gives the ranges `[1, e1]`, `[e1+1, e2]`
+    and `[e2+1, max_num_batched_tokens]`; each piece is compiled once per range with a symbolic batch size,
+    and once per entry of `compile_sizes` for that static size. A batch size is served by its compile size if
+    there is one, else by the range that holds it; a batch above `max_num_batched_tokens` is an error.
     `compile_sizes` may contain "cudagraph_capture_sizes" (vLLM's shorthand): every capture size is compiled.
 
-    Read-only once compiled: `pieceworks.compile` and `Backend` work from a copy of their own and `freeze()` the
-    config they were given, so that setting a field afterwards raises `ConfigError` instead of changing a model
-    half-way (build another with `dataclasses.replace(config, ...)`; in-place edits of its lists reach no model).
+    Read-only once compiled: `pieceworks.compile` and `Backend` work from a copy of their own and `freeze()`
+    the config they were given, so that setting a field afterwards raises `ConfigError` instead of changing a
+    model half-way (build another with `dataclasses.replace(config, ...)`; in-place edits of its lists reach
+    no model).
     """
 
     splitting_ops: list[str] = dataclasses.field(default_factory=list)
@@ -197,8 +204,8 @@ class CompilationConfig:
     inductor_compile_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     cache_dir: str | None = None
     cache_enabled: bool = True
-    # A first call whose model the cache already holds (its serving record: record.py) is served from the record,
-    # without Dynamo's trace; off: every process traces its model.
+    # A first call whose model the cache already holds (its serving record: record.py) is served from the
+    # record, without Dynamo's trace; off: every process traces its model.
     reuse_trace: bool = True
     # What a batch that would need a graph never captured does once the capture phase has closed:
     # "eager" runs it without a graph (logged once per size), "raise" raises.
@@ -224,7 +231,8 @@ class CompilationConfig:
         self.cudagraph_capture_sizes = _int_list("cudagraph_capture_sizes", default_capture_sizes(min(512, top))
                                                  if sizes is None else sizes, top)
         check_something_to_capture(self.cudagraph_mode, self.cudagraph_capture_sizes)
-        sizes = self.compile_sizes  # "cudagraph_capture_sizes" in it stands for every capture size (vLLM's shorthand)
+        # "cudagraph_capture_sizes" in it stands for every capture size (vLLM's shorthand)
+        sizes = self.compile_sizes
         if isinstance(sizes, (list, tuple)) and CAPTURE_SIZES_SHORTHAND in sizes:
             sizes = [s for s in sizes if s != CAPTURE_SIZES_SHORTHAND] + self.cudagraph_capture_sizes
         self.compile_sizes = _int_list("compile_sizes", sizes, top, f'list ints, or "{CAPTURE_SIZES_SHORTHAND}" for '
@@ -234,7 +242,8 @@ class CompilationConfig:
         except TypeError:
             _require(False, "inductor_compile_config", self.inductor_compile_config, "values must be JSON-serialisable "
                      "so that the cache key can cover them", "pass plain bools, numbers, strings, lists and dicts")
-        check_inductor_keys(self.inductor_compile_config)  # known keys with JSON values, so the cache key covers them
+        # known keys with JSON values, so the cache key covers them
+        check_inductor_keys(self.inductor_compile_config)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_frozen"):
@@ -248,24 +257,25 @@ class CompilationConfig:
         object.__setattr__(self, "_frozen", True)
         return self
 
-    # ---- derived values -------------------------------------------------------------------------------------
+    # ---- derived values -----------------------------------------------------------------------------------
     def ranges(self) -> list[tuple[int, int]]:
-        """The compile ranges as closed intervals `(lo, hi)`, in order, covering `[1, max_num_batched_tokens]`."""
+        """The compile ranges as closed intervals `(lo, hi)`, in order, covering `[1,
+        max_num_batched_tokens]`."""
         top = self.max_num_batched_tokens
         ends = [e for e in self.compile_ranges if e < top] + [top]
         return list(zip([1] + [e + 1 for e in ends[:-1]], ends))
 
     def resolved_cache_dir(self) -> str:
-        """`cache_dir`, else `$PIECEWORKS_CACHE_DIR`, else `$XDG_CACHE_HOME/pieceworks` (`~/.cache/pieceworks`); a
-        leading `~` of any of them is the home folder."""
+        """`cache_dir`, else `$PIECEWORKS_CACHE_DIR`, else `$XDG_CACHE_HOME/pieceworks`
+        (`~/.cache/pieceworks`); a leading `~` of any of them is the home folder."""
         if self.cache_dir is not None:
             return expand_path(self.cache_dir)
         base = expand_path(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"))
         return expand_path(os.environ.get("PIECEWORKS_CACHE_DIR") or os.path.join(base, "pieceworks"))
 
     def cache_active(self) -> bool:
-        """False when `cache_enabled` is off, `PIECEWORKS_DISABLE_CACHE` is on (`env_flag`), or the compiler is
-        eager."""
+        """False when `cache_enabled` is off, `PIECEWORKS_DISABLE_CACHE` is on (`env_flag`), or the
+        compiler is eager."""
         return self.cache_enabled and not env_flag("PIECEWORKS_DISABLE_CACHE", False) and self.compiler == "inductor"
 
     def hash_factors(self) -> dict[str, Any]:

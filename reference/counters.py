@@ -1,8 +1,8 @@
 """Process-wide compilation counters with vLLM's field names.
 
-Tests read deltas, never absolute values: `with counters.expect(num_inductor_compiles=3): ...` asserts that the
-block changed that field by exactly 3 (and says what every named field did when it fails). Counters are plain
-ints bumped from the thread that compiles or captures; they are not synchronised across threads.
+Tests read deltas, never absolute values: `with counters.expect(num_inductor_compiles=3): ...` asserts that
+the block changed that field by exactly 3 (and says what every named field did when it fails). Counters are
+plain ints bumped from the thread that compiles or captures; they are not synchronised across threads.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ class CompilationCounter:
     num_cache_entries_updated: int = 0
     num_compiled_artifacts_saved: int = 0
     num_compiled_artifacts_loaded: int = 0
-    # graphs of loaded artifacts whose code Inductor's own cache lacked and wrote out again (its folder removed, or a
-    # TORCHINDUCTOR_CACHE_DIR this host has not filled): on CPU their kernel libraries are built again, on GPU their
-    # Triton kernels are unless the artifact's bundle carried them
+    # graphs of loaded artifacts whose code Inductor's own cache lacked and wrote out again (its folder
+    # removed, or a TORCHINDUCTOR_CACHE_DIR this host has not filled): on CPU their kernel libraries are built
+    # again, on GPU their Triton kernels are unless the artifact's bundle carried them
     num_kernel_rebuilds: int = 0
     # artifacts found truncated, garbled or from another torch build, logged and recompiled
     num_cache_artifacts_rejected: int = 0

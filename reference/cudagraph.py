@@ -1,22 +1,24 @@
 """Capturing one runnable into a CUDA graph, and the address checks every replay path shares.
 
 Contracts (the ones vLLM's users rely on):
-- **One pool.** Every graph of a model is captured into one private memory pool (`CapturePool.handle`) on one side
-  stream, sizes largest first (the runtime's order), so smaller sizes reuse the blocks the larger ones left free.
+- **One pool.** Every graph of a model is captured into one private memory pool (`CapturePool.handle`) on one
+  side stream, sizes largest first (the runtime's order), so smaller sizes reuse the blocks the larger ones
+  left free.
 - **Warm-ups** (`num_warmups` runs before a capture: lazy initialisation such as loading kernels, Triton's
-  autotuning and the capture stream's cuBLAS workspace must not happen inside one) run on the capture stream with
-  their allocations routed to a `MemPool` of the model's own, so the stream's cuBLAS workspaces, which captured
-  GEMMs keep using, are neither pinned in the graph pool nor freed under the graphs when other code empties the
-  cache. Lazy work depends on the code and the shapes (cuBLAS picks other kernels, and may allocate a workspace,
-  for other sizes), so every size warms up. A compiled piece whose runnable already warmed up at this size in
-  this pool (an identical piece: a transformer's middle layers share one) is captured without (`capture_piece`):
-  same code, same shapes, same stream. Inputs the runnable writes to in place are put back after the warm-ups, so
-  the replay that follows the capture is the only write a capture makes.
-- **Outputs are valid until the next replay.** Callers keep only `non_owning_alias`es of what a capture produced:
-  once the capture's own references are dropped, the blocks return to the pool and later captures reuse them; the
-  next replay of any graph in the pool may overwrite them.
-- **Inputs must sit where they were captured.** `check_addresses` compares `data_ptr()`s before a replay and raises
-  `ReplayAddressError` naming the graph and the input; nothing is computed from stale memory.
+  autotuning and the capture stream's cuBLAS workspace must not happen inside one) run on the capture stream
+  with their allocations routed to a `MemPool` of the model's own, so the stream's cuBLAS workspaces, which
+  captured GEMMs keep using, are neither pinned in the graph pool nor freed under the graphs when other code
+  empties the cache. Lazy work depends on the code and the shapes (cuBLAS picks other kernels, and may
+  allocate a workspace, for other sizes), so every size warms up. A compiled piece whose runnable already
+  warmed up at this size in this pool (an identical piece: a transformer's middle layers share one) is
+  captured without (`capture_piece`): same code, same shapes, same stream. Inputs the runnable writes to in
+  place are put back after the warm-ups, so the replay that follows the capture is the only write a capture
+  makes.
+- **Outputs are valid until the next replay.** Callers keep only `non_owning_alias`es of what a capture
+  produced: once the capture's own references are dropped, the blocks return to the pool and later captures
+  reuse them; the next replay of any graph in the pool may overwrite them.
+- **Inputs must sit where they were captured.** `check_addresses` compares `data_ptr()`s before a replay and
+  raises `ReplayAddressError` naming the graph and the input; nothing is computed from stale memory.
 - **A failed capture leaves the process healthy** (`_captured`): the stream capture is ended and the allocator
   stops routing to the pool before the error reaches the caller, so memory frees and later captures work.
 - Not thread-safe: one forward pass at a time per model.
@@ -39,9 +41,10 @@ class ReplayAddressError(RuntimeError):
 
 
 def non_owning_alias(value: Any) -> Any:
-    """A tensor viewing `value`'s memory without keeping it allocated (public APIs only: CUDA array interface);
-    anything else unchanged. When every owning reference is gone, the allocator may hand the blocks out again and
-    the alias sees whatever is written there: that is the point (see the module contract)."""
+    """A tensor viewing `value`'s memory without keeping it allocated (public APIs only: CUDA array
+    interface); anything else unchanged. When every owning reference is gone, the allocator may hand the
+    blocks out again and the alias sees whatever is written there: that is the point (see the module
+    contract)."""
     if not isinstance(value, torch.Tensor) or not value.is_cuda or value.numel() == 0:
         return value
     storage = value.untyped_storage()
@@ -54,9 +57,9 @@ def non_owning_alias(value: Any) -> Any:
 
 
 def pool_bytes(pool: Any) -> int:
-    """Bytes of the caching allocator's segments that belong to graph pool `pool` (a `graph_pool_handle()`),
-    read from `torch.cuda.memory_snapshot()`: what the graphs of that pool hold, nothing else. 0 for None (no pool
-    yet)."""
+    """Bytes of the caching allocator's segments that belong to graph pool `pool` (a
+    `graph_pool_handle()`), read from `torch.cuda.memory_snapshot()`: what the graphs of that pool hold,
+    nothing else. 0 for None (no pool yet)."""
     if pool is None:
         return 0
     wanted = tuple(pool)
@@ -64,8 +67,8 @@ def pool_bytes(pool: Any) -> int:
 
 
 class AddressCheck(NamedTuple):
-    """One input a graph reads: `args[index]` must sit at `address`. `reader`, `position` and `name` say who reads
-    it, for the error."""
+    """One input a graph reads: `args[index]` must sit at `address`. `reader`, `position` and `name` say
+    who reads it, for the error."""
 
     index: int
     address: int
@@ -87,10 +90,10 @@ def check_addresses(args: Sequence[Any], checks: Sequence[AddressCheck], batch: 
 
 
 def _captured(graph: torch.cuda.CUDAGraph, fn: Callable[..., Any], args: Sequence[Any], pool: Any) -> Any:
-    """`fn(*args)` captured into `graph` from `pool`; returns its outputs. However the capture fails (an exception in
-    `fn`, a host sync or failed launch that invalidates the stream capture, out of memory, an interrupt), the stream
-    capture is ended and the allocator stops routing to the pool before the error propagates: a failed capture
-    leaves the process able to free memory and to capture again."""
+    """`fn(*args)` captured into `graph` from `pool`; returns its outputs. However the capture fails (an
+    exception in `fn`, a host sync or failed launch that invalidates the stream capture, out of memory, an
+    interrupt), the stream capture is ended and the allocator stops routing to the pool before the error
+    propagates: a failed capture leaves the process able to free memory and to capture again."""
     graph.capture_begin(pool=pool)
     try:
         outputs = fn(*args)
@@ -102,8 +105,9 @@ def _captured(graph: torch.cuda.CUDAGraph, fn: Callable[..., Any], args: Sequenc
 
 
 def _end(graph: torch.cuda.CUDAGraph, pool: Any, reraise: bool = False) -> None:
-    """`graph.capture_end()`; where it raises (the capture was invalidated) the allocator's routing to `pool`, which
-    it never reached, is ended too (`_compat.end_failed_capture`); its error is raised if `reraise`."""
+    """`graph.capture_end()`; where it raises (the capture was invalidated) the allocator's routing to
+    `pool`, which it never reached, is ended too (`_compat.end_failed_capture`); its error is raised if
+    `reraise`."""
     try:
         graph.capture_end()
     except BaseException:
@@ -113,20 +117,21 @@ def _end(graph: torch.cuda.CUDAGraph, pool: Any, reraise: bool = False) -> None:
 
 
 class CapturePool:
-    """The pool, capture stream and warm-up MemPool of one model, created at its first capture; only this object
-    writes them (read `handle`: the graph pool's `torch.cuda.graph_pool_handle()`, None before the first capture).
-    Not thread-safe."""
+    """The pool, capture stream and warm-up MemPool of one model, created at its first capture; only this
+    object writes them (read `handle`: the graph pool's `torch.cuda.graph_pool_handle()`, None before the
+    first capture). Not thread-safe."""
 
     def __init__(self, num_warmups: int) -> None:
         self.num_warmups = num_warmups
         self.handle: Any = None
         self._stream: torch.cuda.Stream | None = None
         self._warmup_pool: torch.cuda.MemPool | None = None
-        self._warmed: set[tuple[Callable[..., Any], int]] = set()  # (runnable, batch) `capture_piece` warmed up
+        # (runnable, batch) `capture_piece` warmed up
+        self._warmed: set[tuple[Callable[..., Any], int]] = set()
 
     def reset(self) -> None:
-        """Start a fresh pool for later captures (same stream and warm-up MemPool): the old pool is freed with the
-        last graph captured into it. The caller drops those graphs."""
+        """Start a fresh pool for later captures (same stream and warm-up MemPool): the old pool is freed
+        with the last graph captured into it. The caller drops those graphs."""
         if self.handle is not None:
             torch.cuda.synchronize()
             self.handle = torch.cuda.graph_pool_handle()
@@ -134,19 +139,19 @@ class CapturePool:
 
     def capture_piece(self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int],
                       batch: int) -> tuple[Any, Any]:
-        """`capture` for a compiled piece's runnable at padded size `batch`: warmed up only before its first capture
-        at that size in this pool."""
+        """`capture` for a compiled piece's runnable at padded size `batch`: warmed up only before its
+        first capture at that size in this pool."""
         warmups = 0 if (fn, batch) in self._warmed else self.num_warmups
         self._warmed.add((fn, batch))
         return self.capture(fn, args, mutated, warmups)
 
     def capture(self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int],
                 warmups: int | None = None) -> tuple[Any, Any]:
-        """Warm `fn(*args)` up (`warmups` runs, default `num_warmups`), capture it into the pool, replay it once;
-        return `(graph, owning outputs)`.
+        """Warm `fn(*args)` up (`warmups` runs, default `num_warmups`), capture it into the pool, replay it
+        once; return `(graph, owning outputs)`.
 
-        `mutated`: positions of `args` that `fn` writes to in place, restored after the warm-ups, so the replay
-        that follows the capture is the only write a capture makes.
+        `mutated`: positions of `args` that `fn` writes to in place, restored after the warm-ups, so the
+        replay that follows the capture is the only write a capture makes.
         """
         if self.handle is None:
             self.handle = torch.cuda.graph_pool_handle()
@@ -158,8 +163,8 @@ class CapturePool:
         graph, stream = torch.cuda.CUDAGraph(), self._stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            # Warm-ups allocate from a MemPool of this model's own: the first GEMM on the capture stream allocates
-            # that stream's cuBLAS workspaces, which every captured GEMM keeps reading.
+            # Warm-ups allocate from a MemPool of this model's own: the first GEMM on the capture stream
+            # allocates that stream's cuBLAS workspaces, which every captured GEMM keeps reading.
             with torch.cuda.use_mem_pool(self._warmup_pool):
                 for _ in range(warmups):
                     fn(*args)

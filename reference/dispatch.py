@@ -33,6 +33,7 @@ def compile_target(compile_sizes: Sequence[int], ranges: Sequence[tuple[int, int
 
 
 def padded_size(captured_sizes: Sequence[int], batch: int) -> int | None:
-    """The smallest of the sorted `captured_sizes` that is >= `batch`, or None when `batch` is above them all."""
+    """The smallest of the sorted `captured_sizes` that is >= `batch`, or None when `batch` is above them
+    all."""
     i = bisect.bisect_left(captured_sizes, batch)
     return captured_sizes[i] if i < len(captured_sizes) else None

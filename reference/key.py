@@ -6,11 +6,12 @@ and times never enter it. Equal inputs give equal digests in any process.
 - `cache_factors` / `cache_key`: the folder of one compiled graph: the graph (its stitching wiring and every
   piece's fingerprint), the config's code-relevant fields (`CompilationConfig.compute_hash`), the effective
   global Inductor/functorch configuration, and the software and GPU;
-- `graph_fingerprint`: a graph's ops, wiring, constants, attribute contents and input metadata. Two pieces with
-  the same fingerprint compute the same function of their positional inputs, so one artifact serves both;
+- `graph_fingerprint`: a graph's ops, wiring, constants, attribute contents and input metadata. Two pieces
+  with the same fingerprint compute the same function of their positional inputs, so one artifact serves both;
 - `entry_name` / `entry_claim`: a piece's entry inside the folder, and what the entry must say about the piece
   to be loaded for it;
-- `software_factors` / `environment_factors`: the torch build, CUDA/HIP, Triton, Python, CPU architecture, GPU;
+- `software_factors` / `environment_factors`: the torch build, CUDA/HIP, Triton, Python, CPU architecture,
+  GPU;
 - `inductor_config_factors`: the effective global Inductor and functorch configuration.
 """
 
@@ -37,7 +38,8 @@ def digest(*parts: str) -> str:
 
 
 def describe_value(value: Any) -> str:
-    """Metadata of an example value (shape, strides, dtype, device), with symbolic sizes as their expressions."""
+    """Metadata of an example value (shape, strides, dtype, device), with symbolic sizes as their
+    expressions."""
     if isinstance(value, torch.Tensor):
         return f"T({tuple(map(str, value.shape))},{tuple(map(str, value.stride()))},{value.dtype},{value.device.type})"
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -108,7 +110,8 @@ def software_factors() -> dict[str, str]:
     factors = {"torch": torch.__version__, "git": str(getattr(torch.version, "git_version", "")),
                "cuda": str(torch.version.cuda), "hip": str(getattr(torch.version, "hip", None)),
                "python": platform.python_version(), "machine": platform.machine(), "triton": "none",
-               "gpu": f"{torch.cuda.get_device_name()}|sm={torch.cuda.get_device_capability()}"  # the current device
+               # the current device
+               "gpu": f"{torch.cuda.get_device_name()}|sm={torch.cuda.get_device_capability()}"
                if torch.cuda.is_available() else "none"}
     with contextlib.suppress(Exception):  # Triton is optional on CPU builds
         factors["triton"] = str(_module("triton").__version__)
@@ -121,8 +124,8 @@ def environment_factors() -> str:
 
 
 def cache_key_factors() -> dict[str, Any]:
-    """What keys the compile cache besides the graph and the config: `software_factors()` and the digest of the
-    global Inductor configuration (`inductor_config_factors`; its error, where it cannot be digested)."""
+    """What keys the compile cache besides the graph and the config: `software_factors()` and the digest of
+    the global Inductor configuration (`inductor_config_factors`; its error, where it cannot be digested)."""
     try:
         inductor = inductor_config_factors()
     except UnkeyableConfigError as exc:
@@ -131,8 +134,9 @@ def cache_key_factors() -> dict[str, Any]:
 
 
 class UnkeyableConfigError(ValueError):
-    """The global Inductor configuration holds a value whose effect on code cannot be digested (a custom graph
-    pass without `uuid()`). Artifacts compiled under it cannot be cached safely. The message names the entry."""
+    """The global Inductor configuration holds a value whose effect on code cannot be digested (a custom
+    graph pass without `uuid()`). Artifacts compiled under it cannot be cached safely. The message names
+    the entry."""
 
 
 # Inductor config entries that hold graph passes (callables). Inductor's own cache keys them by `uuid()` (see
@@ -175,8 +179,8 @@ def inductor_config_factors() -> str:
 
     What Inductor itself keys its FX-graph cache on: each module's `save_config_portable()`, which leaves out
     what cannot change code (`trace.*` debug output, `cutlass_dir` paths, `compile_threads`,
-    `worker_start_method`, the cache switches, private `_` entries), plus custom graph passes by their `uuid()`.
-    Equal configurations give equal digests in any process; a custom pass without `uuid()` raises
+    `worker_start_method`, the cache switches, private `_` entries), plus custom graph passes by their
+    `uuid()`. Equal configurations give equal digests in any process; a custom pass without `uuid()` raises
     `UnkeyableConfigError` (the caller compiles without the cache).
     """
     inductor = inductor_config()
@@ -190,10 +194,10 @@ def inductor_config_factors() -> str:
 
 def cache_factors(split_gm: torch.fx.GraphModule, fakes: list[Any], piece_fingerprints: list[str],
                   config: Any) -> dict[str, Any]:
-    """Everything that changes compiled code: the graph (a digest of the stitching module's wiring with its input
-    metadata, and each piece's fingerprint in run order), the config's code-relevant fields, the effective global
-    Inductor/functorch configuration, and the software and GPU. Raises `UnkeyableConfigError` when the Inductor
-    configuration holds something that cannot be digested."""
+    """Everything that changes compiled code: the graph (a digest of the stitching module's wiring with its
+    input metadata, and each piece's fingerprint in run order), the config's code-relevant fields, the
+    effective global Inductor/functorch configuration, and the software and GPU. Raises
+    `UnkeyableConfigError` when the Inductor configuration holds something that cannot be digested."""
     return {"graph": digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints), "config": config.hash_factors(),
             "inductor": inductor_config_factors(), "environment": environment_factors()}
 
@@ -205,8 +209,9 @@ def as_json(value: Any) -> Any:
 
 
 def first_change(old: Any, new: Any, where: str = "") -> tuple[str, Any, Any] | None:
-    """The first place where two keys' facts (JSON as stored) differ: (its path, e.g. "config.compile_sizes" or
-    "modules.layers.0.attributes.eps", the old value, the new one), or None where they are equal."""
+    """The first place where two keys' facts (JSON as stored) differ: (its path, e.g.
+    "config.compile_sizes" or "modules.layers.0.attributes.eps", the old value, the new one), or None where
+    they are equal."""
     if isinstance(old, dict) and isinstance(new, dict):
         for name in [*new, *(k for k in old if k not in new)]:  # in the new facts' order
             if (found := first_change(old.get(name), new.get(name), f"{where}.{name}" if where else str(name))):

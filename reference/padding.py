@@ -5,12 +5,13 @@
 (one copy per argument); rows b..n-1 keep whatever valid rows they held (the first call's rows, repeated, or
 rows of an earlier call), never uninitialised memory: a token id there is always a valid index. The model must
 treat rows independently (as every batched inference model does), so padded rows cannot change real ones.
-Memory: one max-size copy of each input, and the view objects of the sizes seen (`buffer[:n]` per captured size,
-`buffer[:b]` per batch size served), made once and reused so that a call slices nothing. Not thread-safe.
+Memory: one max-size copy of each input, and the view objects of the sizes seen (`buffer[:n]` per captured
+size, `buffer[:b]` per batch size served), made once and reused so that a call slices nothing. Not
+thread-safe.
 
 `unpad` cuts an output back to the real rows: exactly the leaves `batched_outputs` marked once from the trace
-(outputs whose dim 0 is the batch symbol, in tuples, lists, dicts, namedtuples, mappings such as a Hugging Face
-`ModelOutput`, and dataclasses), never a tensor that only happens to have n rows (a weight of size n).
+(outputs whose dim 0 is the batch symbol, in tuples, lists, dicts, namedtuples, mappings such as a Hugging
+Face `ModelOutput`, and dataclasses), never a tensor that only happens to have n rows (a weight of size n).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ class StaticInputs:
         return self._views[n]
 
     def copy_back(self, args: Sequence[Any], batch: int, positions: Sequence[int]) -> None:
-        """Copy the first `batch` rows of the buffers at `positions` (arguments the model writes in place) back into
-        the caller's `args`."""
+        """Copy the first `batch` rows of the buffers at `positions` (arguments the model writes in place)
+        back into the caller's `args`."""
         for i in positions:
             args[i].copy_(self.buffers[i][:batch])
 
@@ -55,9 +56,9 @@ def container_items(value: Any) -> tuple[list[Any], Callable[[list[Any]], Any]] 
 
 
 def batched_outputs(output: Any, is_batched: Callable[[Any], bool]) -> Any:
-    """Which leaves of `output` (the tracing call's output) `unpad` cuts: True or False for a leaf, a list of the
-    items' marks for a container; a subtree with nothing to cut collapses to False, so a call walks only what it
-    cuts."""
+    """Which leaves of `output` (the tracing call's output) `unpad` cuts: True or False for a leaf, a list
+    of the items' marks for a container; a subtree with nothing to cut collapses to False, so a call walks
+    only what it cuts."""
     found = container_items(output)
     if found is None:
         return bool(is_batched(output))
@@ -66,10 +67,11 @@ def batched_outputs(output: Any, is_batched: Callable[[Any], bool]) -> Any:
 
 
 def unpad(value: Any, batch: int, n: int, batched: Any = None) -> Any:
-    """`value` (an output at padded size n) with the leaves marked in `batched` (see `batched_outputs`) cut back to
-    the real `batch` rows; the structure and its types are kept. `batched=None` (no trace to tell): every tensor
-    whose dim 0 is n, in tuples, lists and dicts. Batch-sized outputs are new view objects on every call, also when
-    batch == n: the objects a plan keeps must never reach the caller (a kept output would then be the next call's)."""
+    """`value` (an output at padded size n) with the leaves marked in `batched` (see `batched_outputs`) cut
+    back to the real `batch` rows; the structure and its types are kept. `batched=None` (no trace to tell):
+    every tensor whose dim 0 is n, in tuples, lists and dicts. Batch-sized outputs are new view objects on
+    every call, also when batch == n: the objects a plan keeps must never reach the caller (a kept output
+    would then be the next call's)."""
     if batched is False:
         return value
     if batched is None:

@@ -1,16 +1,16 @@
 """A piece of a split graph and the facts about it, found once, right after the split.
 
-`Piece` is the one record of a piece from the split to the replay. `analyse` builds it from the stitching module:
-which inputs the piece writes in place, its data-dependent (unbacked) sizes, why it cannot be captured in a CUDA
-graph, where its batch size sits in its arguments, and its fingerprint. Everything later (the compiler, the
-runtime, the replay plans, tools) reads these fields; nothing computes them again. The compiler returns a copy
-with `runnables` filled (`dataclasses.replace`); a record is never changed in place.
+`Piece` is the one record of a piece from the split to the replay. `analyse` builds it from the stitching
+module: which inputs the piece writes in place, its data-dependent (unbacked) sizes, why it cannot be captured
+in a CUDA graph, where its batch size sits in its arguments, and its fingerprint. Everything later (the
+compiler, the runtime, the replay plans, tools) reads these fields; nothing computes them again. The compiler
+returns a copy with `runnables` filled (`dataclasses.replace`); a record is never changed in place.
 
 Capturability follows PyTorch's dynamo `cudagraphs` backend: a piece is refused (it then runs eagerly between
 graphs, logged once with the reason) when it makes CPU tensors (0-d scalars aside), has tensors on several
-devices, synchronises with the host (`.item()`, `nonzero`, ...), has data-dependent sizes, or writes in place to
-an input whose address is not fixed (an output of a splitting op, allocated anew on every call: PIECEWISE only,
-`Piece.piecewise_refusal`).
+devices, synchronises with the host (`.item()`, `nonzero`, ...), has data-dependent sizes, or writes in place
+to an input whose address is not fixed (an output of a splitting op, allocated anew on every call: PIECEWISE
+only, `Piece.piecewise_refusal`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from .values import tensors_in
 Target = int | tuple[int, int]  # a compile size, or a closed compile range (lo, hi)
 
 _SYNC_OPS = {"item", "tolist", "cpu", "numpy", "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2",
-             "unique_consecutive", "repeat_interleave", "bincount", "histc"}  # methods and ops that wait for the host
+             # methods and ops that wait for the host
+             "unique_consecutive", "repeat_interleave", "bincount", "histc"}
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
                       operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.setitem}
 _VIEW_METHODS = {"view", "reshape", "transpose", "permute", "expand", "narrow", "select", "unsqueeze", "squeeze",
@@ -39,8 +40,8 @@ _VIEW_METHODS = {"view", "reshape", "transpose", "permute", "expand", "narrow", 
 
 
 class BatchPosition(NamedTuple):
-    """Where the batch size sits in positional arguments: `args[index]` itself (`dim` None: a SymInt argument), or
-    `args[index].shape[dim]`."""
+    """Where the batch size sits in positional arguments: `args[index]` itself (`dim` None: a SymInt
+    argument), or `args[index].shape[dim]`."""
 
     index: int
     dim: int | None
@@ -50,8 +51,8 @@ class BatchPosition(NamedTuple):
 
 
 def batch_position(example_args: Sequence[Any], batch_symbols: set[str] | frozenset[str]) -> BatchPosition | None:
-    """The first SymInt argument that is a batch symbol, else the first tensor dimension that is exactly one; None
-    when the arguments do not depend on the batch size."""
+    """The first SymInt argument that is a batch symbol, else the first tensor dimension that is exactly
+    one; None when the arguments do not depend on the batch size."""
     found = [BatchPosition(i, None) for i, v in enumerate(example_args) if symbol_name(v) in batch_symbols] + [
         BatchPosition(i, d) for i, v in enumerate(example_args) if isinstance(v, torch.Tensor)
         for d, size in enumerate(v.shape) if symbol_name(size) in batch_symbols]
@@ -60,12 +61,13 @@ def batch_position(example_args: Sequence[Any], batch_symbols: set[str] | frozen
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Piece:
-    """One piece of a split graph: `split_module.<submod_name>`, the `graph_id`-th in run order (vLLM's names).
+    """One piece of a split graph: `split_module.<submod_name>`, the `graph_id`-th in run order (vLLM's
+    names).
 
-    `example_args`: the FakeTensors/SymInts it received in Dynamo's trace. `runnables`: compiled code per compile
-    target (empty for splitting pieces, which run as traced). A compiled piece is installed in the stitching
-    module in place of its submodule; calling it finds the batch size and calls the code compiled for it (one
-    dict lookup per call once a size has been seen; the lookup table is only ever added to).
+    `example_args`: the FakeTensors/SymInts it received in Dynamo's trace. `runnables`: compiled code per
+    compile target (empty for splitting pieces, which run as traced). A compiled piece is installed in the
+    stitching module in place of its submodule; calling it finds the batch size and calls the code compiled
+    for it (one dict lookup per call once a size has been seen; the lookup table is only ever added to).
     """
 
     submod_name: str
@@ -84,8 +86,9 @@ class Piece:
 
     @property
     def piecewise_refusal(self) -> str | None:
-        """Why this piece cannot have a CUDA graph of its own: `uncapturable`, or it writes in place to an input a
-        splitting op allocates anew on every call (a replay would write to a stale address). None if it can."""
+        """Why this piece cannot have a CUDA graph of its own: `uncapturable`, or it writes in place to an
+        input a splitting op allocates anew on every call (a replay would write to a stale address). None
+        if it can."""
         stale = sorted(set(self.mutated_inputs) & set(self.moving_inputs))
         if self.uncapturable is not None or not stale:
             return self.uncapturable
@@ -97,8 +100,8 @@ class Piece:
         return [n.name for n in self.graph.graph.nodes if n.op == "placeholder"]
 
     def runnable(self, batch: int | None) -> Callable[..., Any]:
-        """The code compiled for `batch`: its compile size, else its compile range (`BatchSizeError` outside); the
-        first range's for a piece that does not depend on the batch (`batch` None)."""
+        """The code compiled for `batch`: its compile size, else its compile range (`BatchSizeError`
+        outside); the first range's for a piece that does not depend on the batch (`batch` None)."""
         fn = self._by_batch.get(batch)
         if fn is None:
             ranges = sorted(t for t in self.runnables if isinstance(t, tuple))
@@ -133,23 +136,23 @@ def analyse(split_gm: torch.fx.GraphModule, submod_name: str, graph_id: int, is_
 
 def traced_args(graph: torch.fx.GraphModule) -> tuple:
     """The FakeTensors/SymInts a piece received in Dynamo's trace: its placeholders' example values, which
-    `split_module` copies from the traced nodes. Read, never recomputed: re-running a piece under the trace's fake
-    mode would mint a fresh unbacked symbol for every data-dependent size and leave it pending in the shared shape
-    environment, where the next compile fails with `PendingUnbackedSymbolNotFound`."""
+    `split_module` copies from the traced nodes. Read, never recomputed: re-running a piece under the
+    trace's fake mode would mint a fresh unbacked symbol for every data-dependent size and leave it pending
+    in the shared shape environment, where the next compile fails with `PendingUnbackedSymbolNotFound`."""
     return tuple(example_value(n) for n in graph.graph.nodes if n.op == "placeholder")
 
 
 def _op_name(node: torch.fx.Node) -> str:
-    """A node's bare op name (`nonzero` for `aten::nonzero.default`), else its function's `__name__`, else its target
-    (a `call_method` node's method name)."""
+    """A node's bare op name (`nonzero` for `aten::nonzero.default`), else its function's `__name__`, else
+    its target (a `call_method` node's method name)."""
     identity = op_identity(node.target)
     return identity[0].split("::")[-1] if identity is not None else getattr(node.target, "__name__", str(node.target))
 
 
 def _written_args(node: torch.fx.Node) -> list[Any]:
-    """The arguments `node` writes in place (empty for a node that writes nothing). Only a `call_function` node has
-    a callable target; the others' targets are strings, which are neither operators nor ops and have no
-    `__name__`."""
+    """The arguments `node` writes in place (empty for a node that writes nothing). Only a `call_function`
+    node has a callable target; the others' targets are strings, which are neither operators nor ops and
+    have no `__name__`."""
     if node.target in _INPLACE_OPERATORS:
         return [node.args[0]]
     if node.op == "call_function" and "out" in node.kwargs:
@@ -163,7 +166,8 @@ def _written_args(node: torch.fx.Node) -> list[Any]:
 
 
 def _source(node: Any, views: bool = False) -> Any:
-    """The value `node` unpacks (following getitem) or, with `views`, is a view of (following view-like methods)."""
+    """The value `node` unpacks (following getitem) or, with `views`, is a view of (following view-like
+    methods)."""
     while isinstance(node, torch.fx.Node) and ((node.op == "call_function" and node.target is operator.getitem) or (
             views and node.op == "call_method" and node.target in _VIEW_METHODS)):
         node = node.args[0]
@@ -171,25 +175,26 @@ def _source(node: Any, views: bool = False) -> Any:
 
 
 def mutated_inputs(gm: torch.fx.GraphModule, skip: Callable[[torch.fx.Node], bool] = lambda node: False) -> set[int]:
-    """Indices of `gm`'s placeholders that some node (but those `skip` names) writes to in place (directly or through
-    a view)."""
+    """Indices of `gm`'s placeholders that some node (but those `skip` names) writes to in place (directly
+    or through a view)."""
     placeholders = {node: i for i, node in enumerate(gm.graph.find_nodes(op="placeholder"))}
     bases = {_source(arg, views=True) for node in gm.graph.nodes if not skip(node) for arg in _written_args(node)}
     return {placeholders[base] for base in bases if base in placeholders}
 
 
 def data_dependent_sizes(gm: torch.fx.GraphModule) -> list[str]:
-    """The data-dependent (unbacked) symbols in `gm`'s traced values, e.g. `u0` from `.item()`, `nonzero` or a
-    splitting op whose fake impl calls `new_dynamic_size()`; sorted. A CUDA graph or a static compile would bake in
-    the value one call saw."""
+    """The data-dependent (unbacked) symbols in `gm`'s traced values, e.g. `u0` from `.item()`, `nonzero`
+    or a splitting op whose fake impl calls `new_dynamic_size()`; sorted. A CUDA graph or a static compile
+    would bake in the value one call saw."""
     holders = (torch.Tensor, torch.SymInt, torch.SymFloat)  # the values a symbol can be in
     return sorted({symbol for node in gm.graph.nodes for value in tensors_in(example_value(node), holders)
                    for symbol in unbacked_symbols(value)})
 
 
 def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any]) -> str | None:
-    """Why `gm` cannot be captured in a CUDA graph, naming the node; None if it can. `example_args` are the values
-    of `gm`'s placeholders (`traced_args`), so a CPU tensor input is reported as the placeholder that makes it."""
+    """Why `gm` cannot be captured in a CUDA graph, naming the node; None if it can. `example_args` are the
+    values of `gm`'s placeholders (`traced_args`), so a CPU tensor input is reported as the placeholder
+    that makes it."""
     devices = {t.device for a in example_args for t in tensors_in(a)}
     for node in gm.graph.nodes:
         for t in tensors_in(example_value(node)):
@@ -208,9 +213,9 @@ def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any]) -
 
 
 def moving_inputs(split_gm: torch.fx.GraphModule, submod_name: str, splitting_names: set[str]) -> set[int]:
-    """Positions of the arguments of the call to `submod_name` whose address may change between calls: outputs of
-    splitting pieces and of glue in the stitching module (not graph inputs, constants or compiled pieces' outputs,
-    which sit at fixed addresses)."""
+    """Positions of the arguments of the call to `submod_name` whose address may change between calls:
+    outputs of splitting pieces and of glue in the stitching module (not graph inputs, constants or
+    compiled pieces' outputs, which sit at fixed addresses)."""
     call = next(n for n in split_gm.graph.nodes if n.op == "call_module" and n.target == submod_name)
     sources = [_source(arg) for arg in call.args]
     return {position for position, node in enumerate(sources) if isinstance(node, torch.fx.Node)

@@ -1,26 +1,27 @@
 """The PIECEWISE replay plan of one captured size: a fixed sequence of graph replays and eager steps.
 
-`record_plan` runs the stitching module once, node by node in its order, on the arguments of one padded batch size:
-each capturable compiled piece is captured (`capture(fn, args, mutated)`), everything else (splitting ops, pieces that
-cannot be captured, glue such as `getitem`) runs eagerly. It records, for every node, where a replay finds its value:
+`record_plan` runs the stitching module once, node by node in its order, on the arguments of one padded batch
+size: each capturable compiled piece is captured (`capture(fn, args, mutated)`), everything else (splitting
+ops, pieces that cannot be captured, glue such as `getitem`) runs eagerly. It records, for every node, where a
+replay finds its value:
 - a constant: what a graph wrote (a non-owning alias of the capture's output, at a fixed pool address), or a
   `getitem` of one (folded at record time, so it costs nothing per call);
 - a graph input: `args[i]` of the call;
 - a slot: the output of an eager step, fresh on every call.
 
-`ReplayPlan.run(args, checks)` then loops over prepared steps: no Dynamo frame, no FX module call, no per-piece batch
-lookup or compile-target dispatch (the runnable of this size is resolved at record time). `FullGraph` is the FULL
-counterpart: one replay over the whole stitching module. Both are read-only once made; tools read `batch`, `graphs`
-(the CUDA graphs, in replay order), `steps` (`Step(name, kind, run)`: kind "graph" or "eager"; `run(args, slots)`
-does one step into a list of `num_slots` slots, the k-th eager step writing slot k, so that a tool can time steps
-one by one) and `graph_outputs`.
-Addresses:
+`ReplayPlan.run(args, checks)` then loops over prepared steps: no Dynamo frame, no FX module call, no
+per-piece batch lookup or compile-target dispatch (the runnable of this size is resolved at record time).
+`FullGraph` is the FULL counterpart: one replay over the whole stitching module. Both are read-only once made;
+tools read `batch`, `graphs` (the CUDA graphs, in replay order), `steps` (`Step(name, kind, run)`: kind
+"graph" or "eager"; `run(args, slots)` does one step into a list of `num_slots` slots, the k-th eager step
+writing slot k, so that a tool can time steps one by one) and `graph_outputs`. Addresses:
 - graph inputs: a graph reads the address it captured. When the caller guarantees them (static buffers,
-  `checks=()`), nothing is checked; otherwise `check_addresses` runs once per call over the inputs the graphs read
-  (`cheap_checks`: caller-owned inputs; `all_checks`: parameters and buffers too, for `debug_replay_checks`);
-- eager outputs a graph reads (a splitting op that returns a fresh tensor): compared per replay with the tensor the
-  graph captured, which the plan keeps alive, and **copied into it** when it moved (one device copy; splitting ops
-  that write into a buffer the piece before allocated, as attention does, cost nothing).
+  `checks=()`), nothing is checked; otherwise `check_addresses` runs once per call over the inputs the graphs
+  read (`cheap_checks`: caller-owned inputs; `all_checks`: parameters and buffers too, for
+  `debug_replay_checks`);
+- eager outputs a graph reads (a splitting op that returns a fresh tensor): compared per replay with the
+  tensor the graph captured, which the plan keeps alive, and **copied into it** when it moved (one device
+  copy; splitting ops that write into a buffer the piece before allocated, as attention does, cost nothing).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ _CONST, _INPUT, _SLOT = 0, 1, 2
 
 
 class _Ref:
-    """Where a replay finds a value: (_CONST, value), (_INPUT, index into args) or (_SLOT, index into slots). A plain
-    class, so that `tree_map` treats it as a leaf."""
+    """Where a replay finds a value: (_CONST, value), (_INPUT, index into args) or (_SLOT, index into
+    slots). A plain class, so that `tree_map` treats it as a leaf."""
 
     __slots__ = ("kind", "where")
 
@@ -51,9 +52,9 @@ class _Ref:
 
 
 class Step(NamedTuple):
-    """One step of a plan: `run(args, slots)` replays a graph (`kind` "graph") or runs a node eagerly ("eager":
-    splitting ops, pieces that cannot be captured, glue), writing its value into `slots`. `name`: the stitching
-    module node's target (a piece's name for pieces)."""
+    """One step of a plan: `run(args, slots)` replays a graph (`kind` "graph") or runs a node eagerly
+    ("eager": splitting ops, pieces that cannot be captured, glue), writing its value into `slots`. `name`:
+    the stitching module node's target (a piece's name for pieces)."""
 
     name: str
     kind: str
@@ -61,7 +62,8 @@ class Step(NamedTuple):
 
 
 class ReplayPlan:
-    """A recorded PIECEWISE forward pass of one batch size. `run(args, checks)` replays it; see the module doc."""
+    """A recorded PIECEWISE forward pass of one batch size. `run(args, checks)` replays it; see the module
+    doc."""
 
     def __init__(self, batch: int, steps: list[Step], num_slots: int, output: Any, cheap_checks: list[AddressCheck],
                  all_checks: list[AddressCheck], keep: list[torch.Tensor], graph_outputs: list[Any]) -> None:
@@ -74,7 +76,8 @@ class ReplayPlan:
         self.all_checks = tuple(all_checks)  # and parameters and buffers
         self._runs = [step.run for step in steps]
         self._output = _getter(output)
-        self.kept = tuple(keep)  # eager outputs the graphs read, owned here so that their addresses stay valid
+        # eager outputs the graphs read, owned here so that their addresses stay valid
+        self.kept = tuple(keep)
 
     def run(self, args: Sequence[Any], checks: Sequence[AddressCheck] = ()) -> Any:
         if checks:
@@ -86,9 +89,9 @@ class ReplayPlan:
 
 
 class FullGraph(ReplayPlan):
-    """The FULL graph of one batch size, captured from `args` (named `placeholder_names`): a plan of one replay over
-    the whole stitching module, returning the capture's outputs (non-owning aliases: valid until the next replay).
-    `all_checks`: every tensor input; `cheap_checks`: those the caller owns."""
+    """The FULL graph of one batch size, captured from `args` (named `placeholder_names`): a plan of one
+    replay over the whole stitching module, returning the capture's outputs (non-owning aliases: valid
+    until the next replay). `all_checks`: every tensor input; `cheap_checks`: those the caller owns."""
 
     def __init__(self, batch: int, graph: Any, outputs: Any, placeholder_names: Sequence[str],
                  args: Sequence[Any]) -> None:
@@ -100,7 +103,8 @@ class FullGraph(ReplayPlan):
 
 
 def _caller_owned(checks: list[AddressCheck], args: Sequence[Any]) -> list[AddressCheck]:
-    """The `checks` of inputs that are not parameters (whose address only moves when someone replaces them)."""
+    """The `checks` of inputs that are not parameters (whose address only moves when someone replaces
+    them)."""
     return [c for c in checks if not isinstance(args[c.index], torch.nn.Parameter)]
 
 
@@ -109,7 +113,8 @@ def _is_constant(ref_tree: Any) -> bool:
 
 
 def _value(ref_tree: Any, args: Sequence[Any], slots: list) -> Any:
-    where_of = (None, args, slots)  # per kind (_CONST, _INPUT, _SLOT): what `where` indexes; a constant is its value
+    # per kind (_CONST, _INPUT, _SLOT): what `where` indexes; a constant is its value
+    where_of = (None, args, slots)
     return tree_map(lambda ref: ref.where if ref.kind == _CONST else where_of[ref.kind][ref.where], ref_tree)
 
 
@@ -139,8 +144,8 @@ def _eager_step(fn: Callable[..., Any], arg_refs: list, kwarg_refs: dict, slot: 
 
 
 def replay_step(graph: Any, moved: list[tuple[int, torch.Tensor]]) -> StepFn:
-    """A step replaying `graph`. `moved`: (slot, captured tensor) for each eager output the graph reads; one that
-    is not where the capture saw it is copied there first."""
+    """A step replaying `graph`. `moved`: (slot, captured tensor) for each eager output the graph reads;
+    one that is not where the capture saw it is copied there first."""
     replay = graph.replay
 
     def run(args: Sequence[Any], slots: list) -> None:
@@ -166,7 +171,8 @@ def _single_op(gm: torch.fx.GraphModule, used: bool) -> tuple[Callable[..., Any]
 
 
 def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Callable[..., Any], list[int] | None]:
-    """`(fn, positions)`: what an eager step of `node` calls, on the arguments at `positions` (None: all of them)."""
+    """`(fn, positions)`: what an eager step of `node` calls, on the arguments at `positions` (None: all of
+    them)."""
     if node.op == "call_module":
         module = getattr(split_gm, node.target)
         if not isinstance(module, torch.fx.GraphModule):
@@ -179,9 +185,9 @@ def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Call
 
 def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any], graph_pieces: dict[str, Piece],
                 capture: Callable[..., tuple[Any, Any]]) -> tuple[ReplayPlan, Any]:
-    """Run `split_gm(*args)` once, capturing the pieces in `graph_pieces` (by name); return the plan and this run's
-    (owning) outputs. `capture(fn, args, mutated, batch)` returns `(graph, outputs)` with the outputs already
-    computed."""
+    """Run `split_gm(*args)` once, capturing the pieces in `graph_pieces` (by name); return the plan and
+    this run's (owning) outputs. `capture(fn, args, mutated, batch)` returns `(graph, outputs)` with the
+    outputs already computed."""
     real: dict[torch.fx.Node, Any] = {}
     refs: dict[torch.fx.Node, _Ref] = {}
     steps: list[Step] = []
@@ -189,8 +195,8 @@ def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any],
     keep, graph_outputs = [], []
     num_slots = placeholder = 0
     nodes = list(split_gm.graph.nodes)
-    # Drop this run's values after their last use, as the stitching module's own code does, so that later pieces'
-    # captures can reuse the pool blocks of values that are dead by then.
+    # Drop this run's values after their last use, as the stitching module's own code does, so that later
+    # pieces' captures can reuse the pool blocks of values that are dead by then.
     last_use = {inp: node for node in nodes for inp in node.all_input_nodes}
     for previous, node in zip([None, *nodes], nodes):
         for inp in () if previous is None else previous.all_input_nodes:

@@ -1,47 +1,49 @@
 """The serving record: a warm start that serves a cached model without tracing it.
 
-A first call spends about a second in Dynamo's trace (a 12-layer model) before the backend looks at the cache. When
-the model is cached, nothing in that trace is new. So the end of a traced first call stores the model's serving
-record in the compile cache, and a later first call with the same `model_key` serves from it without entering
-Dynamo: the record's Dynamo graph is unpickled, split, analysed and its pieces loaded (`compile_graph`, as in a
-backend call: a piece the cache lost is compiled from the record's graph), and calls are bound as the traced call
-proved (`Binder.describe`/`restore`).
+A first call spends about a second in Dynamo's trace (a 12-layer model) before the backend looks at the cache.
+When the model is cached, nothing in that trace is new. So the end of a traced first call stores the model's
+serving record in the compile cache, and a later first call with the same `model_key` serves from it without
+entering Dynamo: the record's Dynamo graph is unpickled, split, analysed and its pieces loaded
+(`compile_graph`, as in a backend call: a piece the cache lost is compiled from the record's graph), and calls
+are bound as the traced call proved (`Binder.describe`/`restore`).
 
-A record holds the Dynamo graph with its FakeTensor and SymInt metadata (`_compat.pickle_graph`), the binding, the
-outputs cut back to the batch, the arguments the graph writes, and the identity of every file Dynamo traced code
-from (`file_identity`): a file of an installed distribution (under site-packages: torch, transformers) by the
-distribution's name and version, a frozen standard-library module (`<frozen _collections_abc>`) by its name and the
-Python version, any other file (the user's code, an editable install) by its SHA-256; code made at run time (a
-dataclass's `__init__`) by the file of the module its function belongs to.
+A record holds the Dynamo graph with its FakeTensor and SymInt metadata (`_compat.pickle_graph`), the binding,
+the outputs cut back to the batch, the arguments the graph writes, and the identity of every file Dynamo
+traced code from (`file_identity`): a file of an installed distribution (under site-packages: torch,
+transformers) by the distribution's name and version, a frozen standard-library module (`<frozen
+_collections_abc>`) by its name and the Python version, any other file (the user's code, an editable install)
+by its SHA-256; code made at run time (a dataclass's `__init__`) by the file of the module its function
+belongs to.
 
-When a record is used: its key (computed before tracing) matches, and the traced code is unchanged (checked on load by
-each file's identity: a library's version, a file's SHA-256; at save time each traced code object of a file known by its
-SHA-256 must still be what its file compiles to, so a file edited after the process imported it gives no record; a
-library's files edited in place, its version unchanged, are not seen). The key covers the environment (torch build,
-Triton, Python, GPU), the config's `compute_hash`, Dynamo's configuration, the default dtype and autocast state, the
-model's module tree (each module's class with the file it was loaded from, and its attributes, private ones included:
-numbers, strings, bools, None, enums, dtypes, devices, functions by their code, lists, dicts and dataclasses of them,
-objects with `to_dict()` such as transformers configs), its parameters and buffers (names, shapes, strides, dtypes,
-devices, sharing), and the call's signature (`api.signature` of each argument: all but the batch size; the keywords of a
-call made with them). What the trace read outside the model's module tree and the call (module globals, closure cells,
-functions' defaults, class attributes, a dict's keys where a guard reads only those: Dynamo's guards name them) is in
-the record as plain stand-ins, read back as a warm start will (`outside_reads`); a record whose values differ now is not
-used, and the log names the value (`changed_read`). A model the key cannot cover gets no record and traces every time
-(logged at INFO): not an nn.Module, a class without a source file (a notebook cell), forward hooks (its own or global),
-an attribute of another kind (an object, a closure, a `functools.partial`), a value read outside the model that cannot
-be compared across processes or read back, traced code without a source file or module of one (`os.environ` read inside
-`forward`, code a notebook cell made).
+When a record is used: its key (computed before tracing) matches, and the traced code is unchanged (checked on
+load by each file's identity: a library's version, a file's SHA-256; at save time each traced code object of a
+file known by its SHA-256 must still be what its file compiles to, so a file edited after the process imported
+it gives no record; a library's files edited in place, its version unchanged, are not seen). The key covers
+the environment (torch build, Triton, Python, GPU), the config's `compute_hash`, Dynamo's configuration, the
+default dtype and autocast state, the model's module tree (each module's class with the file it was loaded
+from, and its attributes, private ones included: numbers, strings, bools, None, enums, dtypes, devices,
+functions by their code, lists, dicts and dataclasses of them, objects with `to_dict()` such as transformers
+configs), its parameters and buffers (names, shapes, strides, dtypes, devices, sharing), and the call's
+signature (`api.signature` of each argument: all but the batch size; the keywords of a call made with them).
+What the trace read outside the model's module tree and the call (module globals, closure cells, functions'
+defaults, class attributes, a dict's keys where a guard reads only those: Dynamo's guards name them) is in the
+record as plain stand-ins, read back as a warm start will (`outside_reads`); a record whose values differ now
+is not used, and the log names the value (`changed_read`). A model the key cannot cover gets no record and
+traces every time (logged at INFO): not an nn.Module, a class without a source file (a notebook cell), forward
+hooks (its own or global), an attribute of another kind (an object, a closure, a `functools.partial`), a value
+read outside the model that cannot be compared across processes or read back, traced code without a source
+file or module of one (`os.environ` read inside `forward`, code a notebook cell made).
 
-A missing record whose model class has one under another key is explained: each record's folder keeps its key's facts
-(`model_facts`, by name, in factors.json), and `load` logs the first that differs from the newest such record's
-(`first_change`).
+A missing record whose model class has one under another key is explained: each record's folder keeps its
+key's facts (`model_facts`, by name, in factors.json), and `load` logs the first that differs from the newest
+such record's (`first_change`).
 
-Faults: a record that is missing, unreadable, of another version, or whose traced files changed is not used (the
-cache logs a damaged one; a changed file is logged at INFO); one that cannot be rebuilt (a graph this torch cannot
-unpickle or compile) gives one WARNING. Either way the call traces as before and stores a fresh record. Storage is
-the compile cache's (cache.py: atomic, checksummed and locked; read-only and unusable caches handled there), in a key
-folder `model-<key>` of its own. A record is a pickle: like the Inductor artifacts
-beside it, it runs code when loaded, so a cache folder must be as trusted as the code it caches.
+Faults: a record that is missing, unreadable, of another version, or whose traced files changed is not used
+(the cache logs a damaged one; a changed file is logged at INFO); one that cannot be rebuilt (a graph this
+torch cannot unpickle or compile) gives one WARNING. Either way the call traces as before and stores a fresh
+record. Storage is the compile cache's (cache.py: atomic, checksummed and locked; read-only and unusable
+caches handled there), in a key folder `model-<key>` of its own. A record is a pickle: like the Inductor
+artifacts beside it, it runs code when loaded, so a cache folder must be as trusted as the code it caches.
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ class Record(NamedTuple):
 
 
 class Unkeyable(ValueError):
-    """Something the trace may depend on cannot be keyed: the model gets no record (every first call traces)."""
+    """Something the trace may depend on cannot be keyed: the model gets no record (every first call
+    traces)."""
 
 
 # nn.Module's own bookkeeping
@@ -106,7 +109,8 @@ def class_origin(kind: type) -> list[str]:
 
 
 def _value(value: Any, where: str) -> Any:
-    """A plain stand-in for an attribute the trace may have read; functions by their code (a closure: unkeyable)."""
+    """A plain stand-in for an attribute the trace may have read; functions by their code (a closure:
+    unkeyable)."""
     if isinstance(value, types.FunctionType):
         if value.__closure__ or value.__defaults__ or value.__kwdefaults__:
             raise Unkeyable(f"{where} is a function with a closure or defaults")
@@ -118,8 +122,9 @@ def _value(value: Any, where: str) -> Any:
 
 
 def plain_attributes(module: Any, where: str = "") -> dict[str, Any]:
-    """A module's attributes, private ones included, but nn.Module's own bookkeeping, tensors and submodules (keyed
-    apart): each a plain value (see the module doc), else `Unkeyable`; a module with forward hooks is unkeyable."""
+    """A module's attributes, private ones included, but nn.Module's own bookkeeping, tensors and
+    submodules (keyed apart): each a plain value (see the module doc), else `Unkeyable`; a module with
+    forward hooks is unkeyable."""
     if any(getattr(module, hooks, None) for hooks in _HOOKS):
         raise Unkeyable(f"{where or 'the model'} has forward hooks")
     return {name: _value(value, f"{where}.{name}") for name, value in sorted(vars(module).items())
@@ -127,9 +132,9 @@ def plain_attributes(module: Any, where: str = "") -> dict[str, Any]:
 
 
 def model_facts(model: Any, signatures: Sequence[tuple], config: CompilationConfig) -> dict[str, Any] | None:
-    """What the key of `model` called with arguments of `signatures` (`api.signature`) under `config` covers (see
-    the module doc), by name; None (logged at INFO) for a model a record cannot be keyed for: not an nn.Module, a
-    class without a source file, forward hooks, an attribute of another type."""
+    """What the key of `model` called with arguments of `signatures` (`api.signature`) under `config`
+    covers (see the module doc), by name; None (logged at INFO) for a model a record cannot be keyed for:
+    not an nn.Module, a class without a source file, forward hooks, an attribute of another type."""
     if not isinstance(model, torch.nn.Module):
         return None
     try:
@@ -148,7 +153,8 @@ def model_facts(model: Any, signatures: Sequence[tuple], config: CompilationConf
     state = state_facts(model)
     return {"version": RECORD_VERSION, "environment": software_factors(), "config": config.hash_factors(),
             "modules": modules, "state": state, "call": [repr(s) for s in signatures], "modes": modes,
-            "order": {"modules": list(modules), "state": list(state)}}  # the dicts' keys are sorted when digested
+            # the dicts' keys are sorted when digested
+            "order": {"modules": list(modules), "state": list(state)}}
 
 
 def key_of(facts: dict[str, Any]) -> str:
@@ -162,8 +168,8 @@ def model_key(model: Any, signatures: Sequence[tuple], config: CompilationConfig
 
 
 def state_facts(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
-    """Each parameter and buffer of `model` by name (shared ones under each name): shape, strides, dtype, device, and
-    the first name of its tensor (which are shared)."""
+    """Each parameter and buffer of `model` by name (shared ones under each name): shape, strides, dtype,
+    device, and the first name of its tensor (which are shared)."""
     first: dict[int, str] = {}
     tensors = (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
     return {name: {"shape": list(t.shape), "strides": list(t.stride()), "dtype": str(t.dtype), "device": str(t.device),
@@ -171,8 +177,8 @@ def state_facts(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
 
 
 def _dynamo_config() -> dict[str, Any]:
-    """Dynamo's configuration, each value as `portable` keys it (one it cannot, such as a set of functions, by its
-    type: the same in every process)."""
+    """Dynamo's configuration, each value as `portable` keys it (one it cannot, such as a set of functions,
+    by its type: the same in every process)."""
     found = {}
     for name, value in sorted(_compat.dynamo_config().items()):
         try:
@@ -183,14 +189,15 @@ def _dynamo_config() -> dict[str, Any]:
 
 
 def code_digest(code: types.CodeType) -> str:
-    """What a code object computes: its bytecode, names and constants (nested code objects by their own digest)."""
+    """What a code object computes: its bytecode, names and constants (nested code objects by their own
+    digest)."""
     consts = [code_digest(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts]
     return digest(code.co_code.hex(), repr(code.co_names), *consts)
 
 
 def _compiled_code(path: str) -> dict[tuple[str, int], str]:
-    """`code_digest` of every function and class body in the file at `path` as it is on disk now, by (qualified
-    name, first line)."""
+    """`code_digest` of every function and class body in the file at `path` as it is on disk now, by
+    (qualified name, first line)."""
     found, todo = {}, [compile(Path(path).read_bytes(), path, "exec", dont_inherit=True)]
     while todo:
         code = todo.pop()
@@ -203,9 +210,10 @@ _FROZEN = re.compile(r"<frozen ([\w.]+)>")
 
 
 def source_file(code: types.CodeType) -> str:
-    """The file `code` is keyed by: its own; `<frozen name>` for a frozen standard-library module; for code made at
-    run time (a dataclass's `__init__`), the file of the module its function belongs to. `Unkeyable` where there is
-    none (code a notebook cell or `exec` made, `os.environ` read inside `forward`)."""
+    """The file `code` is keyed by: its own; `<frozen name>` for a frozen standard-library module; for code
+    made at run time (a dataclass's `__init__`), the file of the module its function belongs to.
+    `Unkeyable` where there is none (code a notebook cell or `exec` made, `os.environ` read inside
+    `forward`)."""
     path = code.co_filename
     if os.path.isfile(path) or _FROZEN.fullmatch(path):
         return path
@@ -217,8 +225,8 @@ def source_file(code: types.CodeType) -> str:
 
 
 def _distribution(path: str) -> Any:
-    """The installed distribution (`importlib.metadata`) a file under site-packages or dist-packages belongs to, by its
-    top-level package or module, or None."""
+    """The installed distribution (`importlib.metadata`) a file under site-packages or dist-packages
+    belongs to, by its top-level package or module, or None."""
     parts = Path(path).parts
     for i in range(len(parts) - 2, -1, -1):
         if parts[i] in ("site-packages", "dist-packages"):
@@ -238,9 +246,9 @@ def _dist_of(name: str) -> Any:
 
 
 def file_identity(path: str) -> str:
-    """What a traced file is known by: a frozen standard-library module by its name and the Python version, a file of
-    an installed distribution (under site-packages) by the distribution's name and version, any other file by its
-    SHA-256 (`OSError` where it cannot be read)."""
+    """What a traced file is known by: a frozen standard-library module by its name and the Python version,
+    a file of an installed distribution (under site-packages) by the distribution's name and version, any
+    other file by its SHA-256 (`OSError` where it cannot be read)."""
     if frozen := _FROZEN.fullmatch(path):
         return f"frozen {frozen.group(1)}, Python {platform.python_version()}"
     if (dist := _distribution(path)) is not None:
@@ -249,9 +257,10 @@ def file_identity(path: str) -> str:
 
 
 def file_digests(codes: Sequence[types.CodeType]) -> dict[str, str]:
-    """`file_identity` of the file of each traced code object (`source_file`); a file known by its SHA-256 must still
-    hold that code (a file edited after the process imported it would pair the old graph with the new file).
-    `Unkeyable` where a traced code object has no file, or its file no longer compiles to it."""
+    """`file_identity` of the file of each traced code object (`source_file`); a file known by its SHA-256
+    must still hold that code (a file edited after the process imported it would pair the old graph with
+    the new file). `Unkeyable` where a traced code object has no file, or its file no longer compiles to
+    it."""
     digests, compiled = {}, {}
     for code in codes:
         path = source_file(code)
@@ -266,8 +275,8 @@ def file_digests(codes: Sequence[types.CodeType]) -> dict[str, str]:
 
 
 def changed_file(files: dict[str, str]) -> str | None:
-    """The first traced file that is gone or whose `file_identity` differs (with both, for a library's version), or
-    None."""
+    """The first traced file that is gone or whose `file_identity` differs (with both, for a library's
+    version), or None."""
     for path, identity in sorted(files.items()):
         try:
             now = file_identity(path)
@@ -278,23 +287,25 @@ def changed_file(files: dict[str, str]) -> str | None:
     return None
 
 
-# Guards whose values the key covers or that hold nothing to compare: the call's tensors and the model's parameters and
-# buffers (signature and state in the key), hook tables (a model with hooks has no record), aliases of another source.
+# Guards whose values the key covers or that hold nothing to compare: the call's tensors and the model's
+# parameters and buffers (signature and state in the key), hook tables (a model with hooks has no record),
+# aliases of another source.
 _COVERED_GUARDS = {"TENSOR_MATCH", "EMPTY_NN_MODULE_HOOKS_DICT", "NOT_PRESENT_IN_GENERIC_DICT", "DUPLICATE_INPUT"}
-# A source inside the model's module tree (an attribute or entry of a module, its `_modules` table): the key covers it.
+# A source inside the model's module tree (an attribute or entry of a module, its `_modules` table): the key
+# covers it.
 _MODEL_STATE = re.compile(r"(L\['model'\]|model)(\.[A-Za-z_]\w*|\['[^']*'\]|\[\d+\])*")
 _CALL = re.compile(r"(L\['(args|kwargs)'\]|args|kwargs)\b")
-# torch's tables of global module hooks: forward hooks make the model unkeyable (`model_key`), the others (registration
-# hooks, pieceworks' own among them; backward hooks) do not change an inference trace
+# torch's tables of global module hooks: forward hooks make the model unkeyable (`model_key`), the others
+# (registration hooks, pieceworks' own among them; backward hooks) do not change an inference trace
 _GLOBAL_HOOKS = re.compile(r"G\['__import_torch_dot_nn_dot_modules_dot_module'\]\._global_\w+_hooks")
 # Guards on a dict's keys alone: its keys stand for it
 KEYS_GUARDS = {"DICT_KEYS_MATCH", "DICT_NOT_CONTAINS", "DICT_CONTAINS"}
 
 
 class _Globals(dict):
-    """The traced frame's globals as Dynamo's guard sources name them. While it traces, Dynamo installs there the
-    modules of inlined code as `__import_<name, dots as _dot_>` and their builtins as `__builtins_dict___<n>`: a warm
-    start, which has not traced, resolves those names itself."""
+    """The traced frame's globals as Dynamo's guard sources name them. While it traces, Dynamo installs
+    there the modules of inlined code as `__import_<name, dots as _dot_>` and their builtins as
+    `__builtins_dict___<n>`: a warm start, which has not traced, resolves those names itself."""
 
     def __init__(self, frame_globals: dict[str, Any]) -> None:
         super().__init__()
@@ -307,11 +318,12 @@ class _Globals(dict):
 
 
 def _read_back(source: str, model: Any, frame_globals: dict[str, Any]) -> Any:
-    """The value at Dynamo's guard `source` now: `G[...]` the traced frame's globals, `model` the model, and the few
-    builtins Dynamo's sources call (`type`: a module's own class, watched or not, watch.py). The source is from a
-    record, which is trusted as code is (see the module doc)."""
+    """The value at Dynamo's guard `source` now: `G[...]` the traced frame's globals, `model` the model,
+    and the few builtins Dynamo's sources call (`type`: a module's own class, watched or not, watch.py).
+    The source is from a record, which is trusted as code is (see the module doc)."""
     names = {"__builtins__": {}, "G": _Globals(frame_globals), "L": {"model": model}, "model": model,
-             "type": lambda value: original_class(type(value)),  # a served model's modules are of watched classes
+             # a served model's modules are of watched classes
+             "type": lambda value: original_class(type(value)),
              "dict": dict, "list": list, "getattr": getattr, "__import__": __import__}
     return eval(source, names)  # noqa: S307
 
@@ -325,9 +337,9 @@ def _readable(source: str) -> str:
 
 
 def stand_in(value: Any, guard: str, source: str) -> Any:
-    """A plain value standing for what guard `guard` compares at `source`, the same in every process: a type by name
-    (TYPE_MATCH), a dict whose keys the guard reads by its keys, a module by name, a function or code object by name
-    and code, anything else as the key's `portable`."""
+    """A plain value standing for what guard `guard` compares at `source`, the same in every process: a
+    type by name (TYPE_MATCH), a dict whose keys the guard reads by its keys, a module by name, a function
+    or code object by name and code, anything else as the key's `portable`."""
     value = type(value) if guard == "TYPE_MATCH" else value
     if guard in KEYS_GUARDS and isinstance(value, dict):
         return sorted(map(str, value))
@@ -346,10 +358,10 @@ def stand_in(value: Any, guard: str, source: str) -> Any:
 
 def outside_reads(guards: Sequence[Any] | None, model: Any,
                   frame_globals: dict[str, Any]) -> list[tuple[str, str, Any]]:
-    """What the trace read outside the model's module tree and the call, from Dynamo's guard entries (`guards`, as
-    `guard_filter_fn` gets them): module globals, closure cells, functions' defaults, class attributes; each as
-    (source, guard type, `stand_in` of the value read back as a warm start will read it). `Unkeyable` where there
-    are no guards, or a value cannot be read back or stood in for."""
+    """What the trace read outside the model's module tree and the call, from Dynamo's guard entries
+    (`guards`, as `guard_filter_fn` gets them): module globals, closure cells, functions' defaults, class
+    attributes; each as (source, guard type, `stand_in` of the value read back as a warm start will read
+    it). `Unkeyable` where there are no guards, or a value cannot be read back or stood in for."""
     if guards is None:
         raise Unkeyable("Dynamo reported no guards for the trace")
     reads = []
@@ -368,7 +380,8 @@ def outside_reads(guards: Sequence[Any] | None, model: Any,
 
 
 def changed_read(reads: Sequence[tuple[str, str, Any]], model: Any, frame_globals: dict[str, Any]) -> str | None:
-    """Why the first of a record's `outside_reads` differs now (which value, now and in the record), or None."""
+    """Why the first of a record's `outside_reads` differs now (which value, now and in the record), or
+    None."""
     for source, kind, value in reads:
         try:
             now = stand_in(_read_back(source, model, frame_globals), kind, source)
@@ -385,8 +398,8 @@ def _store(config: CompilationConfig, key: str, facts: dict[str, Any] | None = N
 
 
 def save(config: CompilationConfig, key: str, record: Record, facts: dict[str, Any] | None = None) -> bool:
-    """Store `record` under `key`, with the key's `facts` (`model_facts`) in its folder's factors.json (what `load`
-    explains a later miss with); False (logged by the cache) where it cannot be written."""
+    """Store `record` under `key`, with the key's `facts` (`model_facts`) in its folder's factors.json
+    (what `load` explains a later miss with); False (logged by the cache) where it cannot be written."""
     cache = _store(config, key, facts)
     data = pickle.dumps((RECORD_VERSION, tuple(record)), protocol=pickle.HIGHEST_PROTOCOL)
     return cache is not None and cache.store(ENTRY, lambda path: Path(path).write_bytes(data))
@@ -414,9 +427,9 @@ def _read(path: str) -> Record:
 
 
 def load(config: CompilationConfig, key: str, facts: dict[str, Any] | None = None) -> Record | None:
-    """The record stored under `key` whose traced files are unchanged, or None. Where there is none but a record of
-    the model's class is stored under another key, the log names the first of `facts` (`model_facts`) that differs
-    from the newest such record's."""
+    """The record stored under `key` whose traced files are unchanged, or None. Where there is none but a
+    record of the model's class is stored under another key, the log names the first of `facts`
+    (`model_facts`) that differs from the newest such record's."""
     cache = _store(config, key, facts)
     record = None if cache is None else cache.load(ENTRY, _read)[0]
     if cache is not None and facts is not None and not os.path.exists(cache.index_path):

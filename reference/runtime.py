@@ -1,30 +1,33 @@
-"""Capture and replay of one compiled graph: the per-size choice between a FULL graph, a PIECEWISE plan and no graph.
+"""Capture and replay of one compiled graph: the per-size choice between a FULL graph, a PIECEWISE plan and no
+graph.
 
-A `Runtime` is built complete over a `CompiledGraph` (backend.py) and owns, alone, everything that changes while
-serving: the capture pool (`CapturePool`, which owns its handle), the phase, and `replay_for(n)`: the `FullGraph` or
-PIECEWISE `ReplayPlan` (plan.py) captured for padded batch size n. A size without one runs the stitching module
-without graphs. Nothing outside this class writes its state.
+A `Runtime` is built complete over a `CompiledGraph` (backend.py) and owns, alone, everything that changes
+while serving: the capture pool (`CapturePool`, which owns its handle), the phase, and `replay_for(n)`: the
+`FullGraph` or PIECEWISE `ReplayPlan` (plan.py) captured for padded batch size n. A size without one runs the
+stitching module without graphs. Nothing outside this class writes its state.
 
-Batch kinds (batch_kind.py): a call is uniform decode (inside `pieceworks.uniform_decode()`) or mixed; the mode
-gives each kind its own (`mode_for(uniform)`: FULL, PIECEWISE or NONE), so a size may hold two replays, a FULL graph
-for uniform decode and a PIECEWISE plan for mixed batches (FULL_AND_PIECEWISE), or one shared by both kinds. The mode
-is first lowered to what the graph's splitting ops declare (`declare_graph_support`), logged once: FULL becomes
-FULL_AND_PIECEWISE under an op that supports uniform decode only, and every full mode becomes PIECEWISE (NONE for
-FULL_DECODE_ONLY) under one that supports no graph.
+Batch kinds (batch_kind.py): a call is uniform decode (inside `pieceworks.uniform_decode()`) or mixed; the
+mode gives each kind its own (`mode_for(uniform)`: FULL, PIECEWISE or NONE), so a size may hold two replays, a
+FULL graph for uniform decode and a PIECEWISE plan for mixed batches (FULL_AND_PIECEWISE), or one shared by
+both kinds. The mode is first lowered to what the graph's splitting ops declare (`declare_graph_support`),
+logged once: FULL becomes FULL_AND_PIECEWISE under an op that supports uniform decode only, and every full
+mode becomes PIECEWISE (NONE for FULL_DECODE_ONLY) under one that supports no graph.
 
 Phases (`Phase`): WAITING (from construction until `capture()`: calls run without graphs and capture nothing),
-CAPTURING (inside `capture()` or one lazy capture: a call at a capture size not yet attempted captures it), SERVING
-(a size without a graph follows `on_missing_graph`, or, with `lazy_capture`, is captured on first sight; a runtime
-with `lazy_capture` starts here).
+CAPTURING (inside `capture()` or one lazy capture: a call at a capture size not yet attempted captures it),
+SERVING (a size without a graph follows `on_missing_graph`, or, with `lazy_capture`, is captured on first
+sight; a runtime with `lazy_capture` starts here).
 
 `run(args, batch, static)` is the one way in. `args` are the graph's flat inputs. `static=True`: the caller
-guarantees that tensor inputs sit where they sat at capture (static buffers: `pieceworks.compile`), so replays check
-no address (`debug_replay_checks` checks all of them, parameters included); `static=False`: the caller's own tensors
-(the raw backend), so every replay checks the addresses of the caller-owned inputs its graphs read and raises
-`ReplayAddressError` rather than read stale memory. `runtime(*args)` is Dynamo's entry: `run(args, batch, False)`.
+guarantees that tensor inputs sit where they sat at capture (static buffers: `pieceworks.compile`), so replays
+check no address (`debug_replay_checks` checks all of them, parameters included); `static=False`: the caller's
+own tensors (the raw backend), so every replay checks the addresses of the caller-owned inputs its graphs read
+and raises `ReplayAddressError` rather than read stale memory. `runtime(*args)` is Dynamo's entry: `run(args,
+batch, False)`.
 
-Memory and ordering: every graph goes into one pool, sizes largest first, so smaller sizes reuse the larger ones'
-blocks; replay outputs alias pool memory and are valid until the next replay. Not thread-safe: one call at a time.
+Memory and ordering: every graph goes into one pool, sizes largest first, so smaller sizes reuse the larger
+ones' blocks; replay outputs alias pool memory and are valid until the next replay. Not thread-safe: one call
+at a time.
 """
 
 from __future__ import annotations
@@ -58,15 +61,16 @@ class CUDAGraphMissingError(RuntimeError):
 
 
 class CaptureMismatchError(RuntimeError):
-    """Ranks of a process group would capture different graphs: their collectives would wait on each other forever."""
+    """Ranks of a process group would capture different graphs: their collectives would wait on each other
+    forever."""
 
 
 def check_ranks_agree(mode: CUDAGraphMode, sizes: list[int], device: torch.device | None = None) -> None:
-    """Under `torch.distributed` (initialized, world size > 1), every rank calls this before it captures a graph
-    that holds collectives: a `CaptureMismatchError` on every rank, naming each rank whose mode or sizes (in capture
-    order) differ from rank 0's, and how. Two collectives of the world group (the widest plan, then every plan), on
-    `device` (the graph's) where the group runs NCCL; a rank that never calls it leaves the others waiting until the
-    group's timeout (`init_process_group(timeout=...)`)."""
+    """Under `torch.distributed` (initialized, world size > 1), every rank calls this before it captures a
+    graph that holds collectives: a `CaptureMismatchError` on every rank, naming each rank whose mode or
+    sizes (in capture order) differ from rank 0's, and how. Two collectives of the world group (the widest
+    plan, then every plan), on `device` (the graph's) where the group runs NCCL; a rank that never calls it
+    leaves the others waiting until the group's timeout (`init_process_group(timeout=...)`)."""
     dist, modes = torch.distributed, list(CUDAGraphMode)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         mine = torch.tensor([modes.index(mode), len(sizes), *sizes], device=device if "nccl" in str(
@@ -89,14 +93,16 @@ class Phase(enum.Enum):
 
 
 def capture_order(sizes: Iterable[int]) -> list[int]:
-    """The order sizes are captured in: largest first, so that smaller ones reuse the pool blocks it leaves."""
+    """The order sizes are captured in: largest first, so that smaller ones reuse the pool blocks it
+    leaves."""
     return sorted(set(sizes), reverse=True)
 
 
 def effective_mode(config: CompilationConfig, graph: CompiledGraph) -> CUDAGraphMode:
     """The mode a graph gets: `config.cudagraph_mode`, except NONE without CUDA (warned once), FULL (or
-    PIECEWISE's one piece, captured per size as a FULL graph would be) where no splitting op split the graph, and
-    lowered to what the splitting ops' declared graph support allows (batch_kind.py; logged once)."""
+    PIECEWISE's one piece, captured per size as a FULL graph would be) where no splitting op split the
+    graph, and lowered to what the splitting ops' declared graph support allows (batch_kind.py; logged
+    once)."""
     mode = config.cudagraph_mode
     if mode is CUDAGraphMode.NONE:
         return mode
@@ -122,9 +128,10 @@ def effective_mode(config: CompilationConfig, graph: CompiledGraph) -> CUDAGraph
 
 
 def supported_mode(mode: CUDAGraphMode, support: GraphSupport) -> CUDAGraphMode:
-    """`mode` lowered to what splitting ops of `support` allow (vLLM's downgrades): under UNIFORM_DECODE, FULL
-    becomes FULL_AND_PIECEWISE (the other modes' full graphs serve uniform decode only already); under NEVER, every
-    mode with full graphs becomes PIECEWISE, FULL_DECODE_ONLY NONE (it asked for no piecewise graphs)."""
+    """`mode` lowered to what splitting ops of `support` allow (vLLM's downgrades): under UNIFORM_DECODE,
+    FULL becomes FULL_AND_PIECEWISE (the other modes' full graphs serve uniform decode only already); under
+    NEVER, every mode with full graphs becomes PIECEWISE, FULL_DECODE_ONLY NONE (it asked for no piecewise
+    graphs)."""
     if not mode.has_full or support is GraphSupport.ALWAYS:
         return mode
     if support is GraphSupport.UNIFORM_DECODE:
@@ -176,8 +183,8 @@ class Runtime:
         return self._kind_modes[uniform]
 
     def _capture_kinds(self) -> list[bool]:
-        """The kinds a capture phase captures per size: one capture where both kinds share a mode (under the mixed
-        kind: a graph both may replay), else each kind with graphs, uniform decode (FULL) first."""
+        """The kinds a capture phase captures per size: one capture where both kinds share a mode (under
+        the mixed kind: a graph both may replay), else each kind with graphs, uniform decode (FULL) first."""
         modes = self._kind_modes
         if modes[True] is modes[False]:
             return [] if modes[False] is CUDAGraphMode.NONE else [False]
@@ -189,18 +196,18 @@ class Runtime:
         return tuple(dict.fromkeys(size for size, _ in self._replays))
 
     def replay_for(self, size: int, uniform: bool | None = None) -> FullGraph | ReplayPlan | None:
-        """The FULL graph or PIECEWISE plan that serves padded batch size `size` of kind `uniform` (default: the kind
-        of the call under way, `pieceworks.is_uniform_decode()`), or None."""
+        """The FULL graph or PIECEWISE plan that serves padded batch size `size` of kind `uniform`
+        (default: the kind of the call under way, `pieceworks.is_uniform_decode()`), or None."""
         return self._replays.get((size, _uniform[0] if uniform is None else uniform))
 
-    # ---- calls ----------------------------------------------------------------------------------------------
+    # ---- calls --------------------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
         batch = self.graph.batch
         return self.run(args, None if batch is None else batch.read(args), static=False)
 
     def run(self, args: Sequence[Any], batch: int | None, static: bool) -> Any:
-        """Replay the graph captured for `batch` and the call's kind, capture it, or run without graphs; see the
-        module doc."""
+        """Replay the graph captured for `batch` and the call's kind, capture it, or run without graphs;
+        see the module doc."""
         key = (batch, _uniform[0])
         replay = self._replays.get(key)
         if replay is not None:
@@ -218,12 +225,13 @@ class Runtime:
                 log.warning("pieceworks: batch size %d has no CUDA graph; running it without one", batch)
         return self.graph.split_module(*args)
 
-    # ---- capture --------------------------------------------------------------------------------------------
+    # ---- capture ------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _capturing(self) -> Iterator[None]:
-        """Phase CAPTURING, then SERVING. gc is frozen and disabled for the phase: no collection during capture can
-        unload a module a graph uses, and none slows the phase down. Nothing is collected first (a full collection
-        of a process that holds a compiler costs ~0.2 s): what is garbage now is collected after the phase."""
+        """Phase CAPTURING, then SERVING. gc is frozen and disabled for the phase: no collection during
+        capture can unload a module a graph uses, and none slows the phase down. Nothing is collected first
+        (a full collection of a process that holds a compiler costs ~0.2 s): what is garbage now is
+        collected after the phase."""
         self.phase = Phase.CAPTURING
         enabled = gc.isenabled()
         gc.freeze()
@@ -237,16 +245,18 @@ class Runtime:
             self.phase = Phase.SERVING
 
     def _capture_size(self, batch: int, args: Sequence[Any], uniform: bool) -> Any:
-        """Capture the graph of one batch size and kind from `args` (which stay where they are); return this call's
-        outputs. FULL where the kind's mode is FULL; PIECEWISE where it is PIECEWISE or FULL failed. The replay
-        serves every kind whose mode is the same. Outside `capture()` (a lazy capture) it is a phase of its own."""
+        """Capture the graph of one batch size and kind from `args` (which stay where they are); return
+        this call's outputs. FULL where the kind's mode is FULL; PIECEWISE where it is PIECEWISE or FULL
+        failed. The replay serves every kind whose mode is the same. Outside `capture()` (a lazy capture)
+        it is a phase of its own."""
         split_gm, kind = self.graph.split_module, self._kind_modes[uniform]
         self._attempted.add((batch, uniform))
         with self._capturing() if self.phase is Phase.SERVING else contextlib.nullcontext():
             if kind is CUDAGraphMode.FULL and self.full_reason is None:
                 try:
                     graph, out = self.pool.capture(split_gm, args, self.graph.mutated_inputs if self.config.lazy_capture
-                                                   else self.graph.restored_inputs)  # a lazy capture is a served call
+                                                   # a lazy capture is a served call
+                                                   else self.graph.restored_inputs)
                 except Exception as exc:  # noqa: BLE001 - a refused capture falls back, it never crashes
                     self.full_reason = f"capture failed: {type(exc).__name__}: {exc}"
                     counters.num_cudagraph_uncapturable += 1
@@ -269,22 +279,24 @@ class Runtime:
         return out
 
     def reset(self) -> None:
-        """Drop every graph and plan: the next capture phase (or, with `lazy_capture`, each size's next call)
-        captures again, into a fresh pool; the old one is freed with its graphs. Earlier outputs become invalid."""
+        """Drop every graph and plan: the next capture phase (or, with `lazy_capture`, each size's next
+        call) captures again, into a fresh pool; the old one is freed with its graphs. Earlier outputs
+        become invalid."""
         self.pool.reset()
         for kept in (self._replays, self._attempted, self._warned):
             kept.clear()
 
     def estimate_pool(self, run_size: Callable[[int], Any], sizes: Iterable[int] | None = None,
                       samples: int = 6) -> dict[str, Any]:
-        """The pool bytes a capture of `sizes` (default: every capture size) will take, before any capture: `samples`
-        of them (the largest, the smallest and evenly spaced ones between, in `capture_order`) are captured into a
-        pool of their own, whose `pool_bytes` is the estimate; then the sample's graphs and pool are freed
-        (`torch.cuda.empty_cache()` returns its memory to the device). The pool grows with the kinds of blocks the
-        sizes need, not with their number: each graph's blocks return to the pool when its capture ends and the next
-        (smaller) size reuses them; a sample spanning the sizes meets those kinds. Call it in phase WAITING, before
-        `capture`; `run_size` as for `capture`. Returns `{"pool_bytes", "sizes", "sampled_sizes", "largest_bytes"
-        (the pool after the largest size alone), "seconds"}`; 0 bytes for a mode without graphs, or no sizes."""
+        """The pool bytes a capture of `sizes` (default: every capture size) will take, before any capture:
+        `samples` of them (the largest, the smallest and evenly spaced ones between, in `capture_order`)
+        are captured into a pool of their own, whose `pool_bytes` is the estimate; then the sample's graphs
+        and pool are freed (`torch.cuda.empty_cache()` returns its memory to the device). The pool grows
+        with the kinds of blocks the sizes need, not with their number: each graph's blocks return to the
+        pool when its capture ends and the next (smaller) size reuses them; a sample spanning the sizes
+        meets those kinds. Call it in phase WAITING, before `capture`; `run_size` as for `capture`. Returns
+        `{"pool_bytes", "sizes", "sampled_sizes", "largest_bytes" (the pool after the largest size alone),
+        "seconds"}`; 0 bytes for a mode without graphs, or no sizes."""
         if self._replays:
             raise RuntimeError("estimate_pool() runs before capture(): this runtime already holds graphs. Fix: "
                                "estimate first, or call reset() to drop the graphs")
@@ -330,10 +342,10 @@ class Runtime:
     def capture(self, run_size: Callable[[int], Any], sizes: Iterable[int] | None = None) -> dict[str, Any]:
         """The capture phase: `run_size(n)` for every size in `sizes` (default: every capture size), in
         `capture_order`; each call at a size not yet attempted captures it. Then serving starts: no size is
-        captured again (unless `lazy_capture`). `run_size(n)` must call the model with arguments that stay where
-        they are for every later replay. gc is frozen for the phase. A graph holding collectives
-        (`_c10d_functional` ops) first checks that every rank captures the same (`check_ranks_agree`). Returns the
-        phase's numbers (sizes, seconds, MiB, graphs)."""
+        captured again (unless `lazy_capture`). `run_size(n)` must call the model with arguments that stay
+        where they are for every later replay. gc is frozen for the phase. A graph holding collectives
+        (`_c10d_functional` ops) first checks that every rank captures the same (`check_ranks_agree`).
+        Returns the phase's numbers (sizes, seconds, MiB, graphs)."""
         sizes = capture_order(self._sizes if sizes is None else sizes)
         if any(str(n.target).startswith("_c10d_functional.") for p in self.graph.pieces for n in p.graph.graph.nodes):
             check_ranks_agree(self.mode, sizes, next(

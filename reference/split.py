@@ -5,8 +5,8 @@ Rules (the behaviour engine authors know from vLLM):
   reordering them would change results;
 - each splitting op gets a piece of its own; consecutive splitting ops share one;
 - a `getitem` stays with the node it unpacks, so a splitting op with several outputs never makes a cycle;
-- `x.size()` is decomposed into one `sym_size` per dimension first, because a `torch.Size` cannot cross a piece
-  boundary;
+- `x.size()` is decomposed into one `sym_size` per dimension first, because a `torch.Size` cannot cross a
+  piece boundary;
 - a `sym_size` that binds a data-dependent (unbacked) size, e.g. of a splitting op's output made with
   `new_dynamic_size()`, stays with the node that made the tensor and crosses boundaries as an argument: the
   piece that reads the tensor reads the size from the piece that bound it (else `split_module` sees the size
@@ -64,7 +64,8 @@ def check_splitting_ops(splitting_ops: Sequence[str]) -> None:
     """Raise `ConfigError` for an entry of `splitting_ops` that names no registered op (or overload).
 
     Checked when a graph is compiled, not when the config is built: by then the model has run its imports, so
-    every op it calls is registered, while a config may well be built before the module that registers its ops.
+    every op it calls is registered, while a config may well be built before the module that registers its
+    ops.
     """
     problems = [problem for problem in map(_unknown_op, splitting_ops) if problem is not None]
     if problems:
@@ -130,11 +131,12 @@ def assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[di
 
 
 def _recompute_sizes_in_consumers(gm: torch.fx.GraphModule, piece_of: dict) -> None:
-    """Give every piece that reads a `sym_size` of another piece its own copy, placed just before its first use.
+    """Give every piece that reads a `sym_size` of another piece its own copy, placed just before its first
+    use.
 
-    Then no compiled piece returns a SymInt of the batch, and node order (hence `keep_original_order`) is unchanged:
-    the copy reads the tensor, which crosses the boundary as any tensor does. A data-dependent size is not copied:
-    its first `sym_size` is where the symbol is bound, and it must come before every use.
+    Then no compiled piece returns a SymInt of the batch, and node order (hence `keep_original_order`) is
+    unchanged: the copy reads the tensor, which crosses the boundary as any tensor does. A data-dependent size
+    is not copied: its first `sym_size` is where the symbol is bound, and it must come before every use.
     """
     graph = gm.graph
     order = {n: i for i, n in enumerate(graph.nodes)}  # the copies made below are never users of a `sym_size`

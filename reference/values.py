@@ -13,10 +13,10 @@ _LEAVES = frozenset({int, float, bool, str, type(None), torch.Tensor, torch.nn.P
 
 
 def children(value: Any) -> tuple[list[Any], Callable[[list[Any]], Any]] | None:
-    """The items of an output container and a function building one like it (its exact type) from new items; None
-    for a leaf. Containers: tuples, lists and dicts, namedtuples, other mappings (a Hugging Face `ModelOutput`: the
-    fields that are set, so those left unset stay None), and dataclasses (every field; rebuilt as a copy whose
-    fields are set, not through `__init__`)."""
+    """The items of an output container and a function building one like it (its exact type) from new
+    items; None for a leaf. Containers: tuples, lists and dicts, namedtuples, other mappings (a Hugging
+    Face `ModelOutput`: the fields that are set, so those left unset stay None), and dataclasses (every
+    field; rebuilt as a copy whose fields are set, not through `__init__`)."""
     kind = type(value)
     if kind is tuple or kind is list:
         return list(value), kind
@@ -41,7 +41,8 @@ def children(value: Any) -> tuple[list[Any], Callable[[list[Any]], Any]] | None:
 
 
 def tree_map(fn: Callable[[Any], Any], value: Any) -> Any:
-    """`value` with `fn` applied to every leaf; the containers of `children` are walked and keep their types."""
+    """`value` with `fn` applied to every leaf; the containers of `children` are walked and keep their
+    types."""
     kind = type(value)
     if kind is tuple or kind is list:
         return kind(tree_map(fn, v) for v in value)

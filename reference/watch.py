@@ -1,36 +1,38 @@
 """What a compiled model watches of its model after the first call, and how, at no cost per call.
 
-The trace read the model as it was at the first call: its parameters and buffers (bound by object, read where they
-live) and the rest of its Python state, baked into the graph (`self.scale`, `norm.eps`, `self.training`, the forward
-hooks it ran). Every change to that state is seen when it happens, by an event; a call reads one flag
-(`StateWatch.changed`) and torch's count of hook handles (`handles`):
+The trace read the model as it was at the first call: its parameters and buffers (bound by object, read where
+they live) and the rest of its Python state, baked into the graph (`self.scale`, `norm.eps`, `self.training`,
+the forward hooks it ran). Every change to that state is seen when it happens, by an event; a call reads one
+flag (`StateWatch.changed`) and torch's count of hook handles (`handles`):
 
 - a parameter, buffer or submodule replaced (setattr, `load_state_dict(assign=True)`, a new submodule), or a
   parameter or buffer reallocated (`.to()`, `.cuda()`, `.half()`): `replaced`, and the call raises
-  `StateReplacedError` (the graphs still read the old memory). Seen by torch's process-wide registration hooks and
-  the watched class's `_apply`;
-- any other attribute of a watched module set to another value or deleted (`model.scale = 3.0`, `norm.eps = 10.0`,
-  `layer.heads = 2`, `model.train()` on a model traced in eval mode, `module.forward = f`; torch's parametrize, which
-  deletes a parameter and swaps the class), a forward hook or pre-hook registered on one, or a hook the trace ran
-  removed: `changed`, and the next call traces and compiles the model again (api.py; one WARNING naming what
-  changed). Writes that `forward` itself makes, on calls that go through Dynamo, are its own (`paused`), and so are
-  the markers `torch.compile(model)` and `model.compile()` set (`_TORCH_MARKERS`). Seen by the watched class (`__setattr__`, `__delattr__`,
-  `register_forward_hook`, `register_forward_pre_hook`) and, for the hooks the trace ran, by a stand-in in the
-  module's hook table that calls the hook and flags the change once torch's handle removes it (`_HookStandIn`);
-- a global module forward hook (`register_module_forward_hook`, `register_module_forward_pre_hook`): it runs on
-  every nn.Module, the compiled model's own graph modules included, so no compiled model can give eager's result
-  while one is registered: `GlobalHookError` at any call (the first one included) until it is removed. Seen when
-  torch's count of hook handles moved (`handles`; registering any hook moves it), then checked once.
+  `StateReplacedError` (the graphs still read the old memory). Seen by torch's process-wide registration hooks
+  and the watched class's `_apply`;
+- any other attribute of a watched module set to another value or deleted (`model.scale = 3.0`, `norm.eps =
+  10.0`, `layer.heads = 2`, `model.train()` on a model traced in eval mode, `module.forward = f`; torch's
+  parametrize, which deletes a parameter and swaps the class), a forward hook or pre-hook registered on one,
+  or a hook the trace ran removed: `changed`, and the next call traces and compiles the model again (api.py;
+  one WARNING naming what changed). Writes that `forward` itself makes, on calls that go through Dynamo, are
+  its own (`paused`), and so are the markers `torch.compile(model)` and `model.compile()` set
+  (`_TORCH_MARKERS`). Seen by the watched class (`__setattr__`, `__delattr__`, `register_forward_hook`,
+  `register_forward_pre_hook`) and, for the hooks the trace ran, by a stand-in in the module's hook table that
+  calls the hook and flags the change once torch's handle removes it (`_HookStandIn`);
+- a global module forward hook (`register_module_forward_hook`, `register_module_forward_pre_hook`): it runs
+  on every nn.Module, the compiled model's own graph modules included, so no compiled model can give eager's
+  result while one is registered: `GlobalHookError` at any call (the first one included) until it is removed.
+  Seen when torch's count of hook handles moved (`handles`; registering any hook moves it), then checked once.
 
 Watched modules are those of `model.named_modules()` at the trace. A watched module's class is swapped for a
 subclass of its class made once per class (the same name, module and qualname; `isinstance` holds, `type(m) is
 Linear` does not while watched; pickling and deep copies give the original class), and swapped back when no
 compiled model watches the module anymore.
 
-Not watched, since nothing announces them: changes inside an attribute's value (`model.cfg.eps = 1.0` on a config
-object, `model.sizes.append(8)`), writes that bypass `setattr` (`module.__dict__[...]`, `object.__setattr__`), and the
-module globals, closures and environment variables `forward` reads (in one process they stay as the trace saw them;
-a warm start checks them, record.py). Compile the model again after changing those.
+Not watched, since nothing announces them: changes inside an attribute's value (`model.cfg.eps = 1.0` on a
+config object, `model.sizes.append(8)`), writes that bypass `setattr` (`module.__dict__[...]`,
+`object.__setattr__`), and the module globals, closures and environment variables `forward` reads (in one
+process they stay as the trace saw them; a warm start checks them, record.py). Compile the model again after
+changing those.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ from ._compat import HookHandle, global_module_hooks
 _ABSENT = object()
 _PLAIN = (bool, int, float, str, bytes, torch.device)
 _HOOK_TABLES = {"_forward_hooks": "forward hook", "_forward_pre_hooks": "forward pre-hook"}
-# What torch.compile(module) and module.compile() set on the module: markers that leave forward's result as it was
+# What torch.compile(module) and module.compile() set on the module: markers that leave forward's result as it
+# was
 _TORCH_MARKERS = frozenset({"_is_torch_compile", "_compiled_call_impl"})
 
 
@@ -70,12 +73,14 @@ def refuse_global_hooks() -> None:
             "remove it (handle.remove()), or register the hook on the model's modules (module.register_forward_hook)")
 
 
-_WATCHES: set[StateWatch] = set()  # the live watches; the process-wide hooks and the watched classes call each
+# the live watches; the process-wide hooks and the watched classes call each
+_WATCHES: set[StateWatch] = set()
 
 
 def _replaced(module: torch.nn.Module, name: str, value: Any) -> None:
-    """A registration hook: `value` is about to become `module.name` (any module of the process). Not traced: in a
-    forward Dynamo traces (a buffer assigned), it would guard on the live watches, which come and go with models."""
+    """A registration hook: `value` is about to become `module.name` (any module of the process). Not
+    traced: in a forward Dynamo traces (a buffer assigned), it would guard on the live watches, which come
+    and go with models."""
     for watch in [] if torch.compiler.is_compiling() else list(_WATCHES):
         watch.check(module, [(name, value)], "replaced")
 
@@ -93,8 +98,9 @@ def reallocated(module: torch.nn.Module) -> None:
 
 @functools.cache
 def _register_hooks_once() -> None:
-    """One hook per kind for the whole process, never removed: Dynamo guards on torch's dicts of global hooks, and a
-    hook removed while another model was being traced (a compiled model collected) broke that trace's guards."""
+    """One hook per kind for the whole process, never removed: Dynamo guards on torch's dicts of global
+    hooks, and a hook removed while another model was being traced (a compiled model collected) broke that
+    trace's guards."""
     for register in (torch.nn.modules.module.register_module_parameter_registration_hook,
                      torch.nn.modules.module.register_module_buffer_registration_hook,
                      torch.nn.modules.module.register_module_module_registration_hook):
@@ -110,8 +116,9 @@ def _itself(value: Any) -> Any:
 
 
 class _HookStandIn:
-    """A hook the trace ran, in its module's hook table: calls the hook; when torch's handle removes it from the table
-    (its one reference), a finalizer notes the change. Pickled and copied as the hook itself."""
+    """A hook the trace ran, in its module's hook table: calls the hook; when torch's handle removes it
+    from the table (its one reference), a finalizer notes the change. Pickled and copied as the hook
+    itself."""
 
     __slots__ = ("hook", "__weakref__")
 
@@ -127,8 +134,8 @@ class _HookStandIn:
 
 @functools.cache
 def _watched_class(cls: type) -> type:
-    """The subclass a watched module of class `cls` gets: it tells the live watches about attribute writes, hook
-    registrations and `_apply` (`.to()` and the like), and pickles as `cls`."""
+    """The subclass a watched module of class `cls` gets: it tells the live watches about attribute writes,
+    hook registrations and `_apply` (`.to()` and the like), and pickles as `cls`."""
 
     def plain(self: Any, name: str) -> Any:  # parameters, buffers, submodules: `_replaced` sees them set
         return type(self) if name == "__class__" else self.__dict__.get(name, _ABSENT)
@@ -154,7 +161,8 @@ def _watched_class(cls: type) -> type:
         reallocated(self)
         return result
 
-    def __reduce_ex__(self: Any, protocol: Any) -> Any:  # pickle's __newobj__ insists on the object's own class
+    # pickle's __newobj__ insists on the object's own class
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
         rebuild, args, *rest = cls.__reduce_ex__(self, protocol)
         if rebuild is copyreg.__newobj__ and len(args) == 1:
             rebuild, args = copyreg._reconstructor, (cls, object, None)
@@ -174,20 +182,23 @@ def original_class(kind: type) -> type:
 
 
 class StateWatch:
-    """`replaced`: None, or why the model must be compiled again (a parameter, buffer or submodule replaced or
-    reallocated since the watch began). `changed`: None, or the first change to the rest of the model's state (or
-    `replaced`). `handles`: torch's count of hook handles when the watch began or last found no global hook. Events
-    update them (see the module doc); reading them is all a call costs. `close()` ends the watch."""
+    """`replaced`: None, or why the model must be compiled again (a parameter, buffer or submodule replaced
+    or reallocated since the watch began). `changed`: None, or the first change to the rest of the model's
+    state (or `replaced`). `handles`: torch's count of hook handles when the watch began or last found no
+    global hook. Events update them (see the module doc); reading them is all a call costs. `close()` ends
+    the watch."""
 
     def __init__(self, model: torch.nn.Module, owner: object) -> None:
         self.replaced: str | None = None
         self.changed: str | None = None
-        self.paused = False  # while the compiled model itself runs forward through Dynamo (its writes are its own)
-        # Per module id: its name and the module (kept alive, so that the ids stay theirs); per (module id, attribute
-        # name): the full name, the object there and, for a tensor, where its memory lives.
+        # while the compiled model itself runs forward through Dynamo (its writes are its own)
+        self.paused = False
+        # Per module id: its name and the module (kept alive, so that the ids stay theirs); per (module id,
+        # attribute name): the full name, the object there and, for a tensor, where its memory lives.
         self._paths: dict[int, tuple[str, torch.nn.Module]] = {}
         self._watched: dict[tuple[int, str], tuple[str, Any, tuple | None]] = {}
-        self._stand_ins: list[tuple[dict, Any, weakref.ref, weakref.finalize]] = []  # the table holds the stand-in
+        # the table holds the stand-in
+        self._stand_ins: list[tuple[dict, Any, weakref.ref, weakref.finalize]] = []
         for prefix, module in model.named_modules():
             self._paths[id(module)] = (prefix, module)
             for name, value in _attributes(module):
@@ -207,16 +218,18 @@ class StateWatch:
             self._stand_ins.append((table, key, weakref.ref(stand_in), gone))
 
     def note(self, module: torch.nn.Module, what: str, attribute: str | None = None) -> None:
-        """Note that `module`'s `attribute` was `what` ("set", "deleted"), or without `attribute`, that `what` ("a
-        forward hook was registered on") happened to `module`; if the watch covers it and noted nothing yet."""
+        """Note that `module`'s `attribute` was `what` ("set", "deleted"), or without `attribute`, that
+        `what` ("a forward hook was registered on") happened to `module`; if the watch covers it and noted
+        nothing yet."""
         path = self._paths.get(id(module), (None,))[0]
         if path is not None and self.changed is None and not self.paused:
             self.changed = f"{what} {path or 'the model'}" if attribute is None else \
                 f"{path + '.' if path else ''}{attribute} was {what}"
 
     def check(self, module: torch.nn.Module, attributes: Sequence[tuple[str, Any]], how: str) -> None:
-        """Flag the first of `module`'s watched `attributes` that is not the object watched there, or not where it
-        was. An attribute not watched (another module's, a deep copy's) is never read: it may be a fake tensor."""
+        """Flag the first of `module`'s watched `attributes` that is not the object watched there, or not
+        where it was. An attribute not watched (another module's, a deep copy's) is never read: it may be a
+        fake tensor."""
         for name, value in attributes:
             full, watched, place = self._watched.get((id(module), name), (None, None, None))
             if full is not None and self.replaced is None and (watched is not value or _place(value) != place):
@@ -227,8 +240,8 @@ class StateWatch:
                     "pieceworks.compile")
 
     def close(self) -> None:
-        """End the watch: the hooks the trace ran go back in their tables, and modules no other watch covers get
-        their own class back."""
+        """End the watch: the hooks the trace ran go back in their tables, and modules no other watch
+        covers get their own class back."""
         _WATCHES.discard(self)
         for table, key, stand_in, gone in self._stand_ins:
             gone.detach()
