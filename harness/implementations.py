@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 import pieceworks
-from pieceworks import op_names, padded_size
+from pieceworks import batch_of, op_names, padded_size
 from pieceworks import unpad as _cut  # every tensor whose dim 0 is the padded size, cut back
 
 __all__ = ["Built", "Capabilities", "Implementation", "IMPLEMENTATIONS", "register", "resolve",
@@ -97,13 +97,6 @@ def _missing(module: str) -> ImportError | None:
     return None
 
 
-def _batch_of(args: Sequence[Any]) -> int:
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return a.shape[0]
-    raise ValueError("no tensor argument: the harness reads the batch size from dim 0 of a tensor argument")
-
-
 _STATIC_ARGUMENTS = ("{} copies arguments into static input buffers and never back: what the model writes into "
                      "its arguments stays there (models served this way write state such as a KV cache, never "
                      "their inputs)")
@@ -117,7 +110,7 @@ def _padded_server(sizes: Sequence[int], static: list[Any], replay: Callable[[in
     ordered = sorted(sizes)
 
     def serve(*args: Any) -> Any:
-        batch = _batch_of(args)
+        batch = batch_of(args)
         if (n := padded_size(ordered, batch)) is None:
             return above(*args)
         for buffer, a in zip(static, args):
@@ -302,7 +295,7 @@ class GraphedCallables(Implementation):
         seconds = time.perf_counter() - start
 
         def serve(*args: Any) -> Any:
-            return graphed.get(_batch_of(args), model)(*args)
+            return graphed.get(batch_of(args), model)(*args)
 
         return Built(serve, capture_order=sizes, capture_seconds=seconds, owner=graphed)
 

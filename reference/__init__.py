@@ -6,7 +6,8 @@ Public API: `CompilationConfig`, `CUDAGraphMode`, `compile`, `Backend`, `split_g
 (`Runtime`: `graph`, `mode`, `phase`, `pool`, `captured_sizes`, `mode_for(uniform)`, `replay_for(n,
 uniform)`), `Runtime.graph` (`CompiledGraph`: `split_module`, `pieces`, `build_seconds`, `cache_dir`), `Piece`
 (one piece and its facts), `ReplayPlan` / `FullGraph` (`batch`, `graphs`, `steps`, `run`); the rules tools
-share with the runtime: `padded_size` (the captured size a batch pads to), `compile_target` (the compiled size
+share with the runtime: `batch_of` (a call's batch size: dim 0 of its tensor arguments, which must agree),
+`padded_size` (the captured size a batch pads to), `compile_target` (the compiled size
 or range serving a batch), `unpad` (outputs cut back to the batch), `op_names` (an FX target's op names, as
 splitting ops match them), `tensors_in` (the tensors of a nested value), `pool_bytes` (a graph pool's bytes),
 `cache_key_factors` (what keys the compile cache besides graph and config). The name "pieceworks" is
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .api import CompiledModel, GlobalHookError, InputError, StateReplacedError, compile
+from .api import CompiledModel, GlobalHookError, InputError, StateReplacedError, batch_of, compile
 from .backend import Backend, CompiledGraph
 from .batch_kind import GraphSupport, declare_graph_support, is_uniform_decode, uniform_decode
 from .config import CompilationConfig, ConfigError, CUDAGraphMode, default_capture_sizes
@@ -38,7 +39,7 @@ from .values import tensors_in
 __all__ = ["Backend", "BatchSizeError", "CaptureMismatchError", "CompilationConfig", "CompilationCounter",
            "CompiledGraph", "CompiledModel", "ConfigError", "CUDAGraphMode", "FullGraph", "GlobalHookError",
            "GraphSupport", "InputError", "Phase", "Piece", "ReplayPlan", "Runtime", "StateReplacedError",
-           "cache_key_factors", "compile", "compile_target", "counters", "declare_graph_support",
+           "batch_of", "cache_key_factors", "compile", "compile_target", "counters", "declare_graph_support",
            "default_capture_sizes", "is_uniform_decode", "op_names", "padded_size", "pool_bytes", "split_graph",
            "tensors_in", "uniform_decode", "unpad"]
 
