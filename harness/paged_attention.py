@@ -47,12 +47,17 @@ log = logging.getLogger("pieceworks")
 
 
 @dataclasses.dataclass
-class Plan:
-    """The host's plan of a batch: its tokens, sequences, longest query and whether it is uniform decode."""
+class HostPlan:
+    """The host's plan of the current batch: its tokens, sequences, longest query and whether it is uniform decode.
+    Per-call data that no trace reads (the ops read it when they run): a serving record keys it by its `uuid()`,
+    the same for every batch, so a warm start with another first batch still serves from the record."""
     num_tokens: int = 0
     num_seqs: int = 0
     max_query_len: int = 1
     uniform_decode: bool = True
+
+    def uuid(self) -> str:
+        return f"{__name__}.HostPlan"
 
 
 class AttentionMetadata(nn.Module):
@@ -76,7 +81,7 @@ class AttentionMetadata(nn.Module):
         self.register_buffer("block_tables", self.host_tables.to(self.slot_mapping.device), persistent=False)
         # the host's plan of the current batch, written in place (the module's own attributes never change); plain
         # values, so that a serving record can key the model holding it
-        self.plan = Plan()
+        self.plan = HostPlan()
 
     def assign_blocks(self, seq: int, blocks: list[int]) -> None:
         """Sequence slot `seq` owns cache blocks `blocks` (in position order) from now on."""

@@ -404,10 +404,13 @@ def serving_run(r: Results, model: str, attention: str, d: dict, judged: dict[st
     host = d.get("attention_host_us", {})
     for case, h in host.items():
         if case == "decode b1":
-            per_call = [{**p, "us": 1e4 * p["tottime_s"]} for p in d.get("attention_host_profile", {}).get("top", [])]
-            judged["attention_host_us"].append((f"{name}: {h['median_us']:.1f} µs", h["median_us"], f"{name}, 100 "
-                                                "calls under cProfile, own time a call: " + _own_time(per_call, "us",
-                                                                                                       "µs")))
+            found = d.get("attention_host_profile", {})
+            calls = found.get("op_calls", 100)  # the op's calls profiled (100 where a run did not record it)
+            per_call = [{**p, "us": 1e6 * p["tottime_s"] / calls, "per_call": p["calls"] / calls}
+                        for p in found.get("top", [])]
+            judged["attention_host_us"].append((f"{name}: {h['median_us']:.1f} µs", h["median_us"], f"{name}, "
+                                                f"{calls} calls under cProfile, own time a call: "
+                                                + _own_time(per_call, "us", "µs", "per_call")))
     gaps = d.get("piecewise_launch_gaps", {})
     lines += ["Attention op host µs per call: " + ", ".join(f"{c} {h['median_us']:.1f} (IQR {h['iqr_us']:.1f})"
                                                            for c, h in host.items())
@@ -664,7 +667,8 @@ def host_line(host: dict) -> str:
     """"- host: 16 of 64 logical CPUs usable (CPU model), load average 3.1 at the start, 1 GPU visible": what
     host-bound times (eager steps, host µs) depend on."""
     return (f"- host: {host.get('cpus_usable')} of {host.get('cpus')} logical CPUs usable ({host.get('cpu_model')}), "
-            f"load average {host.get('load_average')} at the start, {host.get('gpus_visible')} GPUs visible")
+            f"load average {host.get('load_average')} at the start, {host.get('gpus_visible')} GPU"
+            f"{'' if host.get('gpus_visible') == 1 else 's'} visible")
 
 
 def render(r: Results, machine: str, source: str) -> tuple[str, Part]:

@@ -1,18 +1,20 @@
 """pieceworks: piecewise CUDA-graph compilation, the reference implementation.
 
 Public API: `CompilationConfig`, `CUDAGraphMode`, `compile`, `Backend`, `split_graph`, `counters`; batch kinds
-(batch_kind.py): `uniform_decode()` around a call marks a uniform decode batch, `declare_graph_support(op,
-...)` says what a CUDA graph around a splitting op may hold. Public view for tools: `CompiledModel.runtime`
-(`Runtime`: `graph`, `mode`, `phase`, `pool`, `captured_sizes`, `mode_for(uniform)`, `replay_for(n,
-uniform)`), `Runtime.graph` (`CompiledGraph`: `split_module`, `pieces`, `build_seconds`, `cache_dir`), `Piece`
-(one piece and its facts), `ReplayPlan` / `FullGraph` (`batch`, `graphs`, `steps`, `run`); the rules tools
-share with the runtime: `batch_of` (a call's batch size: dim 0 of its tensor arguments, which must agree),
-`padded_size` (the captured size a batch pads to), `compile_target` (the compiled size
-or range serving a batch), `unpad` (outputs cut back to the batch), `op_names` (an FX target's op names, as
-splitting ops match them), `tensors_in` (the tensors of a nested value), `pool_bytes` (a graph pool's bytes),
-`cache_key_factors` (what keys the compile cache besides graph and config). The name "pieceworks" is
-registered as a torch.compile backend: `torch.compile(model, backend="pieceworks", options={"splitting_ops":
-[...], ...})`.
+(batch_kind.py): `uniform_decode()` around a call marks a uniform decode batch,
+`declare_graph_support(op, ...)` says what a CUDA graph around a splitting op may hold.
+
+Public view for tools: `CompiledModel.runtime` (`Runtime`: `graph`, `mode`, `phase`, `pool`, `captured_sizes`,
+`mode_for(uniform)`, `replay_for(n, uniform)`), `Runtime.graph` (`CompiledGraph`: `split_module`, `pieces`,
+`build_seconds`, `cache_dir`), `Piece` (one piece and its facts), `ReplayPlan` / `FullGraph` (`batch`,
+`graphs`, `steps`, `run`); the rules tools share with the runtime: `batch_of` (a call's batch size: dim 0 of
+its tensor arguments, which must agree), `padded_size` (the captured size a batch pads to), `compile_target`
+(the compiled size or range serving a batch), `unpad` (outputs cut back to the batch), `op_names` (an FX
+target's op names, as splitting ops match them), `tensors_in` (the tensors of a nested value), `pool_bytes` (a
+graph pool's bytes), `cache_key_factors` (what keys the compile cache besides graph and config).
+
+The name "pieceworks" is registered as a torch.compile backend:
+`torch.compile(model, backend="pieceworks", options={"splitting_ops": [...], ...})`.
 """
 
 from __future__ import annotations

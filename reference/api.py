@@ -362,7 +362,7 @@ class CompiledModel:
         found = record.load(self.config, record.key_of(facts), facts)
         if found is None:
             return False
-        # the entry point's
+        # globals(): the entry point's module globals
         if (changed := record.changed_read(found.reads, self.model, globals())) is not None:
             log.info("pieceworks: %s: tracing the model instead of serving its serving record", changed)
             return False

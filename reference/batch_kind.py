@@ -11,10 +11,11 @@ read `is_uniform_decode()` and declare, with `declare_graph_support`, what a CUD
   so a FULL graph may serve any batch;
 - `UNIFORM_DECODE`: a FULL graph may serve only uniform decode batches (its launch was planned for one token
   per sequence); mixed batches run the op eagerly (PIECEWISE) or without graphs;
-- `NEVER`: the op cannot sit inside any graph: PIECEWISE (the op eager between graphs) or NONE. An op nobody
-  declared is `ALWAYS` (a FULL capture that fails still falls back, logged). Declarations are process-wide,
-  keyed by op name ("ns::op"), made before `pieceworks.compile` sees the op. Not thread-safe: one call at a
-  time, as the rest of the runtime.
+- `NEVER`: the op cannot sit inside any graph: PIECEWISE (the op eager between graphs) or NONE.
+
+An op nobody declared is `ALWAYS` (a FULL capture that fails still falls back, logged). Declarations are
+process-wide, keyed by op name ("ns::op"), made before `pieceworks.compile` sees the op. Not thread-safe: one
+call at a time, as the rest of the runtime.
 """
 
 from __future__ import annotations

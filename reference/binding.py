@@ -16,11 +16,11 @@ one call, how to build them for any later call:
 - a placeholder whose example is a parameter or buffer of the model is bound to that object once, so in-place
   updates stay visible. Replacing one (setattr, `load_state_dict(assign=True)`, a new submodule) or
   reallocating it (`.to()`, `.cuda()`, `.half()`) is seen by the model's `StateWatch` (watch.py: nothing per
-  call) and refused at the next call: the graphs still read the old memory; and the model's output is the
-  graph's outputs arranged as in the tracing call: each output tensor found by identity among the graph's
-  outputs, `None` and plain constants (numbers, strings, dtypes: what the trace baked in) kept, inside tuples,
-  lists, dicts, namedtuples, mappings (a Hugging Face `ModelOutput`, whose unset fields stay None) and
-  dataclasses (`values.children`).
+  call) and refused at the next call: the graphs still read the old memory;
+and the model's output is the graph's outputs arranged as in the tracing call: each output tensor found by
+identity among the graph's outputs, `None` and plain constants (numbers, strings, dtypes: what the trace baked
+in) kept, inside tuples, lists, dicts, namedtuples, mappings (a Hugging Face `ModelOutput`, whose unset fields
+stay None) and dataclasses (`values.children`).
 
 Anything else (a tensor the model reads from a global or a plain attribute, an output Dynamo built outside the
 graph, an object such as a KV-cache object in the output) makes `bind` return why not and the fix, and the

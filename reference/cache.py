@@ -29,8 +29,8 @@ Contracts:
   expects a folder, or a folder where it expects a file, inside the key directory is logged as corrupt and
   replaced. Each problem of a cache root (all its key folders) warns once per process, in words;
 - `prune(root, older_than_days=..., environment=...)` removes key folders unused for N days or built by
-  another torch build, GPU or Python (a key folder's mtime is its last use). POSIX only (`fcntl`). Safe across
-  processes; one `CompileCache` object is not meant to be shared by threads.
+  another torch build, GPU or Python (a key folder's mtime is its last use).
+POSIX only (`fcntl`). Safe across processes; one `CompileCache` object is not meant to be shared by threads.
 """
 
 from __future__ import annotations

@@ -259,8 +259,8 @@ class CompilationConfig:
 
     # ---- derived values -----------------------------------------------------------------------------------
     def ranges(self) -> list[tuple[int, int]]:
-        """The compile ranges as closed intervals `(lo, hi)`, in order, covering `[1,
-        max_num_batched_tokens]`."""
+        """The compile ranges as closed intervals `(lo, hi)`, in order, covering
+        `[1, max_num_batched_tokens]`."""
         top = self.max_num_batched_tokens
         ends = [e for e in self.compile_ranges if e < top] + [top]
         return list(zip([1] + [e + 1 for e in ends[:-1]], ends))

@@ -30,8 +30,8 @@ from .values import tensors_in
 
 Target = int | tuple[int, int]  # a compile size, or a closed compile range (lo, hi)
 
+# methods and ops that wait for the host
 _SYNC_OPS = {"item", "tolist", "cpu", "numpy", "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2",
-             # methods and ops that wait for the host
              "unique_consecutive", "repeat_interleave", "bincount", "histc"}
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
                       operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.setitem}

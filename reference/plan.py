@@ -14,7 +14,8 @@ per-piece batch lookup or compile-target dispatch (the runnable of this size is 
 `FullGraph` is the FULL counterpart: one replay over the whole stitching module. Both are read-only once made;
 tools read `batch`, `graphs` (the CUDA graphs, in replay order), `steps` (`Step(name, kind, run)`: kind
 "graph" or "eager"; `run(args, slots)` does one step into a list of `num_slots` slots, the k-th eager step
-writing slot k, so that a tool can time steps one by one) and `graph_outputs`. Addresses:
+writing slot k, so that a tool can time steps one by one) and `graph_outputs`.
+Addresses:
 - graph inputs: a graph reads the address it captured. When the caller guarantees them (static buffers,
   `checks=()`), nothing is checked; otherwise `check_addresses` runs once per call over the inputs the graphs
   read (`cheap_checks`: caller-owned inputs; `all_checks`: parameters and buffers too, for

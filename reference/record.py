@@ -22,7 +22,8 @@ it gives no record; a library's files edited in place, its version unchanged, ar
 the environment (torch build, Triton, Python, GPU), the config's `compute_hash`, Dynamo's configuration, the
 default dtype and autocast state, the model's module tree (each module's class with the file it was loaded
 from, and its attributes, private ones included: numbers, strings, bools, None, enums, dtypes, devices,
-functions by their code, lists, dicts and dataclasses of them, objects with `to_dict()` such as transformers
+functions by their code, lists, dicts and dataclasses of them, an object with `uuid()` by it (per-call state
+such as an attention's host plan declares a constant one), objects with `to_dict()` such as transformers
 configs), its parameters and buffers (names, shapes, strides, dtypes, devices, sharing), and the call's
 signature (`api.signature` of each argument: all but the batch size; the keywords of a call made with them).
 What the trace read outside the model's module tree and the call (module globals, closure cells, functions'

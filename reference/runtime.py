@@ -253,9 +253,8 @@ class Runtime:
         self._attempted.add((batch, uniform))
         with self._capturing() if self.phase is Phase.SERVING else contextlib.nullcontext():
             if kind is CUDAGraphMode.FULL and self.full_reason is None:
-                try:
+                try:  # a lazy capture is a served call: it puts back every mutated input
                     graph, out = self.pool.capture(split_gm, args, self.graph.mutated_inputs if self.config.lazy_capture
-                                                   # a lazy capture is a served call
                                                    else self.graph.restored_inputs)
                 except Exception as exc:  # noqa: BLE001 - a refused capture falls back, it never crashes
                     self.full_reason = f"capture failed: {type(exc).__name__}: {exc}"

@@ -120,18 +120,22 @@ def test_inductor_pieces_match_eager_for_decode_and_prefill_batches():
 
 
 @pytest.mark.parametrize("attention", ["unified", "varlen"])
-def test_the_model_can_be_keyed_for_a_serving_record(attention, caplog):
-    """Every attribute of the model, its attention metadata's host plan included, is a plain value that a serving
-    record's key can digest: a warm start serves from the record instead of tracing again."""
+def test_the_model_is_keyed_for_a_serving_record_whatever_its_current_batch(attention, caplog):
+    """The model's attributes, its attention metadata's host plan included, are values a serving record's key can
+    digest, and the plan (per-call data) by its type alone: the key is the same whatever batch is current, so a warm
+    start whose first batch differs from the cold start's serves from the record instead of tracing again."""
     from pieceworks import record
 
-    model = L.Llama(dataclasses.replace(C, attention=attention))
-    L.decode_batch(model, 3)
-    with caplog.at_level("INFO", logger="pieceworks"):
-        facts = record.model_facts(model, [], CompilationConfig(splitting_ops=model.config.splitting_ops))
-    assert facts is not None, caplog.text
-    assert facts["modules"]["attn_metadata"]["attributes"]["plan"] == {
-        "num_tokens": 3, "num_seqs": 3, "max_query_len": 1, "uniform_decode": True}
+    model, config = L.Llama(dataclasses.replace(C, attention=attention)), CompilationConfig(
+        splitting_ops=[L.ATTENTION_OPS[attention]])
+    keys = []
+    for batch in (lambda: L.decode_batch(model, 3), lambda: L.prefill_batch(model, 5, seq=1)):
+        batch()  # makes its plan current
+        with caplog.at_level("INFO", logger="pieceworks"):
+            facts = record.model_facts(model, [], config)
+        assert facts is not None, caplog.text
+        keys.append(record.key_of(facts))
+    assert model.attn_metadata.plan.num_tokens == 5 and keys[0] == keys[1]
 
 
 @pytest.mark.parametrize("layers", [1, 3])

@@ -275,7 +275,8 @@ def _explain(model: Any, built: dict, able: dict, details: dict, inputs_of: Any,
         attend = lambda: op(q, k, v, layer.k_cache, layer.v_cache, out, c.head_dim ** -0.5)  # noqa: E731
         details.setdefault("attention_host_us", {})[case] = host_time_us(attend, reps=30, calls=10)
         if case == "decode b1":  # where that host time goes
-            details["attention_host_profile"] = host_profile(lambda: [attend() for _ in range(100)], top=6)
+            details["attention_host_profile"] = {**host_profile(lambda: [attend() for _ in range(100)], top=6),
+                                                 "op_calls": 100}
     for batch in [1, 64] if "pieceworks-piecewise" in built else []:
         step = _decode_step(batch, 2)
         args = inputs_of(step)

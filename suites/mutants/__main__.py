@@ -6,7 +6,7 @@ failure, and records for each: did the tests fail (they must), the first error, 
 A run past `--timeout` (default 600 s) or ending without a failing test (a usage error, nothing collected) counts
 as SURVIVED, with the reason; one whose target tests were all skipped (a 2-GPU test on one GPU) as NO VERDICT.
 Prints `NAME: caught|SURVIVED|NO VERDICT (seconds)` per mutant as it goes, then the report, which `--out` appends to
-FILE; exit status 1 if any was not caught. On a GPU use `--profile find-only` (no shrinking: each
+FILE; exit status 1 if any survived (a mutant with no verdict is listed, not counted). On a GPU use `--profile find-only` (no shrinking: each
 shrink step compiles and captures a model).
 """
 
@@ -74,13 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         targets = {name: targets[name] for name in args.only}
     lines = [f"## {kind.upper()} mutants, {datetime.date.today()}, torch {torch.__version__}"
              + (f", {torch.cuda.get_device_name()}" if args.gpu else ""), ""]
-    survived = []
+    survived, unverified = [], []
     for name, target in targets.items():
         start = time.perf_counter()
         caught, detail = run_one(name, target, args.profile, args.timeout)
         verdict = {True: "caught", False: "SURVIVED", None: "NO VERDICT"}[caught]
         print(f"{name}: {verdict} ({time.perf_counter() - start:.0f} s)", flush=True)
-        if not caught:
+        if caught is None:
+            unverified.append(name)
+        elif not caught:
             survived.append(name)
         result = {True: "the property failed, as it must", False: "the property still passed",
                   None: "no verdict: its target did not run here"}[caught]
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with open(args.out, "a") as f:
             f.write(text + "\n")
+    if unverified:
+        print(f"no verdict (their targets did not run here): {', '.join(unverified)}")
     return 1 if survived else 0
 
 

@@ -67,13 +67,10 @@ def attention_sees_one_position_more(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(paged_attention, "KERNELS", "mutated_attention_kernels")
 
 
-@mutant("the attention metadata's host plan is an object a serving record cannot key: every warm start traces",
-        cpu="suites/test_llama.py::test_the_model_can_be_keyed_for_a_serving_record")
-def plan_unkeyable(mp: pytest.MonkeyPatch) -> None:
-    import types
-
-    mp.setattr(paged_attention, "Plan", lambda: types.SimpleNamespace(num_tokens=0, num_seqs=0, max_query_len=1,
-                                                                      uniform_decode=True))
+@mutant("the attention metadata's host plan is keyed by its values: a warm start whose first batch differs traces",
+        cpu="suites/test_llama.py::test_the_model_is_keyed_for_a_serving_record_whatever_its_current_batch")
+def plan_keyed_by_its_values(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(paged_attention.HostPlan, "uuid", None)
 
 
 @mutant("a sharded Llama layer never all-reduces its partial sums",
