@@ -44,8 +44,11 @@ def _run_startup_hook() -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["silly", "toy_llama", "llama_1b"], default="toy_llama",
-                        help="llama_1b: Llama-3.2-1B's shape in bfloat16 with the unified attention (--layers unused)")
+    parser.add_argument("--model", choices=["silly", "toy_llama", "llama_1b", "hf"], default="toy_llama",
+                        help="llama_1b: Llama-3.2-1B's shape in bfloat16 with the unified attention; hf: the "
+                        "Hugging Face causal LM of --config, called with keywords (bfloat16 on CUDA); --layers: "
+                        "ToyLlama's")
+    parser.add_argument("--config", default=None, help="--model hf: the config.json (random weights)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--batches", default="1,7,64")
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from .profile import host_profile
 
     torch.manual_seed(0)
-    splitting_ops = models.SPLITTING_OPS
+    splitting_ops, call = models.SPLITTING_OPS, lambda fn, inputs: fn(*inputs)
     if args.model == "silly":
         model, make_inputs = models.SillyModel(), lambda b: (torch.randn(b, device=args.device),)
     elif args.model == "llama_1b":  # a decode step of b sequences: the model's attention metadata filled and current
@@ -72,6 +75,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             model = llama.Llama(llama.LLAMA_1B).to(args.device, torch.bfloat16)
         make_inputs = lambda b: llama.decode_batch(model, b, device=args.device, seed=b)  # noqa: E731
         splitting_ops = model.config.splitting_ops
+    elif args.model == "hf":  # b sequences of SEQ tokens, called as transformers models are: logits compared
+        from . import hf_llama
+
+        model = hf_llama.causal_lm(args.config, args.device, torch.float32 if args.device == "cpu" else torch.bfloat16)
+        splitting_ops, call = hf_llama.SPLITTING_OPS, lambda fn, inputs: fn(**inputs, use_cache=False)
+
+        def make_inputs(b: int) -> dict:
+            ids = torch.randint(model.config.vocab_size, (b, hf_llama.SEQ), generator=torch.Generator().manual_seed(b))
+            return {"input_ids": ids.to(args.device)}
     else:
         config = models.ToyLlamaConfig(num_layers=args.layers)
         model = models.ToyLlama(config).to(args.device)
@@ -85,8 +97,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for batch in [int(b) for b in args.batches.split(",")]:
             inputs = make_inputs(batch)
             start, outs = time.perf_counter(), []
-            profile = host_profile(lambda: outs.append(compiled(*inputs)), top=10) \
-                if args.profile and first_call_s is None else outs.append(compiled(*inputs))
+            profile = host_profile(lambda: outs.append(call(compiled, inputs)), top=10) \
+                if args.profile and first_call_s is None else outs.append(call(compiled, inputs))
             out = outs[0]
             if args.device != "cpu":
                 torch.cuda.synchronize()
@@ -96,8 +108,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     estimate, report = compiled.estimate_capture()["pool_bytes"], compiled.capture()
                     capture = {"capture_seconds": report["seconds"], "capture_sizes": report["sizes"],
                                "estimate_bytes": estimate, "pool_bytes": pool_bytes(compiled.runtime.pool.handle)}
-                    out = compiled(*inputs)  # replayed
-            ref = model(*inputs)
+                    out = call(compiled, inputs)  # replayed
+            out, ref = (getattr(o, "logits", o) for o in (out, call(model, inputs)))  # a ModelOutput's logits
             if not bool(torch.isfinite(ref).all()):
                 raise RuntimeError(f"the eager model gave non-finite values at batch {batch}: nothing to compare")
             error = float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))

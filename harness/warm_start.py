@@ -1,8 +1,8 @@
 """Cold, warm, and warm on a new host: a model compiled in fresh processes, where each first call's time goes.
 
 `measure` is the compile benchmark's measurement (`bash ci/main.sh --bench '^compile'` runs it alone). Each start
-is one `pieceworks.harness.scenario` process of one `model` (ToyLlama of `layers`, or "llama_1b": the 1B's shape in
-bfloat16) compiled with Inductor, mode NONE, or PIECEWISE with every default size captured after the first call
+is one `pieceworks.harness.scenario` process of one `model` (ToyLlama of `layers`; "llama_1b": the 1B's shape in
+bfloat16; "hf": the Hugging Face causal LM of the config.json `config`, called with keywords) compiled with Inductor, mode NONE, or PIECEWISE with every default size captured after the first call
 (`capture`); batches 1, 7, 64, 300; all starts with one pieceworks cache:
 - cold: empty pieceworks cache, empty Inductor cache;
 - warm: the cold run's pieceworks cache and Inductor cache (a restart on the same host);
@@ -36,6 +36,7 @@ COUNTED = {"inductor_compiles": "inductor_compiles", "artifacts_loaded": "compil
 
 
 def measure(device: str, layers: int = 12, capture: bool = False, profile: bool = False, model: str = "toy_llama",
+            config: str | None = None,
             progress: Callable[[str], None] = functools.partial(print, file=sys.stderr, flush=True)) -> dict:
     """`{start: {...}}` for each start, in order (see the module doc): seconds of the first call and of the whole
     process; the first call split into `trace_seconds` (outside the backend: Dynamo's trace or reading the serving
@@ -45,7 +46,7 @@ def measure(device: str, layers: int = 12, capture: bool = False, profile: bool 
     `profile`, each warm start's `first_call_profile` (`profile.host_profile`) from one more start of its kind."""
     with tempfile.TemporaryDirectory(prefix="pieceworks-warm-start-", ignore_cleanup_errors=True) as work:
         args = ("--model", model, "--layers", str(layers), "--cache-dir", os.path.join(work, "cache"),
-                "--device", device, "--batches", "1,7,64,300")
+                "--device", device, "--batches", "1,7,64,300", *(("--config", config) if config else ()))
         env, unset = lambda host: {"TMPDIR": os.path.join(work, host)}, ("TORCHINDUCTOR_CACHE_DIR",)
         results = {}
         for start in STARTS:

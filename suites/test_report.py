@@ -217,16 +217,21 @@ def test_start_up_is_also_given_above_the_floor(tmp_path):
         in line
 
 
-def test_each_started_model_has_its_own_table_from_its_own_results(tmp_path):
-    """The 1B's starts (its own asv class and `compile_llama_1b.json`) make a table and a target row of their own:
-    copies of ToyLlama's results renamed and scaled, warm at 0.05× cold. Without them the 1B says "not measured"."""
+@pytest.mark.parametrize("detail, cls, title", [
+    ("compile_llama_1b", "CompileStartLlama1B", "Llama-3.2-1B's shape (bfloat16)"),
+    ("compile_user_model", "CompileStartUserModel", "a user's model (Hugging Face config.json) hf_tiny_qwen3")])
+def test_each_started_model_has_its_own_table_from_its_own_results(tmp_path, detail, cls, title):
+    """A model's starts (its own asv class and details file) make a table and a target row of their own: copies
+    of ToyLlama's results renamed and scaled, warm at 0.05× cold. Without them the model says "not measured"."""
     text = _regenerate(tmp_path / "before")
-    assert "## Start-up: cold, warm, warm on a new host: Llama-3.2-1B's shape (bfloat16)\n\nNot measured here" in text
+    assert f"## Start-up: cold, warm, warm on a new host: {title.removesuffix(' hf_tiny_qwen3')}\n\nNot measured" \
+        in text
     _regenerate(tmp_path)
     results = tmp_path / "results"
     bench = results / "bench" / MACHINE
     doc = json.loads((bench / "compile.json").read_text())
-    (bench / "compile_llama_1b.json").write_text(json.dumps({**doc, "model": "llama_1b"}))
+    (bench / f"{detail}.json").write_text(json.dumps({**doc, "model": detail.removeprefix("compile_")
+                                                      .replace("user_model", "hf_tiny_qwen3")}))
     for path in (results / "asv" / MACHINE).glob("*-*.json"):
         run = json.loads(path.read_text())
         for name in [n for n in run["results"] if n.startswith("compile.CompileStart.")]:
@@ -236,16 +241,15 @@ def test_each_started_model_has_its_own_table_from_its_own_results(tmp_path):
             if name.endswith("first_call_seconds"):
                 values["warm"] = 0.05 * values["cold"]
             copy = {**row, "result": [values[s] for s in starts]}
-            run["results"][name.replace("CompileStart.", "CompileStartLlama1B.")] = [
-                copy.get(c) for c in run["result_columns"]]
+            run["results"][name.replace("CompileStart.", f"{cls}.")] = [copy.get(c) for c in run["result_columns"]]
         path.write_text(json.dumps(run))
     text = _report(results)
-    table = text[text.index("## Start-up: cold, warm, warm on a new host: Llama-3.2-1B's shape (bfloat16)"):]
-    cold = report.load_results(str(results), MACHINE).asv["compile.CompileStartLlama1B.track_first_call_seconds"]
+    table = text[text.index(f"## Start-up: cold, warm, warm on a new host: {title}"):]
+    cold = report.load_results(str(results), MACHINE).asv[f"compile.{cls}.track_first_call_seconds"]
     assert _line(table, "| cold |").startswith(f"| cold | {cold[('cold',)]:.2f} | 1.00 |")
     assert _line(table, "| warm |").startswith(f"| warm | {cold[('warm',)]:.2f} | 0.05 |")
     assert "warm: 0.05× cold" in _line(text, "| warm start: 0 Inductor compiles, 0 traces, ≤ 10% of cold (also new "
-                                            "host; Llama-3.2-1B's shape (bfloat16)")
+                                            f"host; {title}")
 
 
 def _line(text: str, start: str) -> str:

@@ -63,6 +63,24 @@ def test_the_compile_benchmark_removes_its_folders_and_profiles_each_warm_start(
     assert hosts == {"warm": "host", "warm_new_host": "profiled-new-host"}
 
 
+@pytest.mark.parametrize("named", [None, "harness/configs/tiny-llama.json"])
+def test_the_user_model_starts_from_the_config_named_else_the_shipped_tiny_qwen3(private_tmp, monkeypatch, named):
+    seen: list[tuple] = []
+    monkeypatch.setattr(warm_start, "run_scenario", lambda *args, **kw: seen.append(args) or _stand_in_scenario(
+        *args, **kw))
+    monkeypatch.delenv("PIECEWORKS_BENCH_DETAILS", raising=False)
+    if named:
+        monkeypatch.setenv("PIECEWORKS_MODEL_CONFIG", named)
+    else:
+        monkeypatch.delenv("PIECEWORKS_MODEL_CONFIG", raising=False)
+    monkeypatch.syspath_prepend(str(REPO / "suites"))
+    from benchmarks import compile as compile_benchmark
+
+    assert set(compile_benchmark.measure("hf")) == {*warm_start.STARTS, "floor"}
+    configs = {Path(args[args.index("--config") + 1]).name for args in seen}
+    assert configs == {Path(named or "tiny-qwen3.json").name} and all(args[1] == "hf" for args in seen)
+
+
 def _python(code: str, tmp: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp)}
     env.pop("PIECEWORKS_BENCH_DIR", None)

@@ -1,5 +1,6 @@
 """Start-up: cold, warm, and warm on a new host, each start in a fresh process: ToyLlama (12 layers) on any machine,
-Llama-3.2-1B's shape (bfloat16, the unified attention) on CUDA.
+Llama-3.2-1B's shape (bfloat16, the unified attention) on CUDA, and a user's model on any machine: the Hugging Face
+causal LM of the config.json $PIECEWORKS_MODEL_CONFIG names, else of the shipped tiny Qwen3, called with keywords.
 
 Runs on the machine's serving device (CUDA where torch sees it, else the CPU) through
 `pieceworks.harness.warm_start.measure` (its module doc says what each start is and what is recorded; the same
@@ -10,7 +11,7 @@ captures the 51 default sizes (PIECEWISE) after its first call.
 Tracked: seconds of the first call, split into trace (outside the backend: Dynamo's trace, or reading the serving
 record on a warm start), load (artifacts) and compile (Inductor); seconds of the capture and of the whole process
 (imports included); Inductor compiles, artifacts loaded and Dynamo traces. Details (`compile.json`, for the report):
-all of it (`compile_llama_1b.json` for the 1B), with the estimated and the captured pool bytes, and where each
+all of it (`compile_llama_1b.json` for the 1B, `compile_user_model.json` for the user's model), with the estimated and the captured pool bytes, and where each
 warm first call's host time goes (each warm start once more, under cProfile). Targets (report): warm 0 compiles, 0 traces and <= 10% of
 cold, also on a new host."""
 
@@ -23,21 +24,40 @@ LAYERS = 12
 
 
 def measure(model: str = "toy_llama") -> dict:
-    """Every start of `model` (`{"skip": reason}` for the 1B without CUDA), its details written."""
+    """Every start of `model` (`{"skip": reason}` for the 1B without CUDA, or a user's model without
+    transformers), its details written. "hf": the config.json $PIECEWORKS_MODEL_CONFIG names, else the shipped
+    tiny Qwen3 (harness/configs/tiny-qwen3.json)."""
     import torch
 
+    from pieceworks.harness import hf_llama
     from pieceworks.harness.warm_start import measure as warm_start
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    detail = "compile" if model == "toy_llama" else f"compile_{model}"
-    if device == "cpu" and model != "toy_llama":
-        _shared.write_details(detail, {"skip": _shared.cuda_skip_reason()})
-        return {start: {"skip": _shared.cuda_skip_reason()} for start in SCENARIOS}
+    detail = {"toy_llama": "compile", "hf": "compile_user_model"}.get(model, f"compile_{model}")
+    reason = {"llama_1b": device == "cpu" and _shared.cuda_skip_reason(), "hf": hf_llama.unavailable_reason()}.get(model)
+    if reason:
+        _shared.write_details(detail, {"skip": reason})
+        return {start: {"skip": reason} for start in SCENARIOS}
+    config, name = user_model() if model == "hf" else (None, model)
     results = warm_start(device, LAYERS, capture=device == "cuda", profile=True, progress=_shared.progress,
-                         model=model)
-    _shared.write_details(detail, {"device": device, "model": model, "entries": results,
+                         model=model, config=config)
+    _shared.write_details(detail, {"device": device, "model": name, "entries": results,
                                    **({"layers": LAYERS} if model == "toy_llama" else {})})
     return results
+
+
+def user_model() -> tuple[str, str]:
+    """(path, name) of the user's model: the config.json $PIECEWORKS_MODEL_CONFIG names (`serving.model_config`),
+    else the shipped tiny Qwen3."""
+    import os
+
+    from pieceworks.harness import hf_llama
+
+    from .serving import MODEL_CONFIG, model_config
+
+    if os.environ.get(MODEL_CONFIG):
+        return model_config()
+    return str(hf_llama.CONFIGS / "tiny-qwen3.json"), "hf_tiny_qwen3"
 
 
 class CompileStart:
@@ -62,6 +82,13 @@ class CompileStartLlama1B(CompileStart):  # its own setup_cache: asv keys the ca
 
     def setup_cache(self):
         return measure("llama_1b")
+
+
+class CompileStartUserModel(CompileStart):  # its own setup_cache: asv keys the cache by where it is defined
+    timeout = 1800
+
+    def setup_cache(self):
+        return measure("hf")
 
 
 def _track(key: str, unit: str):

@@ -140,3 +140,16 @@ def report_without_host(mp: pytest.MonkeyPatch) -> None:
         cpu="suites/test_temp_folders.py::test_the_compile_benchmark_removes_its_folders_and_profiles_each_warm_start")
 def new_host_profiled_on_the_warm_host(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(warm_start, "PROFILED", {"warm": "host", "warm_new_host": "host"})
+
+
+@mutant("the user's-model start ignores $PIECEWORKS_MODEL_CONFIG and always starts the shipped tiny Qwen3",
+        cpu="suites/test_temp_folders.py::test_the_user_model_starts_from_the_config_named_else_the_shipped_tiny_qwen3")
+def user_model_ignores_the_config_named(mp: pytest.MonkeyPatch) -> None:
+    import importlib
+    from pathlib import Path
+
+    from pieceworks.harness import hf_llama
+
+    mp.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # as the benchmarks' tests import them
+    compile_benchmark = importlib.import_module("benchmarks.compile")
+    mp.setattr(compile_benchmark, "user_model", lambda: (str(hf_llama.CONFIGS / "tiny-qwen3.json"), "hf_tiny_qwen3"))
