@@ -509,7 +509,7 @@ def capture_note(r: Results, model: str, mode: str) -> str:
 
 STARTED_MODELS = {"compile": ("CompileStart", "ToyLlama 12 layers"),  # details: (asv class, model)
                   "compile_llama_1b": ("CompileStartLlama1B", "Llama-3.2-1B's shape (bfloat16)"),
-                  "compile_user_model": ("CompileStartUserModel", "a user's model (Hugging Face config.json)")}
+                  "compile_user_model": ("CompileStartUserModel", "User's model")}
 
 
 def compile_starts(r: Results) -> Part:
@@ -523,7 +523,8 @@ def compile_starts(r: Results) -> Part:
 
 def model_starts(r: Results, detail: str, cls: str, model: str) -> Part:
     details, reason = r.details.get(detail, {}), r.skip_reason(detail, needs_cuda=detail == "compile_llama_1b")
-    model += f" {details['model']}" if detail == "compile_user_model" and details.get("model") else ""
+    if detail == "compile_user_model":  # its name, when the run recorded it, and what it is
+        model += (f" {details['model']}" if details.get("model") else "") + " (a Hugging Face config.json)"
     name, title = f"compile.{cls}.track_", f"Start-up: cold, warm, warm on a new host: {model}"
     starts = {s: {**details.get("entries", {}).get(s, {}), **{k: r.value(name + k, s) for k in (
         "first_call_seconds", "process_seconds", "inductor_compiles", "artifacts_loaded")}}
