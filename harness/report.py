@@ -480,8 +480,8 @@ def memory(r: Results) -> Part:
                                  ("capture_51_vs_peer", vs_peer, f"{_fmt(vs_peer, 2)}× {fastest}"),
                                  ("capture_ms_per_size", seconds and 1e3 * seconds / 51, "")]:
                 if model in r.targets[key]["models"] and x is not None:
-                    note = "" if x <= r.limit(key) or key in ("pool_51_vs_largest", "pool_estimate_error") else \
-                        capture_note(r, model, mode)
+                    note = "" if x <= r.limit(key) or key == "pool_estimate_error" else \
+                        pool_note(f"{title} {mode}", s) if key == "pool_51_vs_largest" else capture_note(r, model, mode)
                     found[key].append((f"{title} {mode}: {text or f'{x:.1f} ms'}", x <= r.limit(key), note))
     if not part.lines:
         return not_measured("Memory and capture", r.skip_reason("memory"), targets=[r.label(key) for key in found])
@@ -489,6 +489,15 @@ def memory(r: Results) -> Part:
     for key, rows in found.items():
         part.add(target_row(r.label(key), [row[:2] for row in rows], "", "; ".join(n for *_, n in rows if n)))
     return part
+
+
+def pool_note(what: str, sizes: dict[int, dict]) -> str:
+    """Where a pool grows as sizes are added, e.g. "Llama 1B PIECEWISE: pool 54.0 MiB for the largest size, 54.0
+    for 8 sizes, 60.0 for 51 (a pool per size: 1534.0)": the smaller sizes' graphs keep memory the largest's
+    did not hold."""
+    pools = [_fmt(sizes[n]["pool_mib"]) for n in (1, 8, 51)]
+    return (f"{what}: pool {pools[0]} MiB for the largest size, {pools[1]} for 8 sizes, {pools[2]} for 51 (a pool "
+            f"per size: {_fmt(sizes[51]['unshared_pool_mib'])})")
 
 
 def capture_note(r: Results, model: str, mode: str) -> str:

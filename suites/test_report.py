@@ -272,6 +272,20 @@ def test_a_warm_start_miss_says_where_the_first_call_went(tmp_path):
     assert f"| {warm:.2f} | " in row and "0.00 |" not in row  # no breakdown recorded: no such columns
 
 
+def test_a_pool_miss_says_how_the_pool_grows_with_the_sizes(tmp_path):
+    """The pool of 51 sizes forced to twice what was measured (a miss): its row says the pool for the largest size,
+    8 sizes and 51, and the pools of one per size."""
+    name = "memory.CaptureMemory.track_{}"
+    text = _regenerate(tmp_path, scale={(name.format("pool_mib"), ("PIECEWISE", 51)): 2.0})
+    found = report.load_results(str(tmp_path / "results"), MACHINE).asv
+    pools = [found[name.format("pool_mib")][("PIECEWISE", n)] for n in (1, 8, 51)]
+    unshared = found[name.format("unshared_pool_mib")][("PIECEWISE", 51)]
+    row = _line(text, "| pool for 51 sizes")
+    assert "**missed**" in row
+    assert (f"ToyLlama 12 layers PIECEWISE: pool {pools[0]:.1f} MiB for the largest size, {pools[1]:.1f} for 8 "
+            f"sizes, {pools[2]:.1f} for 51 (a pool per size: {unshared:.1f})") in row
+
+
 def test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost(tmp_path):
     name = "memory.CaptureMemory.track_capture_seconds"
     text = _regenerate(tmp_path, scale={(name, ("PIECEWISE", 51)): 100.0})  # a miss, whatever was measured

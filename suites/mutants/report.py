@@ -153,3 +153,9 @@ def user_model_ignores_the_config_named(mp: pytest.MonkeyPatch) -> None:
     mp.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # as the benchmarks' tests import them
     compile_benchmark = importlib.import_module("benchmarks.compile")
     mp.setattr(compile_benchmark, "user_model", lambda: (str(hf_llama.CONFIGS / "tiny-qwen3.json"), "hf_tiny_qwen3"))
+
+
+@mutant("a missed pool target never says how the pool grows with the sizes",
+        cpu=_REPORT + "test_a_pool_miss_says_how_the_pool_grows_with_the_sizes")
+def report_hides_the_pool_growth(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(report, "pool_note", lambda what, sizes: "")
