@@ -347,11 +347,20 @@ def newest_factors(root: str, other_than: str, accept: Callable[[dict[str, Any]]
     for name in os.listdir(root) if os.path.isdir(root) else ():
         folder = os.path.join(root, name)
         if name != other_than and os.path.exists(os.path.join(folder, "index.json")):
-            with contextlib.suppress(OSError, ValueError):
-                factors = json.loads(Path(folder, "factors.json").read_text(encoding="utf-8"))
-                if isinstance(factors, dict) and accept(factors):
+            if (factors := read_json_dict(os.path.join(folder, "factors.json"))) and accept(factors):
+                with contextlib.suppress(OSError):
                     found.append((os.stat(folder).st_mtime, factors))
     return max(found, key=lambda f: f[0])[1] if found else None
+
+
+def read_json_dict(path: str) -> dict[str, Any]:
+    """The JSON object in the file at `path`; {} where it is missing, unreadable or not an object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def prune(root: str, older_than_days: float | None = None, environment: str | None = None) -> list[str]:

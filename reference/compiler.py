@@ -34,7 +34,7 @@ import torch
 import torch.fx
 
 from . import _compat
-from .cache import CompileCache, atomic_write
+from .cache import CompileCache, atomic_write, read_json_dict
 from .config import CompilationConfig
 from .counters import counters
 from .dispatch import find_range
@@ -239,7 +239,7 @@ def known_cpu_isa(record: str) -> Iterator[None]:
         yield
         return
     isa, config, key, allowed = found
-    known = _read_json(record)
+    known = read_json_dict(record)
     if known.get(key) == allowed:  # on every entry: a later compile of this process checks the ISA again
         with config.patch({"cpp.vec_isa_ok": True}):
             yield
@@ -266,12 +266,3 @@ def _isa_facts() -> tuple[Any, Any, str, list[str]] | None:
         return isa, config, key, allowed
     except Exception:  # noqa: BLE001 - another torch: Inductor probes as it would
         return None
-
-
-def _read_json(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            found = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
