@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--capture", action="store_true", help="PIECEWISE: estimate, then capture every size")
     parser.add_argument("--profile", action="store_true", help="the first call under cProfile")
     args = parser.parse_args(argv)
+    if args.model == "hf" and not args.config:
+        parser.error("--model hf needs --config PATH: the model's Hugging Face config.json (harness/configs/ has some)")
     import torch
 
     import pieceworks

@@ -171,3 +171,11 @@ def test_the_serving_benchmark_takes_a_config_json_and_runs_on_a_cpu_up_to_where
             torch.testing.assert_close(compiled(*args), model(*args))
     if not torch.cuda.is_available():
         assert "needs CUDA" in bench.ModelConfigUnified().setup_cache()["skip"]
+
+
+def test_a_user_model_start_without_its_config_is_a_usage_error_naming_the_fix(capsys):
+    from pieceworks.harness import scenario
+
+    with pytest.raises(SystemExit) as stopped:
+        scenario.main(["--model", "hf"])
+    assert stopped.value.code == 2 and "--model hf needs --config PATH" in capsys.readouterr().err
