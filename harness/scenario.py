@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import pkgutil
 import subprocess
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         splitting_ops=splitting_ops, cache_dir=args.cache_dir, cudagraph_mode=mode))
     before = pieceworks.counters.snapshot()
     worst, first_call_s, capture, first_call_profile = 0.0, None, {}, None
+    said = logging.Handler(logging.INFO)  # the first call's log: why a warm start traced, compiled or rebuilt
+    said.emit, first_call_log = lambda record: first_call_log.append(record.getMessage()), []
+    logging.getLogger("pieceworks").setLevel(logging.INFO)
+    logging.getLogger("pieceworks").addHandler(said)
     with torch.no_grad():
         for batch in [int(b) for b in args.batches.split(",")]:
             inputs = make_inputs(batch)
@@ -106,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 torch.cuda.synchronize()
             if first_call_s is None:  # trace (or read the serving record) and compile (or load)
                 first_call_s, first_call_profile = time.perf_counter() - start, profile
+                logging.getLogger("pieceworks").removeHandler(said)
                 if args.capture:
                     estimate, report = compiled.estimate_capture()["pool_bytes"], compiled.capture()
                     capture = {"capture_seconds": report["seconds"], "capture_sizes": report["sizes"],
@@ -120,11 +126,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     graph = compiled.runtime.graph if compiled.runtime is not None else None
     # build_seconds: where the first call's backend time went (split, load, compile); the rest is Dynamo's trace (or
     # reading the serving record) and one run of the model. capture (--capture): its seconds and sizes, and the pool
-    # bytes estimated before it and read after it. first_call_profile (--profile): `profile.host_profile`'s
+    # bytes estimated before it and read after it. first_call_profile (--profile): `profile.host_profile`'s.
+    # first_call_log: what pieceworks logged during the first call (INFO and up)
     report = {"counters": {k: after[k] - before[k] for k in after}, "first_call_s": first_call_s,
               "max_rel_error": worst, "torch": torch.__version__, "cache_dir": graph.cache_dir if graph else None,
               "build_seconds": dict(graph.build_seconds) if graph else {}, "capture": capture,
-              "first_call_profile": first_call_profile}
+              "first_call_profile": first_call_profile, "first_call_log": first_call_log}
     print(json.dumps(report))
     return report
 

@@ -41,7 +41,8 @@ def measure(device: str, layers: int = 12, capture: bool = False, profile: bool 
     """`{start: {...}}` for each start, in order (see the module doc): seconds of the first call and of the whole
     process; the first call split into `trace_seconds` (outside the backend: Dynamo's trace or reading the serving
     record, and one run), `split_seconds`, `load_seconds` and `compile_seconds`; Inductor compiles, artifacts loaded,
-    Dynamo traces and traces reused; the worst error against eager; with `capture` (CUDA), `capture_seconds` of
+    Dynamo traces and traces reused; the worst error against eager; the first call's `log` (what pieceworks
+    logged: why it traced, compiled or rebuilt kernels); with `capture` (CUDA), `capture_seconds` of
     every default capture size (PIECEWISE), their number, and the pool bytes estimated before and read after it; with
     `profile`, each warm start's `first_call_profile` (`profile.host_profile`) from one more start of its kind."""
     with tempfile.TemporaryDirectory(prefix="pieceworks-warm-start-", ignore_cleanup_errors=True) as work:
@@ -59,7 +60,8 @@ def measure(device: str, layers: int = 12, capture: bool = False, profile: bool 
             results[start] = {"first_call_seconds": first, "process_seconds": time.perf_counter() - began,
                               "trace_seconds": first - build["backend"], "max_rel_error": report["max_rel_error"],
                               **{f"{k}_seconds": build[k] for k in ("split", "load", "compile", "backend")},
-                              **{k: counters[f"num_{c}"] for k, c in COUNTED.items()}, **report["capture"]}
+                              **{k: counters[f"num_{c}"] for k, c in COUNTED.items()}, **report["capture"],
+                              "log": report["first_call_log"]}
             progress(f"compile {start}: {results[start]}")
         progress("floor: a fresh process importing torch and pieceworks")
         results["floor"] = {"process_seconds": min(floor_seconds(env("host")) for _ in range(2))}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import tempfile
 import types
 
@@ -10,6 +11,7 @@ import pytest
 
 import pieceworks.harness.profile as profile
 import pieceworks.harness.report as report
+import pieceworks.harness.scenario as scenario
 import pieceworks.harness.warm_start as warm_start
 import suites.benchmarks.code_size as code_size
 
@@ -60,6 +62,13 @@ def report_keeps_its_own_limits(mp: pytest.MonkeyPatch) -> None:
         cpu=_REPORT + "test_a_warm_start_miss_says_where_the_first_call_went")
 def report_hides_where_the_first_call_went(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(report, "first_call_note", lambda what, entry: "")
+
+
+@mutant("a start's first call keeps no log: the start-up benchmark cannot say why a warm start traced or rebuilt",
+        cpu="suites/test_cache.py::test_a_warm_start_whose_kernels_inductor_lost_counts_their_rebuilds")
+def start_keeps_no_log(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(scenario, "logging", types.SimpleNamespace(  # the handler listens to a logger pieceworks never uses
+        Handler=logging.Handler, INFO=logging.INFO, getLogger=lambda name: logging.getLogger("pieceworks-unheard")))
 
 
 @mutant("a missed capture target never says what the first size and each further graph cost",
