@@ -320,12 +320,13 @@ class _Globals(dict):
 
 def _read_back(source: str, model: Any, frame_globals: dict[str, Any]) -> Any:
     """The value at Dynamo's guard `source` now: `G[...]` the traced frame's globals, `model` the model,
-    and the few builtins Dynamo's sources call (`type`: a module's own class, watched or not, watch.py).
+    and the few builtins Dynamo's sources call (`type`: a module's own class, watched or not, watch.py;
+    `object.__getattribute__(x, name)`: a generic attribute read, as of a Hugging Face config's `__dict__`).
     The source is from a record, which is trusted as code is (see the module doc)."""
     names = {"__builtins__": {}, "G": _Globals(frame_globals), "L": {"model": model}, "model": model,
              # a served model's modules are of watched classes
              "type": lambda value: original_class(type(value)),
-             "dict": dict, "list": list, "getattr": getattr, "__import__": __import__}
+             "dict": dict, "list": list, "getattr": getattr, "__import__": __import__, "object": object}
     return eval(source, names)  # noqa: S307
 
 

@@ -9,6 +9,7 @@ import functools
 import importlib.util
 import os
 import sys
+import types
 
 import pytest
 import torch
@@ -343,6 +344,16 @@ def test_a_value_read_outside_the_model_that_changed_is_traced_again_naming_it(w
             torch.testing.assert_close(_compile(model, tmp_path / "cache")(x), 3 * x * float(value))
         if (value, traces) == ("2", 1):
             assert f"{name} is 2.0, the record's trace read 1.0" in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("source", ["object.__getattribute__(model.linear, '__dict__')",
+                                    "getattr(model.linear, '__dict__')"])
+def test_guard_sources_as_dynamo_writes_them_are_read_back(source):
+    """A guard's source in each form Dynamo writes for a read the trace made (a generic attribute read is how torch
+    2.11 reads a Hugging Face config's `__dict__`) is read back as a warm start will: the record keeps its value."""
+    model, guard = Scaled(), types.SimpleNamespace(name=source, guard_type="DICT_KEYS_MATCH", has_value=True,
+                                                   is_global=False)
+    assert record.outside_reads([guard], model, {}) == [(source, "DICT_KEYS_MATCH", sorted(vars(model.linear)))]
 
 
 def _shifted(shift):

@@ -212,6 +212,13 @@ def record_never_used(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(record, "load", lambda config, model_key, facts=None: None)
 
 
+@mutant("a guard source Dynamo writes as object.__getattribute__ cannot be read back: such a model gets no record",
+        cpu="suites/test_record.py::test_guard_sources_as_dynamo_writes_them_are_read_back")
+def record_reads_no_generic_attributes(mp: pytest.MonkeyPatch) -> None:
+    read_back = record._read_back
+    mp.setattr(record, "_read_back", lambda source, *args: read_back(source.replace("object.", "builtins."), *args))
+
+
 @mutant("a serving record is used after a traced source file changed",
         cpu=_RECORD + "test_an_edited_source_file_is_traced_again")
 def record_ignores_edited_sources(mp: pytest.MonkeyPatch) -> None:
