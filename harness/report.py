@@ -559,7 +559,10 @@ def model_starts(r: Results, detail: str, cls: str, model: str) -> Part:
     floor, above = details.get("entries", {}).get("floor", {}).get("process_seconds"), []
     if floor is not None and starts["cold"].get("process_seconds") is not None:
         over = {s: e["process_seconds"] - floor for s, e in starts.items() if e.get("process_seconds") is not None}
-        above = [f"Floor (a fresh process importing torch and pieceworks): {floor:.2f} s. Process seconds above it: "
+        primed = details["entries"]["floor"].get("bytecode_primed")
+        above = [f"Floor (a fresh process importing torch and pieceworks): {floor:.2f} s"
+                 + (" (Python bytecode cached by a priming start: this installation's was not)" if primed else "")
+                 + ". Process seconds above it: "
                  + ", ".join(f"{s} {x:.2f} s ({x / over['cold']:.2f}× cold's)" for s, x in over.items()) + ".", ""]
     return Part([f"## {title}", "", f"{model} on {details.get('device', '?')}. Trace: the first call "
                  "outside the backend (Dynamo's trace, or reading the serving record, and one run).", "",

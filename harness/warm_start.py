@@ -9,6 +9,11 @@ bfloat16; "hf": the Hugging Face causal LM of the config.json `config`, called w
 - warm_new_host: the cold run's pieceworks cache, an empty Inductor cache (the cache copied to a new host).
 The floor: a fresh process that imports torch and pieceworks and exits (the faster of two), what every start pays
 before its first call; the report gives each start's process seconds less it.
+Python bytecode is cached, as a pip install leaves it: where torch's is not (an image whose packages ship without
+`.pyc` files, often with `PYTHONDONTWRITEBYTECODE` set), the starts get a bytecode cache of their own
+(`PYTHONPYCACHEPREFIX`, the caller's where set), filled first by a priming start of the same model (its own caches,
+batch 1, not reported): otherwise every process would compile torch's sources again, about 10 s on the GPU image,
+and the cold start those its first call imports.
 A host is a temporary folder (`TMPDIR`, under which Inductor keeps its default cache) and `TORCHINDUCTOR_CACHE_DIR`
 is unset, as on a machine nobody configured: pieceworks then keeps Inductor's cache inside its own, which is what a
 new host inherits. Every folder is removed at exit.
@@ -17,6 +22,7 @@ new host inherits. Every folder is removed at exit.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import subprocess
 import sys
@@ -46,9 +52,18 @@ def measure(device: str, layers: int = 12, capture: bool = False, profile: bool 
     every default capture size (PIECEWISE), their number, and the pool bytes estimated before and read after it; with
     `profile`, each warm start's `first_call_profile` (`profile.host_profile`) from one more start of its kind."""
     with tempfile.TemporaryDirectory(prefix="pieceworks-warm-start-", ignore_cleanup_errors=True) as work:
-        args = ("--model", model, "--layers", str(layers), "--cache-dir", os.path.join(work, "cache"),
-                "--device", device, "--batches", "1,7,64,300", *(("--config", config) if config else ()))
-        env, unset = lambda host: {"TMPDIR": os.path.join(work, host)}, ("TORCHINDUCTOR_CACHE_DIR",)
+        model_args = ("--model", model, "--layers", str(layers), "--device", device,
+                      *(("--config", config) if config else ()))
+        args = (*model_args, "--cache-dir", os.path.join(work, "cache"), "--batches", "1,7,64,300")
+        bytecode = bytecode_cache(work)
+        prime = bytecode is not None
+        env = lambda host: {"TMPDIR": os.path.join(work, host), **(bytecode or {})}  # noqa: E731
+        unset = ("TORCHINDUCTOR_CACHE_DIR", *(("PYTHONDONTWRITEBYTECODE",) if prime else ()))
+        if prime:
+            progress(f"priming the bytecode cache {bytecode['PYTHONPYCACHEPREFIX']}: torch's is not cached")
+            os.makedirs(env("prime")["TMPDIR"])
+            run_scenario(*model_args, "--cache-dir", os.path.join(work, "prime-cache"), "--batches", "1",
+                         env=env("prime"), unset=unset, timeout=500)
         results = {}
         for start in STARTS:
             os.makedirs(env(HOSTS[start])["TMPDIR"], exist_ok=True)
@@ -64,7 +79,8 @@ def measure(device: str, layers: int = 12, capture: bool = False, profile: bool 
                               "log": report["first_call_log"]}
             progress(f"compile {start}: {results[start]}")
         progress("floor: a fresh process importing torch and pieceworks")
-        results["floor"] = {"process_seconds": min(floor_seconds(env("host")) for _ in range(2))}
+        results["floor"] = {"process_seconds": min(floor_seconds(env("host"), unset) for _ in range(2)),
+                            "bytecode_primed": prime}
         for start, host in PROFILED.items() if profile else ():
             # once more, under cProfile: where each warm first call goes (its times above stay unprofiled); a new
             # host is a host folder of its own again
@@ -74,9 +90,22 @@ def measure(device: str, layers: int = 12, capture: bool = False, profile: bool 
         return results
 
 
-def floor_seconds(env: dict[str, str] | None = None) -> float:
-    """Seconds of a fresh interpreter that imports torch and pieceworks and exits (`env` added to its environment)."""
+def bytecode_cached() -> bool:
+    """Whether a fresh process finds torch's bytecode cached (its `__init__`'s, where `PYTHONPYCACHEPREFIX` puts it)."""
+    return os.path.exists(importlib.util.cache_from_source(importlib.util.find_spec("torch").origin))
+
+
+def bytecode_cache(work: str) -> dict[str, str] | None:
+    """The environment giving every start one bytecode cache (the caller's `PYTHONPYCACHEPREFIX`, else one in
+    `work`), or None where torch's bytecode is cached (see the module doc)."""
+    return None if bytecode_cached() else {
+        "PYTHONPYCACHEPREFIX": os.environ.get("PYTHONPYCACHEPREFIX") or os.path.join(work, "bytecode")}
+
+
+def floor_seconds(env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> float:
+    """Seconds of a fresh interpreter that imports torch and pieceworks and exits (`env` added to its environment,
+    `unset` taken out)."""
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch, pieceworks"], env={**os.environ, **(env or {})}, check=True,
-                   timeout=300, capture_output=True)
+    subprocess.run([sys.executable, "-c", "import torch, pieceworks"], check=True, timeout=300, capture_output=True,
+                   env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset})
     return time.perf_counter() - began

@@ -46,7 +46,7 @@ def _stand_in_scenario(*args: str, env: dict | None = None, unset: tuple = (), t
         os.makedirs(os.path.join(env["TMPDIR"], "torchinductor_user"), exist_ok=True)
     return {"counters": collections.defaultdict(int), "first_call_s": 1.0, "max_rel_error": 0.0, "torch": "torch",
             "cache_dir": cache, "build_seconds": collections.defaultdict(float), "capture": {},
-            "first_call_profile": {"host": env["TMPDIR"]} if "--profile" in args else None}
+            "first_call_profile": {"host": env["TMPDIR"]} if "--profile" in args else None, "first_call_log": []}
 
 
 def test_the_compile_benchmark_removes_its_folders_and_profiles_each_warm_start(private_tmp, monkeypatch):
@@ -61,6 +61,35 @@ def test_the_compile_benchmark_removes_its_folders_and_profiles_each_warm_start(
     # each warm start is profiled once more, the new host's on a host of its own (an empty Inductor cache)
     hosts = {s: Path(results[s]["first_call_profile"]["host"]).name for s in ("warm", "warm_new_host")}
     assert hosts == {"warm": "host", "warm_new_host": "profiled-new-host"}
+
+
+@pytest.mark.parametrize("forbidden", [True, False])
+def test_where_bytecode_is_not_cached_a_priming_start_fills_a_cache_every_start_reads(private_tmp, monkeypatch,
+                                                                                       forbidden):
+    """Where torch's bytecode is not cached and PYTHONDONTWRITEBYTECODE is set (an image whose packages ship without
+    .pyc), a priming start with caches of its own runs first, and every start, the priming one included, writes and
+    reads one bytecode cache; where it is cached, the starts run as the environment says, and no priming start."""
+    monkeypatch.setattr(warm_start, "bytecode_cached", lambda: not forbidden)
+    seen: list[tuple] = []
+    monkeypatch.setattr(warm_start, "run_scenario", lambda *args, **kw: seen.append((args, kw)) or _stand_in_scenario(
+        *args, **kw))
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    if forbidden:
+        monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    else:
+        monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    results = warm_start.measure("cpu", layers=1)
+    assert results["floor"]["bytecode_primed"] is forbidden
+    caches = [args[args.index("--cache-dir") + 1] for args, _ in seen]
+    prefixes = {kw["env"].get("PYTHONPYCACHEPREFIX") for _, kw in seen}
+    assert len(seen) == len(warm_start.STARTS) + forbidden
+    if forbidden:
+        assert caches[0] not in caches[1:] and "1,7,64,300" not in seen[0][0]  # its own cache, a short run
+        assert len(prefixes) == 1 and None not in prefixes
+        assert all("PYTHONDONTWRITEBYTECODE" in kw["unset"] for _, kw in seen)
+    else:
+        assert prefixes == {None} and len(set(caches)) == 1
+    assert _left(private_tmp) == []
 
 
 @pytest.mark.parametrize("named", [None, "harness/configs/tiny-llama.json"])

@@ -71,6 +71,12 @@ def start_keeps_no_log(mp: pytest.MonkeyPatch) -> None:
         Handler=logging.Handler, INFO=logging.INFO, getLogger=lambda name: logging.getLogger("pieceworks-unheard")))
 
 
+@mutant("where torch's bytecode is not cached, every start compiles torch's sources again (no priming start)",
+        cpu="suites/test_temp_folders.py::test_where_bytecode_is_not_cached_a_priming_start_fills_a_cache_every_start_reads")
+def starts_without_bytecode_cache(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(warm_start, "bytecode_cache", lambda work: None)
+
+
 @mutant("a missed capture target never says what the first size and each further graph cost",
         cpu=_REPORT + "test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost "
         + _REPORT + "test_serving_misses_carry_their_profiles")
