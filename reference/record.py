@@ -301,6 +301,19 @@ _CALL = re.compile(r"(L\['(args|kwargs)'\]|args|kwargs)\b")
 _GLOBAL_HOOKS = re.compile(r"G\['__import_torch_dot_nn_dot_modules_dot_module'\]\._global_\w+_hooks")
 # Guards on a dict's keys alone: its keys stand for it
 KEYS_GUARDS = {"DICT_KEYS_MATCH", "DICT_NOT_CONTAINS", "DICT_CONTAINS"}
+# A value Dynamo put in the frame's globals under a name of this process (`_<id>_c<compile id>`)
+_BY_ID = re.compile(r"G\['(\w*_\d+_c\d+)'\]")
+
+
+def _portable_source(source: str, frame_globals: dict[str, Any]) -> str:
+    """`source` with each value Dynamo named by its id in this process (`_BY_ID`) named by its import, as a
+    warm start resolves it (`_Globals`); `Unkeyable` where such a value is not a module."""
+    def by_import(found: re.Match) -> str:
+        if not isinstance(module := frame_globals.get(found.group(1)), types.ModuleType):
+            raise Unkeyable(f"the trace read {_readable(source)}, a {type(module).__name__} Dynamo names by its id "
+                            f"in this process only")
+        return f"G['__import_{module.__name__.replace('.', '_dot_')}']"
+    return _BY_ID.sub(by_import, source)
 
 
 class _Globals(dict):
@@ -368,7 +381,7 @@ def outside_reads(guards: Sequence[Any] | None, model: Any,
         raise Unkeyable("Dynamo reported no guards for the trace")
     reads = []
     for guard in guards:
-        source, kind = guard.name, guard.guard_type
+        source, kind = _portable_source(guard.name, frame_globals), guard.guard_type
         if not guard.has_value or kind in _COVERED_GUARDS or _CALL.match(source) or _GLOBAL_HOOKS.match(source) or (
                 not guard.is_global and "__" not in source and _MODEL_STATE.fullmatch(source)):
             continue

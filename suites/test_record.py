@@ -356,6 +356,18 @@ def test_guard_sources_as_dynamo_writes_them_are_read_back(source):
     assert record.outside_reads([guard], model, {}) == [(source, "DICT_KEYS_MATCH", sorted(vars(model.linear)))]
 
 
+def test_a_module_dynamo_names_by_its_id_is_read_back_by_its_import():
+    """Dynamo puts some modules it reads in the frame's globals under a name holding their id in this process
+    (`_<id>_c0`): the record names such a module by its import, which a warm start resolves; a value of another kind
+    so named gets no record."""
+    guard = types.SimpleNamespace(name="G['_1234_c0'].Tensor", guard_type="ID_MATCH", has_value=True, is_global=True)
+    reads = record.outside_reads([guard], Scaled(), {"_1234_c0": torch})
+    assert [r[0] for r in reads] == ["G['__import_torch'].Tensor"]
+    assert record.changed_read(reads, Scaled(), {}) is None  # another process: no such global
+    with pytest.raises(record.Unkeyable, match="Dynamo names by its id"):
+        record.outside_reads([guard], Scaled(), {"_1234_c0": object()})
+
+
 def _shifted(shift):
     class Shifted(nn.Module):
         def forward(self, x):

@@ -219,6 +219,12 @@ def record_reads_no_generic_attributes(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(record, "_read_back", lambda source, *args: read_back(source.replace("object.", "builtins."), *args))
 
 
+@mutant("a module Dynamo names by its id is kept under that name, which no later process has",
+        cpu="suites/test_record.py::test_a_module_dynamo_names_by_its_id_is_read_back_by_its_import")
+def record_keeps_names_by_id(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "_portable_source", lambda source, frame_globals: source)
+
+
 @mutant("a serving record is used after a traced source file changed",
         cpu=_RECORD + "test_an_edited_source_file_is_traced_again")
 def record_ignores_edited_sources(mp: pytest.MonkeyPatch) -> None:
