@@ -305,7 +305,7 @@ KEYS_GUARDS = {"DICT_KEYS_MATCH", "DICT_NOT_CONTAINS", "DICT_CONTAINS"}
 _BY_ID = re.compile(r"G\['(\w*_\d+_c\d+)'\]")
 
 
-def _portable_source(source: str, frame_globals: dict[str, Any]) -> str:
+def portable_source(source: str, frame_globals: dict[str, Any]) -> str:
     """`source` with each value Dynamo named by its id in this process (`_BY_ID`) named by its import, as a
     warm start resolves it (`_Globals`); `Unkeyable` where such a value is not a module."""
     def by_import(found: re.Match) -> str:
@@ -331,7 +331,7 @@ class _Globals(dict):
         return vars(builtins) if name.startswith("__builtins_dict__") else self.frame[name]
 
 
-def _read_back(source: str, model: Any, frame_globals: dict[str, Any]) -> Any:
+def read_back(source: str, model: Any, frame_globals: dict[str, Any]) -> Any:
     """The value at Dynamo's guard `source` now: `G[...]` the traced frame's globals, `model` the model,
     and the few builtins Dynamo's sources call (`type`: a module's own class, watched or not, watch.py;
     `object.__getattribute__(x, name)`: a generic attribute read, as of a Hugging Face config's `__dict__`).
@@ -381,12 +381,12 @@ def outside_reads(guards: Sequence[Any] | None, model: Any,
         raise Unkeyable("Dynamo reported no guards for the trace")
     reads = []
     for guard in guards:
-        source, kind = _portable_source(guard.name, frame_globals), guard.guard_type
+        source, kind = portable_source(guard.name, frame_globals), guard.guard_type
         if not guard.has_value or kind in _COVERED_GUARDS or _CALL.match(source) or _GLOBAL_HOOKS.match(source) or (
                 not guard.is_global and "__" not in source and _MODEL_STATE.fullmatch(source)):
             continue
         try:  # read back as a warm start will (the guard's own value may come from a module imported before)
-            value = _read_back(source, model, frame_globals)
+            value = read_back(source, model, frame_globals)
         except Exception as exc:  # noqa: BLE001 - a source this resolution does not cover
             raise Unkeyable(f"the trace read {_readable(source)}, which a warm start cannot read back "
                             f"({type(exc).__name__}: {exc})") from None
@@ -399,7 +399,7 @@ def changed_read(reads: Sequence[tuple[str, str, Any]], model: Any, frame_global
     None."""
     for source, kind, value in reads:
         try:
-            now = stand_in(_read_back(source, model, frame_globals), kind, source)
+            now = stand_in(read_back(source, model, frame_globals), kind, source)
         except Exception as exc:  # noqa: BLE001 - a module gone, an attribute renamed: the record does not apply
             return f"{_readable(source)} cannot be read ({type(exc).__name__}: {exc})"
         if now != value:

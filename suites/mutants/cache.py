@@ -215,14 +215,14 @@ def record_never_used(mp: pytest.MonkeyPatch) -> None:
 @mutant("a guard source Dynamo writes as object.__getattribute__ cannot be read back: such a model gets no record",
         cpu="suites/test_record.py::test_guard_sources_as_dynamo_writes_them_are_read_back")
 def record_reads_no_generic_attributes(mp: pytest.MonkeyPatch) -> None:
-    read_back = record._read_back
-    mp.setattr(record, "_read_back", lambda source, *args: read_back(source.replace("object.", "builtins."), *args))
+    read_back = record.read_back
+    mp.setattr(record, "read_back", lambda source, *args: read_back(source.replace("object.", "builtins."), *args))
 
 
 @mutant("a module Dynamo names by its id is kept under that name, which no later process has",
         cpu="suites/test_record.py::test_a_module_dynamo_names_by_its_id_is_read_back_by_its_import")
 def record_keeps_names_by_id(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(record, "_portable_source", lambda source, frame_globals: source)
+    mp.setattr(record, "portable_source", lambda source, frame_globals: source)
 
 
 @mutant("a serving record is used after a traced source file changed",
