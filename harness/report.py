@@ -572,16 +572,18 @@ def model_starts(r: Results, detail: str, cls: str, model: str) -> Part:
 
 def first_call_note(what: str, entry: dict) -> str:
     """Where a start's first call went, e.g. "warm: 3.90 s = trace 1.20 + split 0.20 + load 2.10 + compile 0.00 s",
-    the top of its cProfile where the run profiled it, and what pieceworks logged in it (why it traced, compiled or
-    rebuilt kernels); "" where the run did not record the parts."""
+    the top of its cProfile where the run profiled it, and the first three lines pieceworks logged in it (why it
+    traced, compiled or rebuilt kernels; each on one line, cut to 200 characters); "" where the run did not record the
+    parts."""
     parts, profile = [entry.get(f"{k}_seconds") for k in FIRST_CALL_PARTS], entry.get("first_call_profile")
     if any(x is None for x in parts):
         return ""
-    logged = list(dict.fromkeys(entry.get("log") or []))[:3]
+    logged = [line if len(line) <= 200 else line[:199] + "…" for line in dict.fromkeys(
+        " ".join(str(message).split()).replace("|", r"\|") for message in entry.get("log") or [])][:3]
     return f"{what}: {parts[0]:.2f} s = " + " + ".join(f"{k} {x:.2f}" for k, x in zip(FIRST_CALL_PARTS[1:], parts[1:])) \
         + " s" + (f"; under cProfile ({profile['seconds']:.2f} s), own time: "
                   f"{_own_time(profile['top'], 'tottime_s', 's')}" if profile else "") \
-        + ("; pieceworks logged: " + " / ".join(f"\"{line.replace('|', '/')}\"" for line in logged) if logged else "")
+        + ("; pieceworks logged: " + " / ".join(f'"{line}"' for line in logged) if logged else "")
 
 
 HOST_COLUMNS = {"device": "device", "mode": "mode", "batch": "batch", "pieces": "pieces", "forward µs": "forward_us",

@@ -11,6 +11,7 @@ when set: a test session prepares its child processes there as it prepared itsel
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import logging
@@ -19,6 +20,7 @@ import pkgutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["CaseError", "STARTUP_HOOK", "main", "run_case", "run_scenario"]
@@ -96,22 +98,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         splitting_ops=splitting_ops, cache_dir=args.cache_dir, cudagraph_mode=mode))
     before = pieceworks.counters.snapshot()
     worst, first_call_s, capture, first_call_profile = 0.0, None, {}, None
-    said = logging.Handler(logging.INFO)  # the first call's log: why a warm start traced, compiled or rebuilt
-    said.emit, first_call_log = lambda record: first_call_log.append(record.getMessage()), []
-    logging.getLogger("pieceworks").setLevel(logging.INFO)
-    logging.getLogger("pieceworks").addHandler(said)
+    first_call_log: list[str] = []  # why a warm start traced, compiled or rebuilt kernels
     with torch.no_grad():
         for batch in [int(b) for b in args.batches.split(",")]:
             inputs = make_inputs(batch)
             start, outs = time.perf_counter(), []
-            profile = host_profile(lambda: outs.append(call(compiled, inputs)), top=10) \
-                if args.profile and first_call_s is None else outs.append(call(compiled, inputs))
+            with logged(first_call_log) if first_call_s is None else contextlib.nullcontext():
+                profile = host_profile(lambda: outs.append(call(compiled, inputs)), top=10) \
+                    if args.profile and first_call_s is None else outs.append(call(compiled, inputs))
             out = outs[0]
             if args.device != "cpu":
                 torch.cuda.synchronize()
             if first_call_s is None:  # trace (or read the serving record) and compile (or load)
                 first_call_s, first_call_profile = time.perf_counter() - start, profile
-                logging.getLogger("pieceworks").removeHandler(said)
                 if args.capture:
                     estimate, report = compiled.estimate_capture()["pool_bytes"], compiled.capture()
                     capture = {"capture_seconds": report["seconds"], "capture_sizes": report["sizes"],
@@ -134,6 +133,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "first_call_profile": first_call_profile, "first_call_log": first_call_log}
     print(json.dumps(report))
     return report
+
+
+class _Lines(logging.Handler):
+    """Keeps the message of each record it is given (INFO and up) in `lines`."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(record.getMessage())
+        except Exception:  # noqa: BLE001 - logging's own rule: a record that cannot be formatted is reported
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def logged(lines: list[str]) -> Iterator[None]:
+    """What the "pieceworks" logger emits in the block (INFO and up), appended to `lines`; its level is raised to
+    INFO for the block where it was higher, and put back."""
+    logger, handler = logging.getLogger("pieceworks"), _Lines(lines)
+    level = logger.level
+    if not logger.isEnabledFor(logging.INFO):
+        logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 class CaseError(AssertionError):

@@ -12,8 +12,8 @@ before its first call; the report gives each start's process seconds less it.
 Python bytecode is cached, as a pip install leaves it: where torch's is not (an image whose packages ship without
 `.pyc` files, often with `PYTHONDONTWRITEBYTECODE` set), the starts get a bytecode cache of their own
 (`PYTHONPYCACHEPREFIX`, the caller's where set), filled first by a priming start of the same model (its own caches,
-batch 1, not reported): otherwise every process would compile torch's sources again, about 10 s on the GPU image,
-and the cold start those its first call imports.
+batch 1, not reported). Without it every process would compile torch's sources again (seconds before its first
+call), and the cold start also those of the modules its first call imports, which the warm starts then read.
 A host is a temporary folder (`TMPDIR`, under which Inductor keeps its default cache) and `TORCHINDUCTOR_CACHE_DIR`
 is unset, as on a machine nobody configured: pieceworks then keeps Inductor's cache inside its own, which is what a
 new host inherits. Every folder is removed at exit.

@@ -301,17 +301,23 @@ _CALL = re.compile(r"(L\['(args|kwargs)'\]|args|kwargs)\b")
 _GLOBAL_HOOKS = re.compile(r"G\['__import_torch_dot_nn_dot_modules_dot_module'\]\._global_\w+_hooks")
 # Guards on a dict's keys alone: its keys stand for it
 KEYS_GUARDS = {"DICT_KEYS_MATCH", "DICT_NOT_CONTAINS", "DICT_CONTAINS"}
-# A value Dynamo put in the frame's globals under a name of this process (`_<id>_c<compile id>`)
-_BY_ID = re.compile(r"G\['(\w*_\d+_c\d+)'\]")
+# A value Dynamo put in the frame's globals under a name of this process: `_<its id>_c<compile id>`
+_BY_ID = re.compile(r"G\['(\w*?_(\d+)_c\d+)'\]")
+
+
+def _named_by_id(found: re.Match, frame_globals: dict[str, Any]) -> Any:
+    """The value `_BY_ID` found, where it is one of Dynamo's by-id names (the id is its own), else None."""
+    value = frame_globals.get(found.group(1))
+    return value if value is not None and id(value) == int(found.group(2)) else None
 
 
 def portable_source(source: str, frame_globals: dict[str, Any]) -> str:
-    """`source` with each value Dynamo named by its id in this process (`_BY_ID`) named by its import, as a
-    warm start resolves it (`_Globals`); `Unkeyable` where such a value is not a module."""
+    """`source` with each module Dynamo named by its id in this process (`_BY_ID`) named by its import, as a
+    warm start resolves it (`_Globals`); other values so named stay (`outside_reads` refuses them)."""
     def by_import(found: re.Match) -> str:
-        if not isinstance(module := frame_globals.get(found.group(1)), types.ModuleType):
-            raise Unkeyable(f"the trace read {_readable(source)}, a {type(module).__name__} Dynamo names by its id "
-                            f"in this process only")
+        module = _named_by_id(found, frame_globals)
+        if not isinstance(module, types.ModuleType) or sys.modules.get(module.__name__) is not module:
+            return found.group(0)
         return f"G['__import_{module.__name__.replace('.', '_dot_')}']"
     return _BY_ID.sub(by_import, source)
 
@@ -385,6 +391,8 @@ def outside_reads(guards: Sequence[Any] | None, model: Any,
         if not guard.has_value or kind in _COVERED_GUARDS or _CALL.match(source) or _GLOBAL_HOOKS.match(source) or (
                 not guard.is_global and "__" not in source and _MODEL_STATE.fullmatch(source)):
             continue
+        if any(_named_by_id(found, frame_globals) is not None for found in _BY_ID.finditer(source)):
+            raise Unkeyable(f"the trace read {_readable(source)}, a value Dynamo names by its id in this process only")
         try:  # read back as a warm start will (the guard's own value may come from a module imported before)
             value = read_back(source, model, frame_globals)
         except Exception as exc:  # noqa: BLE001 - a source this resolution does not cover

@@ -358,14 +358,22 @@ def test_guard_sources_as_dynamo_writes_them_are_read_back(source):
 
 def test_a_module_dynamo_names_by_its_id_is_read_back_by_its_import():
     """Dynamo puts some modules it reads in the frame's globals under a name holding their id in this process
-    (`_<id>_c0`): the record names such a module by its import, which a warm start resolves; a value of another kind
-    so named gets no record."""
-    guard = types.SimpleNamespace(name="G['_1234_c0'].Tensor", guard_type="ID_MATCH", has_value=True, is_global=True)
-    reads = record.outside_reads([guard], Scaled(), {"_1234_c0": torch})
+    (`_<id>_c0`): the record names such a module by its import, which a warm start resolves; another value so named
+    gets no record (unless its guard is one the record skips); a user's global that only looks like such a name is
+    read as any global is."""
+    def guard(name, kind="ID_MATCH"):
+        return types.SimpleNamespace(name=name, guard_type=kind, has_value=True, is_global=True)
+
+    reads = record.outside_reads([guard(f"G['_{id(torch)}_c0'].Tensor")], Scaled(), {f"_{id(torch)}_c0": torch})
     assert [r[0] for r in reads] == ["G['__import_torch'].Tensor"]
     assert record.changed_read(reads, Scaled(), {}) is None  # another process: no such global
+    value = types.SimpleNamespace(x=1)
+    by_id = {f"_{id(value)}_c0": value}
     with pytest.raises(record.Unkeyable, match="Dynamo names by its id"):
-        record.outside_reads([guard], Scaled(), {"_1234_c0": object()})
+        record.outside_reads([guard(f"G['_{id(value)}_c0'].x")], Scaled(), by_id)
+    assert record.outside_reads([guard(f"G['_{id(value)}_c0']", "TENSOR_MATCH")], Scaled(), by_id) == []
+    assert record.outside_reads([guard("G['scale_2_c1']", "EQUALS_MATCH")], Scaled(), {"scale_2_c1": 2.0}) == [
+        ("G['scale_2_c1']", "EQUALS_MATCH", 2.0)]
 
 
 def _shifted(shift):

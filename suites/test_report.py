@@ -137,7 +137,7 @@ def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
                          split_seconds=0.05 * first_call[start], load_seconds=0.2 * first_call[start],
                          compile_seconds=0.0, first_call_profile={"seconds": 6.0, "top": [
                              {"function": "codecache.py:730(torch_key)", "calls": 1, "tottime_s": 0.5,
-                              "cumtime_s": 0.6}]}, log=["pieceworks: config field x changed: tracing"])
+                              "cumtime_s": 0.6}]}, log=["pieceworks: config field x changed: tracing", "a | b\n  c"])
     details.write_text(json.dumps(doc))
     assert report.main(["--results", str(results), "--machine", MACHINE, "--no-plots"]) == 0
     return (results / "bench" / MACHINE / "REPORT.md").read_text(), first_call["warm"]
@@ -264,7 +264,7 @@ def test_a_warm_start_miss_says_where_the_first_call_went(tmp_path):
     assert "**missed**" in row
     assert (f"warm: {warm:.2f} s = trace {0.75 * warm:.2f} + split {0.05 * warm:.2f} + load {0.2 * warm:.2f} + "
             "compile 0.00 s; under cProfile (6.00 s), own time: `codecache.py:730(torch_key)` 0.50 s in 1 calls; "
-            'pieceworks logged: "pieceworks: config field x changed: tracing"') in row
+            'pieceworks logged: "pieceworks: config field x changed: tracing" / "a \\| b c"') in row
     assert f"| {0.75 * warm:.2f} | {0.05 * warm:.2f} | {0.2 * warm:.2f} | 0.00 |" in _line(text, "| warm |")
 
     text, warm = _warm_start_report(tmp_path / "without", breakdown=False)

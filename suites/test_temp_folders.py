@@ -70,6 +70,8 @@ def test_where_bytecode_is_not_cached_a_priming_start_fills_a_cache_every_start_
     .pyc), a priming start with caches of its own runs first, and every start, the priming one included, writes and
     reads one bytecode cache; where it is cached, the starts run as the environment says, and no priming start."""
     monkeypatch.setattr(warm_start, "bytecode_cached", lambda: not forbidden)
+    floors: list[tuple] = []
+    monkeypatch.setattr(warm_start, "floor_seconds", lambda env, unset: floors.append((env, unset)) or 1.0)
     seen: list[tuple] = []
     monkeypatch.setattr(warm_start, "run_scenario", lambda *args, **kw: seen.append((args, kw)) or _stand_in_scenario(
         *args, **kw))
@@ -81,12 +83,13 @@ def test_where_bytecode_is_not_cached_a_priming_start_fills_a_cache_every_start_
     results = warm_start.measure("cpu", layers=1)
     assert results["floor"]["bytecode_primed"] is forbidden
     caches = [args[args.index("--cache-dir") + 1] for args, _ in seen]
-    prefixes = {kw["env"].get("PYTHONPYCACHEPREFIX") for _, kw in seen}
+    prefixes = {kw["env"].get("PYTHONPYCACHEPREFIX") for _, kw in [*seen, *((None, {"env": e}) for e, _ in floors)]}
     assert len(seen) == len(warm_start.STARTS) + forbidden
     if forbidden:
         assert caches[0] not in caches[1:] and "1,7,64,300" not in seen[0][0]  # its own cache, a short run
         assert len(prefixes) == 1 and None not in prefixes
-        assert all("PYTHONDONTWRITEBYTECODE" in kw["unset"] for _, kw in seen)
+        assert all("PYTHONDONTWRITEBYTECODE" in unset for unset in [kw["unset"] for _, kw in seen] + [
+            u for _, u in floors])
     else:
         assert prefixes == {None} and len(set(caches)) == 1
     assert _left(private_tmp) == []
