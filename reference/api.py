@@ -120,6 +120,9 @@ def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]
 def batch_of(args: Sequence[Any], labels: Sequence[str] | None = None) -> int:
     """The batch size of a call: dim 0 of every tensor argument, which must agree (else `InputError`).
     `labels` name the arguments (default: their positions)."""
+    sizes = [a.shape[0] if a.dim() else 0 for a in args if isinstance(a, torch.Tensor)]  # per call: no dict
+    if sizes and sizes[0] >= 1 and sizes.count(sizes[0]) == len(sizes):
+        return sizes[0]
     names = labels or range(len(args))
     sizes = {names[i]: a.shape[0] if a.dim() else None for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     if None in sizes.values():
