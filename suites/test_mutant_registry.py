@@ -8,6 +8,7 @@ compiling anything.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -41,10 +42,57 @@ def test_every_target_names_an_existing_test(kind, mutant, node_id):
             f"{kind} target of {mutant}: {path} defines no test {name}")
 
 
+class _Recording(pytest.MonkeyPatch):
+    """A MonkeyPatch that keeps `(target, name, original, stand-in)` of each `setattr(target, name, value)`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replaced: list[tuple[object, str, object, object]] = []
+
+    def setattr(self, target, name, value=None, raising=True):  # noqa: ANN001 - MonkeyPatch's own signature
+        if not isinstance(target, str):
+            self.replaced.append((target, name, getattr(target, name, None), value))
+        super().setattr(target, name, value, raising)
+
+
+def stand_in_problem(original: object, stand_in: object) -> str | None:
+    """Why `stand_in` cannot be called as `original` is, with every parameter it takes, or None (also where
+    either is not a Python function: a builtin, a class, a value)."""
+    if not inspect.isfunction(original) or not callable(stand_in) or isinstance(stand_in, type):
+        return None
+    params = inspect.signature(original).parameters.values()
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keywords = {p.name: p.name for p in params if p.kind is p.KEYWORD_ONLY}
+    try:
+        inspect.signature(stand_in).bind(*positional, **keywords)
+    except ValueError:  # a builtin without a signature
+        return None
+    except TypeError as exc:
+        return f"it takes {inspect.signature(stand_in)}, the original {inspect.signature(original)}: {exc}"
+    return None
+
+
 @pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_every_mutant_patches_names_that_exist(name):
-    with pytest.MonkeyPatch.context() as mp:  # setattr raises AttributeError for a name that is gone
+def test_every_mutant_patches_names_that_exist_with_stand_ins_that_take_their_arguments(name):
+    """A stand-in that drifted from the signature it replaces "catches" by a TypeError, testing nothing."""
+    mp = _Recording()
+    try:  # setattr raises AttributeError for a name that is gone
         apply(name, mp)
+        problems = [f"{getattr(t, '__name__', t)}.{attr}: {why}" for t, attr, original, stand_in in mp.replaced
+                    if (why := stand_in_problem(original, stand_in))]
+    finally:
+        mp.undo()
+    assert not problems, f"mutant {name} replaces " + "; ".join(problems)
+
+
+def test_a_stand_in_that_takes_fewer_arguments_is_found():
+    def original(a, b, c=None, *, d=1):
+        return a
+
+    assert stand_in_problem(original, lambda a, b, c=None, *, d=1: a) is None
+    assert stand_in_problem(original, lambda *args, **kwargs: None) is None
+    assert "too many positional" in stand_in_problem(original, lambda a, b: a)
+    assert "unexpected keyword" in stand_in_problem(original, lambda a, b, c=None: a)
 
 
 def test_an_unknown_mutant_is_a_usage_error():

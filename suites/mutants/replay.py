@@ -26,7 +26,7 @@ _TP = "suites/test_tensor_parallel.py::"
         cpu=_TP + "test_ranks_that_would_capture_different_sizes_all_raise_naming_the_rank_that_differs",
         gpu="suites/test_tensor_parallel_gpu.py::test_ranks_with_other_capture_sizes_fail_fast_naming_the_rank")
 def ranks_never_compared(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(runtime, "check_ranks_agree", lambda mode, sizes: None)
+    mp.setattr(runtime, "check_ranks_agree", lambda mode, sizes, device=None: None)
 
 
 @mutant("a capture whose capture_end raised leaves the allocator routing to its pool: the process aborts at its next "
@@ -90,10 +90,10 @@ def capture_keeps_outputs(mp: pytest.MonkeyPatch) -> None:
 def capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
     original = cudagraph.CapturePool.capture
 
-    def capture(self, fn, args, mutated):
+    def capture(self, fn, args, mutated, warmups=None):
         snapshot = [a.clone() if isinstance(a, torch.nn.Parameter) else a for a in args]
         self.__dict__.setdefault("_snapshots", []).append(snapshot)  # graphs read these copies from now on
-        return original(self, fn, snapshot, mutated)
+        return original(self, fn, snapshot, mutated, warmups)
 
     mp.setattr(cudagraph.CapturePool, "capture", capture)
 
@@ -103,7 +103,8 @@ def capture_snapshots_weights(mp: pytest.MonkeyPatch) -> None:
 def warmup_writes_twice(mp: pytest.MonkeyPatch) -> None:
     original = cudagraph.CapturePool.capture
     # nothing saved before the warm-ups, nothing put back before the capture
-    mp.setattr(cudagraph.CapturePool, "capture", lambda self, fn, args, mutated: original(self, fn, args, []))
+    mp.setattr(cudagraph.CapturePool, "capture",
+               lambda self, fn, args, mutated, warmups=None: original(self, fn, args, [], warmups))
 
 
 @mutant("PIECEWISE on a graph with no splitting op captures nothing",
