@@ -19,8 +19,6 @@ The name "pieceworks" is registered as a torch.compile backend:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from .api import CompiledModel, GlobalHookError, InputError, StateReplacedError, batch_of, compile
@@ -42,13 +40,13 @@ __all__ = ["Backend", "BatchSizeError", "CaptureMismatchError", "CompilationConf
            "CompiledGraph", "CompiledModel", "ConfigError", "CUDAGraphMode", "FullGraph", "GlobalHookError",
            "GraphSupport", "InputError", "Phase", "Piece", "ReplayPlan", "Runtime", "StateReplacedError",
            "batch_of", "cache_key_factors", "compile", "compile_target", "counters", "declare_graph_support",
-           "default_capture_sizes", "is_uniform_decode", "op_names", "padded_size", "pool_bytes", "split_graph",
-           "tensors_in", "uniform_decode", "unpad"]
+           "default_capture_sizes", "is_uniform_decode", "op_names", "padded_size", "pool_bytes",
+           "split_graph", "tensors_in", "uniform_decode", "unpad"]
 
 __version__ = "0.1.0"
 
 
-def _registered_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None):
+def _registered_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None):
     """`backend="pieceworks"`: `options` are `CompilationConfig` fields."""
     return Backend(CompilationConfig(**(options or {})))(gm, example_inputs)
 

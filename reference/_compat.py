@@ -61,8 +61,8 @@ class TorchCompatError(RuntimeError):
 
 
 def _missing(feature: str) -> TorchCompatError:
-    return TorchCompatError(f"pieceworks needs {feature}, which torch {torch.__version__} does not have. pieceworks "
-                            f"supports torch 2.11-2.15. Fix: install a torch in that range")
+    return TorchCompatError(f"pieceworks needs {feature}, which torch {torch.__version__} does not have. "
+                            f"pieceworks supports torch 2.11-2.15. Fix: install a torch in that range")
 
 
 def _module(name: str, *features: str) -> Any:
@@ -73,7 +73,7 @@ def _module(name: str, *features: str) -> Any:
     except ImportError:
         raise _missing(name) from None
     for feature in features:
-        if functools.reduce(lambda owner, attr: getattr(owner, attr, None), feature.split("."), module) is None:
+        if functools.reduce(lambda obj, attr: getattr(obj, attr, None), feature.split("."), module) is None:
             raise _missing(f"{name}.{feature}")
     return module
 
@@ -87,7 +87,8 @@ def standalone_compile(gm: torch.fx.GraphModule, example_args: list[Any], dynami
 
 def load_artifact(path: str) -> Any:
     """`torch._inductor.CompiledArtifact.load(path=, format="binary")`."""
-    return _module("torch._inductor", "CompiledArtifact.load").CompiledArtifact.load(path=path, format="binary")
+    inductor = _module("torch._inductor", "CompiledArtifact.load")
+    return inductor.CompiledArtifact.load(path=path, format="binary")
 
 
 def inductor_events() -> Any:
@@ -100,7 +101,7 @@ def inductor_events() -> Any:
 def cpu_vec_isa() -> Any:
     """The module `torch._inductor.cpu_vec_isa`: Inductor's probe of the CPU's vector ISAs
     (`valid_vec_isa_list`, cached a process), the ISAs it knows and the CPU's flags (`x86_isa_checker`)."""
-    return _module("torch._inductor.cpu_vec_isa", "valid_vec_isa_list", "x86_isa_checker", "supported_vec_isa_list")
+    return _module("torch._inductor.cpu_vec_isa")
 
 
 def cpp_compiler_version() -> str:
@@ -203,8 +204,6 @@ HookHandle = _module("torch.utils.hooks", "RemovableHandle.next_id").RemovableHa
 def evaluate_at(value: Any, size: int) -> int:
     """An int, or a SymInt's expression with every free symbol set to `size` (the batch size of a static
     compile): `SymInt.node.expr` is a sympy expression."""
-    if not isinstance(value, torch.SymInt):
-        return int(value)
     return int(value.node.expr.xreplace(dict.fromkeys(value.node.expr.free_symbols, size)))
 
 

@@ -60,7 +60,7 @@ import logging
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -68,14 +68,15 @@ import torch
 from . import _compat, record
 from .backend import CompiledGraph, compile_graph, own_config
 from .batch_kind import _uniform
-from .binding import Arguments, Binder, InputError, bind
+from .binding import _FIX, Arguments, Binder, InputError, bind
 from .config import CompilationConfig, ConfigError, CUDAGraphMode
 from .counters import counters
 from .dispatch import padded_size
 from .padding import StaticInputs, batched_outputs, unpad
 from .runtime import Phase, Runtime
 from .values import cycle_rows
-from .watch import GlobalHookError, StateReplacedError, StateWatch, refuse_global_hooks  # noqa: F401 - public names
+# GlobalHookError, StateReplacedError: public names of this module
+from .watch import GlobalHookError, StateReplacedError, StateWatch, refuse_global_hooks  # noqa: F401
 
 log = logging.getLogger("pieceworks")
 
@@ -89,7 +90,8 @@ def _calling_weakly(method: Callable[..., Any]) -> Callable[..., Any]:
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if (bound := ref()) is None:
-            raise ReferenceError("pieceworks: this CompiledModel was freed. Fix: call a CompiledModel you keep")
+            raise ReferenceError("pieceworks: this CompiledModel was freed. Fix: call a CompiledModel you "
+                                 "keep")
         return bound(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = method.__name__  # what Dynamo's messages call the backend
@@ -123,21 +125,18 @@ def batch_of(args: Sequence[Any], labels: Sequence[str] | None = None) -> int:
     sizes = [a.shape[0] if a.dim() else 0 for a in args if isinstance(a, torch.Tensor)]  # per call: no dict
     if sizes and sizes[0] >= 1 and sizes.count(sizes[0]) == len(sizes):
         return sizes[0]
-    names = labels or range(len(args))
-    sizes = {names[i]: a.shape[0] if a.dim() else None for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    sizes = {i: a.shape[0] if a.dim() else None for i, a in zip(labels or range(len(args)), args)
+             if isinstance(a, torch.Tensor)}
     if None in sizes.values():
-        raise InputError(f"argument {next(i for i, size in sizes.items() if size is None)} is a 0-d tensor (shape ()): "
-                         f"pieceworks treats dim 0 of every tensor argument as the batch dimension. Fix: pass it with "
-                         f"a batch dimension, e.g. x.expand(batch) or x[None]")
+        raise InputError(f"argument {next(i for i, size in sizes.items() if size is None)} is a 0-d tensor "
+                         f"(shape ()): pieceworks treats dim 0 of every tensor argument as the batch "
+                         f"dimension. Fix: pass it with a batch dimension, e.g. x.expand(batch) or x[None]")
     if not sizes:
         raise InputError("pieceworks needs at least one tensor argument with a batch dimension (dim 0)")
     if len(set(sizes.values())) > 1:
-        raise InputError(f"tensor arguments disagree on the batch size (dim 0): {sizes}. Fix: every tensor argument "
-                         f"must have the same dim 0")
-    batch = next(iter(sizes.values()))
-    if batch < 1:
-        raise InputError(f"batch size {batch}: pieceworks serves batches of at least 1")
-    return batch
+        raise InputError(f"tensor arguments disagree on the batch size (dim 0): {sizes}. Fix: every tensor "
+                         f"argument must have the same dim 0")
+    raise InputError("batch size 0: pieceworks serves batches of at least 1")  # they agree, on 0
 
 
 def signature(a: Any) -> tuple:
@@ -151,17 +150,14 @@ def signature(a: Any) -> tuple:
 def check_arguments(args: Sequence[Any], signatures: list[tuple], labels: Sequence[str] | None = None) -> int:
     """The batch size of a call whose arguments match the first call's `signatures`; `InputError` naming the
     argument (by `labels`, default its position), what it is and what was compiled, otherwise."""
-    batch = batch_of(args, labels)
-    if len(args) != len(signatures):
-        raise InputError(f"compiled for {len(signatures)} arguments, called with {len(args)}")
-    for i, (a, want) in zip(labels or range(len(args)), zip(args, signatures)):
+    batch = batch_of(args, labels)  # as many arguments as `signatures`: `Arguments.flat` puts them in order
+    for i, a, want in zip(labels or range(len(args)), args, signatures):
         if signature(a) != want:
             expected = f"the value {want[2]!r} ({want[1].__name__})" if want[0] == "value" else \
                 f"dtype={want[0]}, device={want[1]}, rank {want[2]}, trailing shape {want[3]}"
             got = f"Tensor(shape={tuple(a.shape)}, dtype={a.dtype}, device={a.device})" \
                 if isinstance(a, torch.Tensor) else f"{a!r} ({type(a).__name__})"
-            raise InputError(f"argument {i} is {got}, but the model was compiled for {expected}. Fix: pass "
-                             f"arguments like the first call's, or compile another CompiledModel")
+            raise InputError(f"argument {i} is {got}, but the model was compiled for {expected}. {_FIX}")
     return batch
 
 
@@ -170,9 +166,9 @@ def refuse_grad(args: Sequence[Any], labels: Sequence[str] | None = None) -> Non
     compiled model serves inference only, so its output could carry no gradient where eager's would."""
     for i, a in zip(labels or range(len(args)), args):
         if isinstance(a, torch.Tensor) and a.requires_grad:
-            raise InputError(f"argument {i} requires grad and grad mode is on, but a compiled model serves inference "
-                             f"only: its output would carry no gradient. Fix: call it under torch.no_grad() or "
-                             f"torch.inference_mode(), or pass the argument's .detach()")
+            raise InputError(f"argument {i} requires grad and grad mode is on, but a compiled model serves "
+                             f"inference only: its output would carry no gradient. Fix: call it under "
+                             f"torch.no_grad() or torch.inference_mode(), or pass the argument's .detach()")
 
 
 def contiguous(args: Sequence[Any]) -> list[Any]:
@@ -212,12 +208,10 @@ class CompiledModel:
 
     def __init__(self, model: Callable[..., Any], config: CompilationConfig | None = None) -> None:
         if not callable(model):
-            raise TypeError(f"pieceworks.compile needs a callable model (an nn.Module), got {type(model).__name__}")
-        if config is not None and not isinstance(config, CompilationConfig):
-            raise TypeError(f"pieceworks.compile needs a pieceworks.CompilationConfig, got {type(config).__name__}")
-        self.model = model
-        # a frozen copy: `config` itself is frozen too (see CompilationConfig)
-        self.config = own_config(config)
+            raise TypeError(f"pieceworks.compile needs a callable model (an nn.Module), got "
+                            f"{type(model).__name__}")
+        # a frozen copy of `config` (itself frozen too, see CompilationConfig); TypeError for another type
+        self.model, self.config = model, own_config(config)
         self._dynamo_fn = self._entry()
         self._graph: CompiledGraph | None = None  # set by the backend call, once
         self._traced = Trace()  # the tracing call's facts, until `_start_serving` reads them
@@ -239,8 +233,8 @@ class CompiledModel:
         serving record checks what they read outside the model)."""
         CompiledModel._count += 1
         entry = _own_entry_point(self.model, f"pieceworks_model_{CompiledModel._count}")
-        return torch.compile(entry, backend=_calling_weakly(self._compile_graph), fullgraph=True, dynamic=False,
-                             options={"guard_filter_fn": _calling_weakly(self._drop_guards)})
+        return torch.compile(entry, backend=_calling_weakly(self._compile_graph), fullgraph=True,
+                             dynamic=False, options={"guard_filter_fn": _calling_weakly(self._drop_guards)})
 
     def _drop_guards(self, entries: Sequence[Any]) -> list[bool]:
         self._traced.guards = list(entries)
@@ -251,7 +245,8 @@ class CompiledModel:
         parameters, the same objects on every call. Raises where calls have no static buffers or go through
         Dynamo."""
         if self.static_inputs is None or self.binder is None:
-            raise RuntimeError("this model has no static buffers or calls go through Dynamo: no graph inputs to show")
+            raise RuntimeError("this model has no static buffers or calls go through Dynamo: no graph inputs "
+                               "to show")
         if n not in self._flat_by_size:
             self._flat_by_size[n] = self.binder.inputs(self.static_inputs.views(n), n)
         return self._flat_by_size[n]
@@ -261,9 +256,9 @@ class CompiledModel:
         """The backend Dynamo calls, once. While tracing on copies (a first call of batch 1), it saves what
         the tracing run is about to write in place besides the copies, for `_first_call` to put back."""
         if self._graph is not None:
-            raise RuntimeError("pieceworks: Dynamo asked to compile this model again after its first call (was "
-                               "torch._dynamo.reset() called?). A CompiledModel never compiles while serving. Fix: "
-                               "create a new CompiledModel with pieceworks.compile")
+            raise RuntimeError("pieceworks: Dynamo asked to compile this model again after its first call "
+                               "(was torch._dynamo.reset() called?). A CompiledModel never compiles while "
+                               "serving. Fix: create a new CompiledModel with pieceworks.compile")
         self._graph = compile_graph(gm, self.config)
         traced = self._traced
         traced.gm, traced.code, traced.example_inputs = gm, _compat.traced_code(), list(example_inputs)
@@ -294,12 +289,13 @@ class CompiledModel:
         self._signatures = [signature(a) for a in args]
         names = self._arguments.names
         facts = record.model_facts(self.model, [*self._signatures, *([("keywords", names)] if names else [])],
-                                   self.config) if self.config.reuse_trace and self.config.cache_active() else None
+                                   self.config) \
+            if self.config.reuse_trace and self.config.cache_active() else None
         if facts is not None and self._start_from_record(args, facts):
             return self._serve(args, batch)
         own = batch >= 2 and all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor))
-        trace_args = [(a.detach() if own else cycle_rows(a, max(batch, 2))) if isinstance(a, torch.Tensor) else a
-                      for a in args]
+        trace_args = [(a.detach() if own else cycle_rows(a, max(batch, 2))) if isinstance(a, torch.Tensor)
+                      else a for a in args]
         for a in trace_args:
             if isinstance(a, torch.Tensor):
                 torch._dynamo.mark_dynamic(a, 0)
@@ -316,7 +312,8 @@ class CompiledModel:
             if isinstance(inner, ConfigError):
                 raise inner from None
             raise
-        log.info("pieceworks: traced and compiled in %.3f s (batch %d)", time.perf_counter() - start, max(batch, 2))
+        log.info("pieceworks: traced and compiled in %.3f s (batch %d)", time.perf_counter() - start,
+                 max(batch, 2))
         if self._graph is None:
             raise RuntimeError("pieceworks: Dynamo compiled no graph for this model")
         for tensor, before in self._traced.saved:  # a run on copies: put back what else it wrote
@@ -334,10 +331,11 @@ class CompiledModel:
         ids = {id(a): k for k, a in enumerate(trace_args) if isinstance(a, torch.Tensor)}
         mutated = [ids[id(example_inputs[i])] for i in graph.mutated_inputs if id(example_inputs[i]) in ids]
         placeholders = [n for n in graph.split_module.graph.nodes if n.op == "placeholder"]
-        found = bind(self.model, placeholders, example_inputs, trace_args, graph.batch_symbols, output, graph_output)
+        found = bind(self.model, placeholders, example_inputs, trace_args, graph.batch_symbols, output,
+                     graph_output)
         if isinstance(found, str):
-            log.warning("pieceworks: every call of this model goes through Dynamo, its output rebuilt by Dynamo's "
-                        "code, not the compiled graph alone: %s", found)
+            log.warning("pieceworks: every call of this model goes through Dynamo, its output rebuilt by "
+                        "Dynamo's code, not the compiled graph alone: %s", found)
         # The output leaves cut back to the batch: graph outputs whose trace value's dim 0 is the batch
         # symbol, and tensor arguments returned as they are; nothing else (a weight of n rows is not cut at
         # padded size n). Leaves are told apart by identity, here, while the tracing call's tensors and
@@ -348,13 +346,14 @@ class CompiledModel:
         cut |= set(ids) - {id(t) for t in flat}
         binder = None if isinstance(found, str) else found
         self._serve_with(trace_args, binder, batched_outputs(output, lambda leaf: id(leaf) in cut), mutated)
-        if facts is not None and binder is not None and graph.cache_dir is not None and traced.code is not None:
+        if None not in (facts, binder, graph.cache_dir, traced.code):
             try:
                 record.save(self.config, record.key_of(facts), record.Record(
-                    _compat.pickle_graph(traced.gm), binder.describe(self.model), self.batched_outputs, mutated,
-                    record.file_digests(traced.code), record.outside_reads(traced.guards, self.model,
-                                                                             globals())), facts)
-            except Exception as exc:  # noqa: BLE001 - no record: the next process traces, as it would without one
+                    _compat.pickle_graph(traced.gm), binder.describe(self.model), self.batched_outputs,
+                    mutated, record.file_digests(traced.code),
+                    record.outside_reads(traced.guards, self.model, globals())), facts)
+            # no record: the next process traces, as it would without one
+            except Exception as exc:  # noqa: BLE001
                 log.info("pieceworks: no serving record for this model (%s: %s)", type(exc).__name__, exc)
 
     def _start_from_record(self, args: tuple, facts: dict[str, Any]) -> bool:
@@ -373,19 +372,22 @@ class CompiledModel:
             gm, fake_mode = _compat.unpickle_graph(found.graph)
             with _compat.tracing(fake_mode):
                 self._graph = compile_graph(gm, self.config)
-            self._serve_with(args, Binder.restore(found.binding, self.model), found.batched_outputs, found.mutated_args)
-        except Exception as exc:  # noqa: BLE001 - a graph this torch cannot unpickle or compile, a state name the
-            # model lacks: nothing of it is kept, and the call traces, as without a record
+            self._serve_with(args, Binder.restore(found.binding, self.model), found.batched_outputs,
+                             found.mutated_args)
+        # a graph this torch cannot unpickle or compile, a state name the model lacks: nothing of it is kept,
+        # and the call traces, as without a record
+        except Exception as exc:  # noqa: BLE001
             self._forget()
-            log.warning("pieceworks: this model's serving record could not be used (%s: %s); tracing the model",
-                        type(exc).__name__, exc)
+            log.warning("pieceworks: this model's serving record could not be used (%s: %s); tracing the "
+                        "model", type(exc).__name__, exc)
             return False
-        log.info("pieceworks: served from this model's serving record, without tracing (%.3f s in the backend)",
-                 self._graph.build_seconds["backend"])
+        log.info("pieceworks: served from this model's serving record, without tracing (%.3f s in the "
+                 "backend)", self._graph.build_seconds["backend"])
         counters.num_traces_reused += 1
         return True
 
-    def _serve_with(self, example_args: Sequence[Any], binder: Binder | None, batched: Any, mutated: list[int]) -> None:
+    def _serve_with(self, example_args: Sequence[Any], binder: Binder | None, batched: Any,
+                    mutated: list[int]) -> None:
         """The serving state over `self._graph`: binding, outputs to cut, written arguments, runtime, state
         watch and, where graphs will be captured, static buffers shaped like `example_args`."""
         self.binder, self.batched_outputs, self._mutated_args = binder, batched, mutated
@@ -411,8 +413,9 @@ class CompiledModel:
         refuse_global_hooks()
         watch.handles = _compat.HookHandle.next_id
         if watch.changed:
-            log.warning("pieceworks: %s after the first call: tracing and compiling the model again%s", watch.changed,
-                        " (its CUDA graphs are dropped: call capture() again)" if self.runtime.captured_sizes else "")
+            log.warning("pieceworks: %s after the first call: tracing and compiling the model again%s",
+                        watch.changed, " (its CUDA graphs are dropped: call capture() again)"
+                        if self.runtime.captured_sizes else "")
             self._forget()
             self._dynamo_fn = self._entry()
 
@@ -446,8 +449,9 @@ class CompiledModel:
 
     def _serve(self, args: Sequence[Any], batch: int) -> Any:
         """One call with checked `args` of batch `batch`; see the module doc for the path."""
+        # batches of this kind have graphs
         if self.static_inputs is not None and self.runtime.phase is not Phase.WAITING \
-                and self.runtime.mode_for(_uniform[0]) is not CUDAGraphMode.NONE:  # batches of this kind have graphs
+                and self.runtime.mode_for(_uniform[0]) is not CUDAGraphMode.NONE:
             n = padded_size(self.config.cudagraph_capture_sizes, batch)
             if n is not None:
                 self.static_inputs.load(args, batch)
@@ -467,7 +471,7 @@ class CompiledModel:
         no binding was proven."""
         # forward runs again: the attributes it writes are its own, not the user's changes
         if self.binder is None:
-            with _paused(self._state_watch):
+            with self._state_watch or contextlib.nullcontext():  # `with watch:` pauses it
                 return self._dynamo_call(self.static_inputs.views(n) if args is None else args)
         flat = self.graph_inputs(n) if args is None else self.binder.inputs(args, n)
         return self.binder.outputs(self.runtime.run(flat, n, static=args is None))
@@ -478,7 +482,8 @@ class CompiledModel:
         sizing its KV cache. Call after the first call and before `capture()`. Without CUDA or graphs the
         estimate is 0."""
         if self.runtime is None:
-            raise RuntimeError("call the model once before estimate_capture(): the first call traces and compiles it")
+            raise RuntimeError("call the model once before estimate_capture(): the first call traces and "
+                               "compiles it")
         with torch.no_grad():
             return self.runtime.estimate_pool(self._run, [] if self.static_inputs is None else sizes, samples)
 
@@ -495,17 +500,6 @@ class CompiledModel:
             return self.runtime.capture(self._run, [] if self.static_inputs is None else sizes)
 
 
-@contextlib.contextmanager
-def _paused(watch: StateWatch | None) -> Iterator[None]:
-    if watch is not None:
-        watch.paused = True
-    try:
-        yield
-    finally:
-        if watch is not None:
-            watch.paused = False
-
-
-def compile(model: Callable[..., Any], config: CompilationConfig | None = None) -> CompiledModel:  # noqa: A001
+def compile(model: Callable[..., Any], config: CompilationConfig | None = None) -> CompiledModel:  # noqa
     """Compile `model` piecewise with `config` (default `CompilationConfig()`); see `CompiledModel`."""
     return CompiledModel(model, config)

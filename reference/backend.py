@@ -115,7 +115,8 @@ def open_cache(split_gm: torch.fx.GraphModule, fakes: list[Any], pieces: Sequenc
             try:
                 explain_cache_miss(cache.root, key, factors)
             except Exception as exc:  # noqa: BLE001 - an explanation must never fail the compile
-                log.debug("pieceworks: no explanation of the compile-cache miss (%s: %s)", type(exc).__name__, exc)
+                log.debug("pieceworks: no explanation of the compile-cache miss (%s: %s)",
+                          type(exc).__name__, exc)
     return cache
 
 
@@ -130,10 +131,10 @@ def explain_cache_miss(root: str, key: str, factors: dict[str, Any]) -> None:
     last = newest_factors(root, key, lambda found: found.get("graph") == factors["graph"])
     if last is None or (change := first_change(readable(last), readable(as_json(factors)))) is None:
         return
-    what = "the global Inductor configuration (torch._inductor.config) changed" if change[0] == "inductor" else \
-        describe_change(change)
-    log.info("pieceworks: compiling this graph again: its compile-cache key changed since its newest entries were "
-             "stored: %s", what)
+    what = ("the global Inductor configuration (torch._inductor.config) changed" if change[0] == "inductor"
+            else describe_change(change))
+    log.info("pieceworks: compiling this graph again: its compile-cache key changed since its newest entries "
+             "were stored: %s", what)
 
 
 def compile_graph(gm: torch.fx.GraphModule, config: CompilationConfig) -> CompiledGraph:
@@ -142,15 +143,15 @@ def compile_graph(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compil
     counters.num_graphs_seen += 1
     fakes = list(traced_args(gm))
     if fake_mode_of(fakes) is None:
-        raise RuntimeError("pieceworks needs a graph traced by Dynamo (placeholders carry FakeTensor example values)")
+        raise RuntimeError("pieceworks needs a graph traced by Dynamo (placeholders carry FakeTensor example "
+                           "values)")
     check_splitting_ops(config.splitting_ops)
-    absent = absent_splitting_ops(gm, config.splitting_ops)
-    if absent:
+    if absent := absent_splitting_ops(gm, config.splitting_ops):
         # (name, overload) of each op called
         ops = {op_identity(node.target) for node in gm.graph.nodes} - {None}
         called = sorted({name for name, _ in ops if not name.startswith(("aten::", "prims::"))})
-        log.warning("pieceworks: splitting ops %s are registered but never called in the traced graph, so they split "
-                    "nothing (the graph calls %s)", absent, called or "no custom op")
+        log.warning("pieceworks: splitting ops %s are registered but never called in the traced graph, so "
+                    "they split nothing (the graph calls %s)", absent, called or "no custom op")
     written = tuple(sorted(mutated_inputs(gm)))
     splitting = set(config.splitting_ops)
     restored = tuple(sorted(mutated_inputs(gm, lambda node: is_splitting_op(node, splitting))))
@@ -164,7 +165,8 @@ def compile_graph(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compil
     outputs = tuple(example_value(n) if isinstance(n, torch.fx.Node) else None
                     for n in (output if isinstance(output, (tuple, list)) else (output,)))
     seconds = {"split": time.perf_counter() - start}
-    log.info("pieceworks split: %d pieces, %d compiled, in %.3f s", len(pieces), len(compiled), seconds["split"])
+    log.info("pieceworks split: %d pieces, %d compiled, in %.3f s", len(pieces), len(compiled),
+             seconds["split"])
 
     start = time.perf_counter()
     cache = open_cache(split_gm, fakes, pieces, config)
@@ -180,5 +182,5 @@ def compile_graph(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compil
              compiler.compiled, compiler.loaded, compiler.shared, seconds["pieces"], seconds["load"])
     symbols = batch_symbols(gm)
     seconds["backend"] = time.perf_counter() - build_start
-    return CompiledGraph(split_gm, tuple(pieces), tuple(fakes), symbols, batch_position(fakes, symbols), written,
-                         restored, outputs, seconds, cache.directory if cache is not None else None)
+    return CompiledGraph(split_gm, tuple(pieces), tuple(fakes), symbols, batch_position(fakes, symbols),
+                         written, restored, outputs, seconds, cache.directory if cache is not None else None)

@@ -39,19 +39,18 @@ _uniform = [False]  # the current call's kind; a list so that the context manage
 
 def declare_graph_support(op: str, support: GraphSupport | str) -> None:
     """Declare what a CUDA graph around splitting op `op` ("ns::op") may hold; see the module doc."""
-    if isinstance(support, str) and support.upper() in GraphSupport.__members__:
-        support = GraphSupport[support.upper()]
+    if isinstance(support, str):
+        support = GraphSupport.__members__.get(support.upper(), support)
     if not isinstance(support, GraphSupport) or "::" not in op or "." in op.partition("::")[2]:
-        raise ValueError(f"declare_graph_support({op!r}, {support!r}): expected an op packet name 'ns::op' and one "
-                         f"of {list(GraphSupport.__members__)}")
+        raise ValueError(f"declare_graph_support({op!r}, {support!r}): expected an op packet name 'ns::op' "
+                         f"and one of {list(GraphSupport.__members__)}")
     _declared[op] = support
 
 
 def graph_support(ops: set[str] | frozenset[str]) -> tuple[GraphSupport, str | None]:
     """The least support declared among `ops` (names "ns::op"), and the op that sets it (None: all
     `ALWAYS`)."""
-    least = min(((_declared.get(op, GraphSupport.ALWAYS), op) for op in sorted(ops)), default=(GraphSupport.ALWAYS,
-                                                                                                None))
+    least = min(((_declared[op], op) for op in ops if op in _declared), default=(GraphSupport.ALWAYS, None))
     return least if least[0] is not GraphSupport.ALWAYS else (GraphSupport.ALWAYS, None)
 
 

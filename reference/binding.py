@@ -41,8 +41,23 @@ import torch.fx
 from ._compat import example_value, symbol_name
 from .values import tree_map
 
-_ARG, _BATCH, _BOUND = 0, 1, 2
-_POSITIONAL, _KEYWORD, _DEFAULT = 0, 1, 2
+
+
+class Source(enum.IntEnum):
+    """Where a graph input comes from (`Binder.sources`): a call argument, the batch size, or a tensor of
+    the model's own (a parameter or buffer)."""
+
+    ARG, BATCH, BOUND = range(3)
+
+
+class Place(enum.IntEnum):
+    """Where a call holds a parameter's value (`Arguments`): a position, a keyword, or the default."""
+
+    POSITIONAL, KEYWORD, DEFAULT = range(3)
+
+
+_ARG, _BATCH, _BOUND = Source  # the call path's names
+_POSITIONAL, _KEYWORD, _DEFAULT = Place
 
 
 class InputError(ValueError):
@@ -59,7 +74,7 @@ class Arguments:
     call again."""
 
     def __init__(self, fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        self.fn, self.count, self.names, self.keys = fn, len(args), tuple(sorted(kwargs)), kwargs.keys() | set()
+        self.fn, self.count, self.names, self.keys = fn, len(args), tuple(sorted(kwargs)), set(kwargs)
         self.labels = [*map(str, range(len(args))), *self.names]
         self._forms: dict[tuple, tuple[list, list]] = {}
 
@@ -74,8 +89,8 @@ class Arguments:
             value = args[where] if kind == _POSITIONAL else kwargs[where]
             if value is not default and (type(value) is not type(default) or isinstance(value, torch.Tensor)
                                          or value != default):
-                raise InputError(f"argument {label} is {value!r:.80}, but the model was compiled with its default "
-                                 f"{default!r}: the first call left it out. {_FIX}")
+                raise InputError(f"argument {label} is {value!r:.80}, but the model was compiled with its "
+                                 f"default {default!r}: the first call left it out. {_FIX}")
         return [args[w] if k == _POSITIONAL else (kwargs[w] if k == _KEYWORD else w) for k, w in sources]
 
     def split(self, flat: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -86,28 +101,30 @@ class Arguments:
         parameter's default); and the call's arguments the first call left to defaults."""
         signature = inspect.signature(self.fn)
         called = f"compiled for {_form(self.count, self.names)}, called with {_form(count, names)}"
-        first, now = (_bound(signature, n, keys, called) for n, keys in ((self.count, self.names), (count, names)))
+        first = _bound(signature, self.count, self.names, called)  # where the first call had each value
+        now = _bound(signature, count, names, called)
         default = {key: signature.parameters[key].default if isinstance(key, str) else inspect.Parameter.empty
                    for key in {*first, *now}}
         for key in [k for k in first if k not in now] + [k for k in now if k not in first]:
             if default[key] is inspect.Parameter.empty:
-                raise InputError(f"{called}: argument {_label(key)} " + ("is missing, but the first call passed it"
-                                 if key in first else "was not passed in the first call") + f". {_FIX}")
-        place = {(_POSITIONAL, i): i for i in range(self.count)} | {
-            (_KEYWORD, name): self.count + i for i, name in enumerate(self.names)}
-        return ([now.get(key, (_DEFAULT, default[key])) for key in sorted(first, key=lambda k: place[first[k]])],
+                raise InputError(f"{called}: argument {_label(key)} "
+                                 + ("is missing, but the first call passed it" if key in first
+                                    else "was not passed in the first call") + f". {_FIX}")
+        # the first call's places sort in its flat order: (_POSITIONAL, i) by i, then (_KEYWORD, name) by name
+        return ([now.get(key, (_DEFAULT, default[key])) for key in sorted(first, key=first.get)],
                 [(*now[key], default[key], _label(key)) for key in now if key not in first])
 
 
-def _bound(signature: inspect.Signature, count: int, names: Sequence[str], called: str) -> dict[Any, tuple[int, Any]]:
+def _bound(signature: inspect.Signature, count: int, names: Sequence[str],
+           called: str) -> dict[Any, tuple[int, Any]]:
     """Per parameter (a `*args` item by (name, index), a `**kwargs` entry by (name, key)), where a call of
     `count` positional arguments and keywords `names` has its value: (_POSITIONAL, index) or (_KEYWORD,
     name)."""
     try:
         bound = signature.bind(*[(_POSITIONAL, i) for i in range(count)], **{k: (_KEYWORD, k) for k in names})
     except TypeError as exc:
-        raise InputError(f"{called}: {exc}: the model's forward{signature} does not take them. Fix: call the model "
-                         f"with arguments its forward takes") from None
+        raise InputError(f"{called}: {exc}: the model's forward{signature} does not take them. Fix: call the "
+                         f"model with arguments its forward takes") from None
     found = {}
     for name, value in bound.arguments.items():
         kind = signature.parameters[name].kind
@@ -133,8 +150,7 @@ class Binder:
     constant is a `Constant`)."""
 
     def __init__(self, sources: list[tuple[int, Any]], template: Any) -> None:
-        self.sources = sources
-        self.template = template
+        self.sources, self.template = sources, template
 
     def inputs(self, args: Sequence[Any], batch: int) -> list[Any]:
         return [args[v] if kind == _ARG else (batch if kind == _BATCH else v) for kind, v in self.sources]
@@ -142,7 +158,7 @@ class Binder:
     def outputs(self, flat: Sequence[Any]) -> Any:
         if type(self.template) is int:
             return flat[self.template]
-        return tree_map(lambda k: flat[k] if type(k) is int else (None if k is None else k.value), self.template)
+        return tree_map(lambda k: flat[k] if type(k) is int else getattr(k, "value", None), self.template)
 
     def describe(self, model: Any) -> tuple[list[tuple[int, Any]], Any]:
         """`(sources, template)` in plain values, bound tensors named by their parameter or buffer name in
@@ -179,14 +195,15 @@ def _state(model: Any) -> list[tuple[str, torch.Tensor]]:
     return [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
 
 
-def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequence[Any], call_args: Sequence[Any],
-         batch_symbols: set[str], call_output: Any, graph_output: Any) -> Binder | str:
+def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequence[Any],
+         call_args: Sequence[Any], batch_symbols: set[str], call_output: Any,
+         graph_output: Any) -> Binder | str:
     """A `Binder` for the graph traced from `model(*call_args)` (see the module doc), or why it cannot be
     proven."""
     if len(placeholders) != len(example_inputs):
         return f"{len(placeholders)} graph inputs but {len(example_inputs)} example inputs"
     by_id = {id(a): k for k, a in enumerate(call_args) if isinstance(a, torch.Tensor)}
-    state = {id(t) for t in (*model.parameters(), *model.buffers())} if isinstance(model, torch.nn.Module) else set()
+    state = {id(t) for _, t in _state(model)}
     sources: list[tuple[int, Any]] = []
     for node, example in zip(placeholders, example_inputs):
         if isinstance(example, torch.Tensor) and id(example) in by_id:
@@ -196,9 +213,9 @@ def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequ
         elif isinstance(example, torch.Tensor) and id(example) in state:
             sources.append((_BOUND, example))
         else:
-            return (f"graph input {node.name} is neither a call argument, a parameter or buffer of the model, nor the "
-                    f"batch size. Fix: make the tensor a parameter or buffer of the model (register_buffer), or pass "
-                    f"it as an argument")
+            return (f"graph input {node.name} is neither a call argument, a parameter or buffer of the "
+                    f"model, nor the batch size. Fix: make the tensor a parameter or buffer of the model "
+                    f"(register_buffer), or pass it as an argument")
     if not isinstance(graph_output, (tuple, list)):
         return "the graph did not return a tuple"
     index = {id(t): k for k, t in enumerate(graph_output) if isinstance(t, torch.Tensor)}
@@ -215,7 +232,8 @@ def bind(model: Any, placeholders: Sequence[torch.fx.Node], example_inputs: Sequ
 
     template = tree_map(leaf, call_output)
     if problems:
-        return (f"the model's output holds values that are not graph outputs ({', '.join(problems)}). Fix: return "
-                f"tensors the model computes, None and constants, in tuples, lists, dicts, dataclasses or mappings (a "
-                f"Hugging Face model: call it with use_cache=False, so that no cache object is returned)")
+        return (f"the model's output holds values that are not graph outputs ({', '.join(problems)}). Fix: "
+                f"return tensors the model computes, None and constants, in tuples, lists, dicts, "
+                f"dataclasses or mappings (a Hugging Face model: call it with use_cache=False, so that no "
+                f"cache object is returned)")
     return Binder(sources, template)

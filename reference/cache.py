@@ -89,13 +89,15 @@ def parse_index(data: bytes) -> dict[str, dict[str, Any]]:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CacheIndexError(f"not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION or not isinstance(doc.get("entries"), dict):
+    if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION or \
+            not isinstance(doc.get("entries"), dict):
         raise CacheIndexError(f"not a version-{INDEX_VERSION} pieceworks index")
     # known fields of the right types, a plain file name in `artifacts/`
     for name, entry in doc["entries"].items():
         if not (isinstance(entry, dict) and _REQUIRED <= set(entry) <= _REQUIRED | set(CLAIM_FIELDS)
-                and all(isinstance(v, str) for k, v in entry.items() if k != "bytes") and type(entry["bytes"]) is int
-                and os.path.basename(entry["file"]) == entry["file"] and entry["file"][:1] not in ("", ".")):
+                and all(isinstance(v, str) for k, v in entry.items() if k != "bytes")
+                and type(entry["bytes"]) is int and os.path.basename(entry["file"]) == entry["file"]
+                and entry["file"][:1] not in ("", ".")):
             raise CacheIndexError(f"entry {name!r} is malformed: {entry!r}")
     if doc.get("sha256") != entries_digest(doc["entries"]):
         raise CacheIndexError("its entries do not match its SHA-256 (edited or garbled)")
@@ -174,10 +176,11 @@ class CompileCache:
     """
 
     def __init__(self, root: str, key: str, factors: dict[str, Any] | None = None) -> None:
-        self.root = os.path.abspath(os.fspath(root))
+        self.root = os.path.abspath(root)
         self.directory = os.path.join(self.root, key)
         self.artifact_dir, self.lock_dir, self.index_path, self.lock_path, self.factors_path = (
-            os.path.join(self.directory, n) for n in ("artifacts", "locks", "index.json", "index.lock", "factors.json"))
+            os.path.join(self.directory, n)
+            for n in ("artifacts", "locks", "index.json", "index.lock", "factors.json"))
         self.writable = True
         self._make_folder(self.directory, "a file where the cache folder belongs")  # OSError: unusable
         try:  # a read-only cache raises here, at the probe
@@ -206,10 +209,11 @@ class CompileCache:
         try:
             return cls(root, key, factors)
         except OSError as exc:
-            path = os.path.join(os.path.abspath(os.fspath(root)), key)
-            _warn_once("unusable", os.path.dirname(path), "pieceworks compile cache %s is unusable (%s); compiling without the cache. "
-                       "Fix: point CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR at a writable folder, or set "
-                       "PIECEWORKS_DISABLE_CACHE=1 to run uncached without this warning", path, _reason(exc))
+            path = os.path.join(os.path.abspath(root), key)
+            _warn_once("unusable", os.path.dirname(path), "pieceworks compile cache %s is unusable (%s); "
+                       "compiling without the cache. Fix: point CompilationConfig.cache_dir or "
+                       "PIECEWORKS_CACHE_DIR at a writable folder, or set PIECEWORKS_DISABLE_CACHE=1 to run "
+                       "uncached without this warning", path, _reason(exc))
             return None
 
     # ---- set-up -------------------------------------------------------------------------------------------
@@ -220,16 +224,16 @@ class CompileCache:
         os.makedirs(path, exist_ok=True)
 
     def replace_corrupt(self, path: str, what: str) -> None:
-        log.warning("pieceworks cache: %s is %s (a corrupt cache); removing it, its entries will be recompiled",
-                    path, what)
+        log.warning("pieceworks cache: %s is %s (a corrupt cache); removing it, its entries will be "
+                    "recompiled", path, what)
         _remove(path)
 
     def mark_read_only(self, exc: BaseException) -> None:
         self.writable = False
         _warn_once("read-only", self.root, "pieceworks compile cache %s cannot be written (%s): loading the "
-                   "valid artifacts it holds and compiling the rest in memory, without saving them. Fix: make it "
-                   "writable, point CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR elsewhere, or set "
-                   "PIECEWORKS_DISABLE_CACHE=1", self.root, _reason(exc))
+                   "valid artifacts it holds and compiling the rest in memory, without saving them. Fix: "
+                   "make it writable, point CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR elsewhere, "
+                   "or set PIECEWORKS_DISABLE_CACHE=1", self.root, _reason(exc))
 
     @property
     def inductor_dir(self) -> str | None:
@@ -237,7 +241,8 @@ class CompileCache:
         the pieceworks cache carries the kernels a warm start would otherwise rebuild (C++ libraries on
         CPU). None when the cache is read-only (Inductor must write) or `TORCHINDUCTOR_CACHE_DIR` names a
         folder of the user's choosing (it wins, as in SGLang)."""
-        return os.path.join(self.root, "inductor") if self.writable and not _user_chose_inductor_dir() else None
+        own = self.writable and not _user_chose_inductor_dir()
+        return os.path.join(self.root, "inductor") if own else None
 
     # ---- locks --------------------------------------------------------------------------------------------
     def _lock_file(self, path: str) -> BinaryIO | None:
@@ -253,13 +258,15 @@ class CompileCache:
         lock = self._lock_file(self.lock_path)
         if lock is None and exclusive:
             raise PermissionError(f"cannot open the index lock {self.lock_path}")
-        return _flocked(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) if lock else contextlib.nullcontext()
+        operation = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        return _flocked(lock, operation) if lock else contextlib.nullcontext()
 
     def entry_lock(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Hold entry `name`'s exclusive lock across processes (while compiling and storing it), so that
         processes missing the same entry take turns: the first compiles and stores it, the others then find
         it. A no-op when the cache is read-only."""
-        lock = self._lock_file(os.path.join(self.lock_dir, artifact_stem(name) + ".lock")) if self.writable else None
+        path = os.path.join(self.lock_dir, artifact_stem(name) + ".lock")
+        lock = self._lock_file(path) if self.writable else None
         return _flocked(lock, fcntl.LOCK_EX, waiting_for=name) if lock else contextlib.nullcontext()
 
     # ---- reading ------------------------------------------------------------------------------------------
@@ -271,8 +278,8 @@ class CompileCache:
         except FileNotFoundError:
             return {}
         except (OSError, CacheIndexError) as exc:
-            _warn_once("index", self.index_path, "pieceworks cache index %s is unreadable (%s); ignoring it and "
-                       "recompiling", self.index_path, _reason(exc))
+            _warn_once("index", self.index_path, "pieceworks cache index %s is unreadable (%s); ignoring it "
+                       "and recompiling", self.index_path, _reason(exc))
             return {}
 
     def load(self, name: str, loader: Callable[[str], Any], claim: dict[str, str] | None = None,
@@ -333,13 +340,13 @@ class CompileCache:
             if isinstance(exc, OSError):  # the cache cannot be written
                 self.mark_read_only(exc)
             else:
-                log.warning("pieceworks could not save the artifact for %s (%s); it will be recompiled next time",
-                            name, _reason(exc))
+                log.warning("pieceworks could not save the artifact for %s (%s); it will be recompiled next "
+                            "time", name, _reason(exc))
             return False
         return True
 
 
-def newest_factors(root: str, other_than: str, accept: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+def newest_factors(root: str, other_than: str, accept: Callable[[dict], bool]) -> dict[str, Any] | None:
     """The factors.json of the key folder under `root` used last, among those holding entries (an
     index.json), other than `other_than`, that `accept` takes; None where there is none. What a miss is
     explained against."""
@@ -355,12 +362,10 @@ def newest_factors(root: str, other_than: str, accept: Callable[[dict[str, Any]]
 
 def read_json_dict(path: str) -> dict[str, Any]:
     """The JSON object in the file at `path`; {} where it is missing, unreadable or not an object."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            found = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
+    with contextlib.suppress(OSError, ValueError):
+        found = json.loads(Path(path).read_text(encoding="utf-8"))
+        return found if isinstance(found, dict) else {}
+    return {}
 
 
 def prune(root: str, older_than_days: float | None = None, environment: str | None = None) -> list[str]:
@@ -370,10 +375,12 @@ def prune(root: str, older_than_days: float | None = None, environment: str | No
     Run it while no process uses those folders."""
     removed = []
     for path in sorted(os.path.join(root, name) for name in os.listdir(root)):
-        with contextlib.suppress(OSError, ValueError):
-            built_by = json.loads(Path(path, "factors.json").read_text(encoding="utf-8")).get("environment")
-            old = older_than_days is not None and time.time() - os.stat(path).st_mtime > older_than_days * 86400
-            if old or (environment is not None and built_by != environment):
+        if not (factors := read_json_dict(os.path.join(path, "factors.json"))):  # not a key folder
+            continue
+        with contextlib.suppress(OSError):
+            idle_s = time.time() - os.stat(path).st_mtime
+            old = older_than_days is not None and idle_s > older_than_days * 86400
+            if old or (environment is not None and factors.get("environment") != environment):
                 shutil.rmtree(path)
                 removed.append(path)
     return removed

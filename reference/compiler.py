@@ -38,7 +38,7 @@ from .cache import CompileCache, atomic_write, read_json_dict
 from .config import CompilationConfig
 from .counters import counters
 from .dispatch import find_range
-from .key import digest, entry_claim, entry_name
+from .key import digest, entry
 from .piece import Piece, Target
 from .values import tensors_in
 
@@ -62,11 +62,13 @@ class PieceCompiler:
         static compile (it would bake in one call's sizes): its range code serves the compile sizes."""
         ranges, sizes = self.config.ranges(), self.config.compile_sizes
         if piece.unbacked_symbols and sizes:
-            log.info("pieceworks: piece %s has data-dependent sizes (%s): compile_sizes %s are served by the code "
-                     "compiled for their ranges", piece.submod_name, ", ".join(piece.unbacked_symbols), sizes)
+            log.info("pieceworks: piece %s has data-dependent sizes (%s): compile_sizes %s are served by the "
+                     "code compiled for their ranges", piece.submod_name, ", ".join(piece.unbacked_symbols),
+                     sizes)
         runnables: dict[Target, Callable[..., Any]] = {lo_hi: self.get(piece, lo_hi) for lo_hi in ranges}
         for size in sizes:
-            runnables[size] = runnables[find_range(ranges, size)] if piece.unbacked_symbols else self.get(piece, size)
+            runnables[size] = (runnables[find_range(ranges, size)] if piece.unbacked_symbols
+                               else self.get(piece, size))
         return dataclasses.replace(piece, runnables=runnables)
 
     def get(self, piece: Piece, target: Target) -> Callable[..., Any]:
@@ -90,8 +92,7 @@ class PieceCompiler:
         return self.done[key]
 
     def _get_cached(self, piece: Piece, target: Target, example_args: list[Any]) -> Callable[..., Any]:
-        name = entry_name(piece.fingerprint, target)
-        claim = entry_claim(piece.fingerprint, target, example_args)
+        name, claim = entry(piece.fingerprint, target, example_args)
         load = lambda path: load_artifact(path, piece.graph)  # noqa: E731
         start = time.perf_counter()
         fn, seen = self.cache.load(name, load, claim)
@@ -100,20 +101,19 @@ class PieceCompiler:
                 # Another process may have stored it while we looked or waited; an entry we already rejected
                 # is skipped, not tried (nor reported) twice.
                 fn, _ = self.cache.load(name, load, claim, skip=seen)
-                self.seconds["load"] += time.perf_counter() - start
                 if fn is None:
+                    self.seconds["load"] += time.perf_counter() - start
                     fn, artifact = self._compile(piece, target, example_args)
                     if self.cache.store(name, lambda path: artifact.save(path=path, format="binary"), claim):
                         counters.num_compiled_artifacts_saved += 1
                         counters.num_cache_entries_updated += 1
                     return fn
-        else:
-            self.seconds["load"] += time.perf_counter() - start
+        self.seconds["load"] += time.perf_counter() - start
         self.loaded += 1
         counters.num_compiled_artifacts_loaded += 1
         return fn
 
-    def _compile(self, piece: Piece, target: Target, example_args: list[Any]) -> tuple[Callable[..., Any], Any]:
+    def _compile(self, piece: Piece, target: Target, args: list[Any]) -> tuple[Callable[..., Any], Any]:
         """Compile `piece` afresh: as traced (the eager compiler, or a piece with nothing for Inductor),
         else with Inductor."""
         self.compiled += 1
@@ -122,11 +122,10 @@ class PieceCompiler:
             return piece.graph.forward, None
         counters.num_inductor_compiles += 1
         start = time.perf_counter()
-        try:
-            return compile_inductor(piece.graph, example_args, static=isinstance(target, int),
+        compiled = compile_inductor(piece.graph, args, static=isinstance(target, int),
                                     inductor_config=self.config.inductor_compile_config)
-        finally:
-            self.seconds["compile"] += time.perf_counter() - start
+        self.seconds["compile"] += time.perf_counter() - start
+        return compiled
 
 
 def computes_tensors(piece: Piece) -> bool:
@@ -134,8 +133,8 @@ def computes_tensors(piece: Piece) -> bool:
     checks a split leaves alone in a piece, work whose results nothing reads) gives Inductor nothing to
     generate: its compile saves no artifact, so it would be compiled again on every warm start. Such a
     piece runs as traced (the eager compiler) and is never cached."""
-    output = piece.graph.graph.output_node()
-    return any(tensors_in(_compat.example_value(n)) for n in output.all_input_nodes) or bool(piece.mutated_inputs)
+    returned = piece.graph.graph.output_node().all_input_nodes
+    return any(tensors_in(_compat.example_value(n)) for n in returned) or bool(piece.mutated_inputs)
 
 
 def static_example_args(example_args: Sequence[Any], size: int) -> list[Any]:
@@ -144,7 +143,7 @@ def static_example_args(example_args: Sequence[Any], size: int) -> list[Any]:
     SymInts."""
     def at_size(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            shape, stride = ([_compat.evaluate_at(d, size) for d in dims] for dims in (value.shape, value.stride()))
+            shape, stride = ([at_size(d) for d in dims] for dims in (value.shape, value.stride()))
             return torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
         return _compat.evaluate_at(value, size) if isinstance(value, torch.SymInt) else value
 
@@ -194,8 +193,8 @@ def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
         artifact = _compat.load_artifact(path)
     if rebuilt := events["fxgraph_lookup_write_file"] - before:
         counters.num_kernel_rebuilds += rebuilt
-        log.info("pieceworks: %s loaded, the code of %d graphs written out and built again: Inductor's own cache "
-                 "did not hold it", path, rebuilt)
+        log.info("pieceworks: %s loaded, the code of %d graphs written out and built again: Inductor's own "
+                 "cache did not hold it", path, rebuilt)
     return _adapt_outputs(artifact, gm)
 
 
@@ -215,9 +214,8 @@ def inductor_cache_dir(path: str | None, options: Mapping[str, Any]) -> Iterator
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     config = _compat.inductor_config()
     kept = "cpp_cache_precompile_headers" in options or not hasattr(config, "cpp_cache_precompile_headers")
-    headers = {} if kept else {"cpp_cache_precompile_headers": False}
     try:
-        with config.patch(**headers):
+        with config.patch({} if kept else {"cpp_cache_precompile_headers": False}):
             yield
     # this variable alone: Inductor sets others inside the block, and C++ threads read the environment
     finally:
@@ -249,7 +247,8 @@ def known_cpu_isa(record: str) -> Iterator[None]:
     # it ran here: its result, for the next process
     if not probed and isa.valid_vec_isa_list.cache_info().currsize:
         with contextlib.suppress(OSError):
-            atomic_write(record, json.dumps({**known, key: [str(i) for i in isa.valid_vec_isa_list()]}).encode())
+            found = [str(i) for i in isa.valid_vec_isa_list()]
+            atomic_write(record, json.dumps({**known, key: found}).encode())
 
 
 def _isa_facts() -> tuple[Any, Any, str, list[str]] | None:

@@ -16,7 +16,6 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable
 from typing import Any
 
 from ._compat import inductor_config, inductor_option_type
@@ -97,9 +96,9 @@ def check_inductor_keys(config: dict[str, Any]) -> None:
         _require(key in known, "inductor_compile_config", config, f"{key!r} is not an Inductor config option",
                  f"use one of {close}" if close else "see torch._inductor.config for the options")
         kind = inductor_option_type(key)
-        name = getattr(kind, "__name__", None) if isinstance(kind, type) else str(kind).replace("typing.", "")
-        _require(fits_option_type(value, kind), "inductor_compile_config", config, f"{key!r} takes {name}, not "
-                 f"{value!r} ({type(value).__name__})", f"pass a {name}, e.g. its default {known[key]!r}")
+        name = kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "")
+        _require(fits_option_type(value, kind), "inductor_compile_config", config, f"{key!r} takes {name}, "
+                 f"not {value!r} ({type(value).__name__})", f"pass a {name}, e.g. its default {known[key]!r}")
 
 
 def fits_option_type(value: Any, kind: Any) -> bool:
@@ -116,16 +115,17 @@ def fits_option_type(value: Any, kind: Any) -> bool:
     return type(value) in exact[origin] if origin in exact else True
 
 
+_BOOLS = dict.fromkeys(("1", "true", "yes", "on"), True) | dict.fromkeys(("0", "false", "no", "off"), False)
+
+
 def env_flag(name: str, default: bool) -> bool:
     """The boolean environment variable `name`: 1, true, yes, on or 0, false, no, off (any case); `default`
     when unset or empty; else `ConfigError` naming the variable, its value and the spellings."""
     value = os.environ.get(name, "").strip().lower()
-    if value in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        return value in ("1", "true", "yes", "on")
-    if value:
-        raise ConfigError(f"${name}={os.environ[name]!r} is not a boolean. Fix: set it to 1, true, yes or on (or 0, "
-                          f"false, no, off), or unset it.")
-    return default
+    if value and value not in _BOOLS:
+        raise ConfigError(f"${name}={os.environ[name]!r} is not a boolean. Fix: set it to 1, true, yes or on "
+                          f"(or 0, false, no, off), or unset it.")
+    return _BOOLS.get(value, default)
 
 
 def expand_path(path: str | os.PathLike) -> str:
@@ -135,36 +135,40 @@ def expand_path(path: str | os.PathLike) -> str:
 
 def check_something_to_capture(mode: CUDAGraphMode, capture_sizes: list[int]) -> None:
     """A graph mode needs at least one capture size: graphs are captured for those sizes only."""
-    _require(capture_sizes or mode is CUDAGraphMode.NONE, "cudagraph_capture_sizes", capture_sizes, "no size to "
-             f"capture, but cudagraph_mode={mode.name} captures graphs only for these sizes", "list the batch sizes "
-             "to capture, leave cudagraph_capture_sizes=None for vLLM's defaults, or set cudagraph_mode=NONE")
+    _require(capture_sizes or mode is CUDAGraphMode.NONE, "cudagraph_capture_sizes", capture_sizes,
+             f"no size to capture, but cudagraph_mode={mode.name} captures graphs only for these sizes",
+             "list the batch sizes to capture, leave cudagraph_capture_sizes=None for vLLM's defaults, or "
+             "set cudagraph_mode=NONE")
 
 
 def _int_list(field: str, value: Any, top: int, fix: str | None = None) -> list[int]:
     """`value`, a list of batch sizes in `[1, top]` (`top`: max_num_batched_tokens), sorted and without
     repeats; else `ConfigError` (`fix`: what to do instead of a non-int)."""
-    _require(isinstance(value, (list, tuple)) and all(map(_is_int, value)), field, value, "expected a list of int",
-             fix or f"pass e.g. {field}=[1, 2, 4, 8]")
+    _require(isinstance(value, (list, tuple)) and all(map(_is_int, value)), field, value,
+             "expected a list of int", fix or f"pass e.g. {field}=[1, 2, 4, 8]")
     _require(all(v > 0 for v in value), field, value, "every entry must be a positive batch size",
              "remove zero and negative entries")
     above = [v for v in value if v > top]
-    _require(not above, field, value, f"{above} lie outside every compile range: above max_num_batched_tokens={top}, "
-             "so above the largest compile range", "raise max_num_batched_tokens or drop those entries")
+    _require(not above, field, value, f"{above} lie outside every compile range: above "
+             f"max_num_batched_tokens={top}, so above the largest compile range",
+             "raise max_num_batched_tokens or drop those entries")
     return sorted(set(value))
 
 
 # Fields checked on their own, before anything else: field -> (accepts its value, problem, fix)
-_FIELD_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+_FIELD_RULES = {
     "splitting_ops": (lambda v: isinstance(v, (list, tuple)), "expected a list of op names",
                       'pass ["silly::attention"]'),
     "max_num_batched_tokens": (lambda v: _is_int(v) and v > 0, "expected a positive int", "pass e.g. 8192"),
     # a known name is converted first
     "cudagraph_mode": (lambda v: isinstance(v, CUDAGraphMode), "unknown mode",
                        f"use pieceworks.CUDAGraphMode or one of {list(CUDAGraphMode.__members__)}"),
-    "cudagraph_num_warmups": (lambda v: _is_int(v) and v >= 0, "expected an int >= 0", "pass 0 or more, e.g. 1"),
+    "cudagraph_num_warmups": (lambda v: _is_int(v) and v >= 0, "expected an int >= 0",
+                              "pass 0 or more, e.g. 1"),
     "compiler": (lambda v: v in ("inductor", "eager"), "unknown compiler", 'use "inductor" or "eager"'),
     "inductor_compile_config": (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
-                                "expected a dict of Inductor config keys", 'pass e.g. {"max_autotune": False}'),
+                                "expected a dict of Inductor config keys",
+                                'pass e.g. {"max_autotune": False}'),
     "cache_dir": (lambda v: v is None or isinstance(v, (str, os.PathLike)), "expected a path",
                   "pass a str or pathlib.Path, or None"),
     "on_missing_graph": (lambda v: v in ("eager", "raise"), "unknown policy", 'use "eager" or "raise"'),
@@ -221,35 +225,39 @@ class CompilationConfig:
         for field, (accepts, problem, fix) in _FIELD_RULES.items():
             _require(accepts(getattr(self, field)), field, getattr(self, field), problem, fix)
         for name in self.splitting_ops:
-            _require(isinstance(name, str) and _OP_NAME.match(name), "splitting_ops", self.splitting_ops, f"{name!r} "
-                     'is not an op name', 'write "namespace::op" or "namespace::op.overload", e.g. "silly::attention"')
+            _require(isinstance(name, str) and _OP_NAME.match(name), "splitting_ops", self.splitting_ops,
+                     f"{name!r} is not an op name",
+                     'write "namespace::op" or "namespace::op.overload", e.g. "silly::attention"')
         self.splitting_ops = list(self.splitting_ops)
         top, ends, sizes = self.max_num_batched_tokens, self.compile_ranges, self.cudagraph_capture_sizes
         self.compile_ranges = _int_list("compile_ranges", ends, top)
-        _require(self.compile_ranges == list(ends), "compile_ranges", ends, "endpoints must be strictly increasing",
+        _require(self.compile_ranges == list(ends), "compile_ranges", ends,
+                 "endpoints must be strictly increasing",
                  f"sort them and drop repeats: {self.compile_ranges}")
-        self.cudagraph_capture_sizes = _int_list("cudagraph_capture_sizes", default_capture_sizes(min(512, top))
-                                                 if sizes is None else sizes, top)
+        sizes = default_capture_sizes(min(512, top)) if sizes is None else sizes
+        self.cudagraph_capture_sizes = _int_list("cudagraph_capture_sizes", sizes, top)
         check_something_to_capture(self.cudagraph_mode, self.cudagraph_capture_sizes)
         # "cudagraph_capture_sizes" in it stands for every capture size (vLLM's shorthand)
         sizes = self.compile_sizes
         if isinstance(sizes, (list, tuple)) and CAPTURE_SIZES_SHORTHAND in sizes:
             sizes = [s for s in sizes if s != CAPTURE_SIZES_SHORTHAND] + self.cudagraph_capture_sizes
-        self.compile_sizes = _int_list("compile_sizes", sizes, top, f'list ints, or "{CAPTURE_SIZES_SHORTHAND}" for '
-                                       "every capture size")
+        self.compile_sizes = _int_list("compile_sizes", sizes, top,
+                                       f'list ints, or "{CAPTURE_SIZES_SHORTHAND}" for every capture size')
         try:
             json.dumps(self.inductor_compile_config, sort_keys=True)
         except TypeError:
-            _require(False, "inductor_compile_config", self.inductor_compile_config, "values must be JSON-serialisable "
-                     "so that the cache key can cover them", "pass plain bools, numbers, strings, lists and dicts")
+            _require(False, "inductor_compile_config", self.inductor_compile_config,
+                     "values must be JSON-serialisable so that the cache key can cover them",
+                     "pass plain bools, numbers, strings, lists and dicts")
         # known keys with JSON values, so the cache key covers them
         check_inductor_keys(self.inductor_compile_config)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_frozen"):
-            raise ConfigError(f"CompilationConfig.{name}: this config was handed to pieceworks.compile or a Backend "
-                              f"and is frozen, so that no compiled model changes under its user. Fix: build a new one, "
-                              f"e.g. dataclasses.replace(config, {name}=...), and compile again.")
+            raise ConfigError(f"CompilationConfig.{name}: this config was handed to pieceworks.compile or a "
+                              f"Backend and is frozen, so that no compiled model changes under its user. "
+                              f"Fix: build a new one, e.g. dataclasses.replace(config, {name}=...), and "
+                              f"compile again.")
         object.__setattr__(self, name, value)
 
     def freeze(self) -> CompilationConfig:
@@ -276,12 +284,13 @@ class CompilationConfig:
     def cache_active(self) -> bool:
         """False when `cache_enabled` is off, `PIECEWORKS_DISABLE_CACHE` is on (`env_flag`), or the
         compiler is eager."""
-        return self.cache_enabled and not env_flag("PIECEWORKS_DISABLE_CACHE", False) and self.compiler == "inductor"
+        disabled = env_flag("PIECEWORKS_DISABLE_CACHE", False)
+        return self.cache_enabled and not disabled and self.compiler == "inductor"
 
     def hash_factors(self) -> dict[str, Any]:
         """The fields that change compiled code, by name (what `compute_hash` digests)."""
-        return {"splitting_ops": self.splitting_ops, "ranges": self.ranges(), "compile_sizes": self.compile_sizes,
-                "compiler": self.compiler, "inductor_compile_config": self.inductor_compile_config}
+        return dict(splitting_ops=self.splitting_ops, ranges=self.ranges(), compile_sizes=self.compile_sizes,
+                    compiler=self.compiler, inductor_compile_config=self.inductor_compile_config)
 
     def compute_hash(self) -> str:
         """SHA-256 of `hash_factors`; equal configs give equal hashes in any process."""

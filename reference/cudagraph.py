@@ -63,7 +63,8 @@ def pool_bytes(pool: Any) -> int:
     if pool is None:
         return 0
     wanted = tuple(pool)
-    return sum(s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == wanted)
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+               if tuple(s.get("segment_pool_id", ())) == wanted)
 
 
 class AddressCheck(NamedTuple):
@@ -82,38 +83,32 @@ def check_addresses(args: Sequence[Any], checks: Sequence[AddressCheck], batch: 
     for i, address, reader, position, name in checks:
         pointer = args[i].data_ptr()
         if pointer != address:
-            raise ReplayAddressError(f"{reader}: input {position} ({name}) is at {pointer:#x}, but the CUDA graph for "
-                                     f"batch size {batch} was captured reading {address:#x}; replaying would read "
-                                     f"stale memory. Fix: keep inputs in static buffers (pieceworks.compile does this "
-                                     f"for model inputs) and keep parameters where they were captured (swap weights "
-                                     f"with an in-place copy_)")
+            raise ReplayAddressError(
+                f"{reader}: input {position} ({name}) is at {pointer:#x}, but the CUDA graph for batch "
+                f"size {batch} was captured reading {address:#x}; replaying would read stale memory. Fix: "
+                f"keep inputs in static buffers (pieceworks.compile does this for model inputs) and keep "
+                f"parameters where they were captured (swap weights with an in-place copy_)")
 
 
 def _captured(graph: torch.cuda.CUDAGraph, fn: Callable[..., Any], args: Sequence[Any], pool: Any) -> Any:
     """`fn(*args)` captured into `graph` from `pool`; returns its outputs. However the capture fails (an
     exception in `fn`, a host sync or failed launch that invalidates the stream capture, out of memory, an
     interrupt), the stream capture is ended and the allocator stops routing to the pool before the error
-    propagates: a failed capture leaves the process able to free memory and to capture again."""
+    propagates: a failed capture leaves the process able to free memory and to capture again. Where
+    `capture_end()` raises (the capture was invalidated), the allocator's routing to `pool`, which it never
+    reached, is ended too (`_compat.end_failed_capture`); its error is raised unless `fn`'s already is."""
     graph.capture_begin(pool=pool)
+    ran = False
     try:
-        outputs = fn(*args)
-    except BaseException:
-        _end(graph, pool)
-        raise
-    _end(graph, pool, reraise=True)
+        outputs, ran = fn(*args), True
+    finally:
+        try:
+            graph.capture_end()
+        except BaseException:
+            _compat.end_failed_capture(pool)
+            if ran:
+                raise
     return outputs
-
-
-def _end(graph: torch.cuda.CUDAGraph, pool: Any, reraise: bool = False) -> None:
-    """`graph.capture_end()`; where it raises (the capture was invalidated) the allocator's routing to
-    `pool`, which it never reached, is ended too (`_compat.end_failed_capture`); its error is raised if
-    `reraise`."""
-    try:
-        graph.capture_end()
-    except BaseException:
-        _compat.end_failed_capture(pool)
-        if reraise:
-            raise
 
 
 class CapturePool:
@@ -159,7 +154,7 @@ class CapturePool:
         warmups = self.num_warmups if warmups is None else warmups
         # Saved on the caller's stream before the capture stream waits for it: the clones complete before any
         # warm-up can write to these inputs.
-        saved = [(i, args[i].clone()) for i in mutated if isinstance(args[i], torch.Tensor)] if warmups else []
+        saved = [(i, args[i].clone()) for i in mutated if warmups and isinstance(args[i], torch.Tensor)]
         graph, stream = torch.cuda.CUDAGraph(), self._stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

@@ -26,9 +26,9 @@ def compile_target(compile_sizes: Sequence[int], ranges: Sequence[tuple[int, int
     """The compile size equal to `batch`, else the range holding it; raises `BatchSizeError` otherwise."""
     found = batch if batch in compile_sizes else find_range(ranges, batch)
     if found is None:
-        raise BatchSizeError(f"batch size {batch} is outside every compile range {list(ranges)}; raise "
-                             f"CompilationConfig.max_num_batched_tokens (or the last compile_ranges endpoint) to "
-                             f"serve it")
+        raise BatchSizeError(f"batch size {batch} is outside every compile range {list(ranges)}; "
+                             f"raise CompilationConfig.max_num_batched_tokens (or the last compile_ranges "
+                             f"endpoint) to serve it")
     return found
 
 

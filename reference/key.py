@@ -8,8 +8,8 @@ and times never enter it. Equal inputs give equal digests in any process.
   global Inductor/functorch configuration, and the software and GPU;
 - `graph_fingerprint`: a graph's ops, wiring, constants, attribute contents and input metadata. Two pieces
   with the same fingerprint compute the same function of their positional inputs, so one artifact serves both;
-- `entry_name` / `entry_claim`: a piece's entry inside the folder, and what the entry must say about the piece
-  to be loaded for it;
+- `entry`: a piece's entry inside the folder, and what the entry must say about the piece to be loaded for
+  it;
 - `software_factors` / `environment_factors`: the torch build, CUDA/HIP, Triton, Python, CPU architecture,
   GPU;
 - `inductor_config_factors`: the effective global Inductor and functorch configuration.
@@ -41,7 +41,8 @@ def describe_value(value: Any) -> str:
     """Metadata of an example value (shape, strides, dtype, device), with symbolic sizes as their
     expressions."""
     if isinstance(value, torch.Tensor):
-        return f"T({tuple(map(str, value.shape))},{tuple(map(str, value.stride()))},{value.dtype},{value.device.type})"
+        shape, strides = tuple(map(str, value.shape)), tuple(map(str, value.stride()))
+        return f"T({shape},{strides},{value.dtype},{value.device.type})"
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return f"S({value})"
     if isinstance(value, (list, tuple)):
@@ -92,7 +93,8 @@ def graph_fingerprint(gm: torch.fx.GraphModule, example_args: list[Any] | None =
         if isinstance(a, (list, tuple)):
             return ("[" if isinstance(a, list) else "(") + ",".join(arg(x) for x in a) + ")"
         if isinstance(a, dict):
-            return "{" + ",".join(f"{k}:{arg(v)}" for k, v in sorted(a.items(), key=lambda kv: str(kv[0]))) + "}"
+            items = sorted(a.items(), key=lambda kv: str(kv[0]))
+            return "{" + ",".join(f"{k}:{arg(v)}" for k, v in items) + "}"
         if isinstance(a, torch.Tensor):
             return f"tensor:{_tensor_digest(a)}"
         return constant_text(a)
@@ -152,7 +154,8 @@ def portable(value: Any, where: str, graph_pass: bool = False) -> Any:
         return f"uuid:{value.uuid()}"
     if graph_pass and value is not None:
         raise UnkeyableConfigError(f"{where} is {value!r}, which has no uuid(); make it a torch._inductor."
-                                   f"custom_graph_pass.CustomGraphPass so that its version can enter the cache key")
+                                   f"custom_graph_pass.CustomGraphPass so that its version can enter the "
+                                   f"cache key")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -170,8 +173,8 @@ def portable(value: Any, where: str, graph_pass: bool = False) -> Any:
         return portable(value.to_dict(), where)
     if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
         return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
-    raise UnkeyableConfigError(f"{where} holds {type(value).__name__} {value!r}, whose effect on compiled code "
-                               f"cannot be digested")
+    raise UnkeyableConfigError(f"{where} holds {type(value).__name__} {value!r}, whose effect on compiled "
+                               f"code cannot be digested")
 
 
 def inductor_config_factors() -> str:
@@ -187,8 +190,8 @@ def inductor_config_factors() -> str:
     doc = {f"{name}.{key}": portable(value, f"torch._{name}.config.{key}")
            for name, module in (("inductor", inductor), ("functorch", functorch_config()))
            for key, value in module.save_config_portable().items()}
-    doc.update({f"inductor.{key}": portable(getattr(inductor, key, None), f"torch._inductor.config.{key}", True)
-                for key in _CUSTOM_PASSES})
+    doc.update({f"inductor.{key}": portable(getattr(inductor, key, None), f"torch._inductor.config.{key}",
+                                            True) for key in _CUSTOM_PASSES})
     return digest(json.dumps(doc, sort_keys=True, separators=(",", ":")))
 
 
@@ -198,8 +201,9 @@ def cache_factors(split_gm: torch.fx.GraphModule, fakes: list[Any], piece_finger
     input metadata, and each piece's fingerprint in run order), the config's code-relevant fields, the
     effective global Inductor/functorch configuration, and the software and GPU. Raises
     `UnkeyableConfigError` when the Inductor configuration holds something that cannot be digested."""
-    return {"graph": digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints), "config": config.hash_factors(),
-            "inductor": inductor_config_factors(), "environment": environment_factors()}
+    return {"graph": digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints),
+            "config": config.hash_factors(), "inductor": inductor_config_factors(),
+            "environment": environment_factors()}
 
 
 def as_json(value: Any) -> Any:
@@ -214,13 +218,14 @@ def first_change(old: Any, new: Any, where: str = "") -> tuple[str, Any, Any] | 
     they are equal."""
     if isinstance(old, dict) and isinstance(new, dict):
         for name in [*new, *(k for k in old if k not in new)]:  # in the new facts' order
-            if (found := first_change(old.get(name), new.get(name), f"{where}.{name}" if where else str(name))):
+            path = f"{where}.{name}" if where else str(name)
+            if (found := first_change(old.get(name), new.get(name), path)):
                 return found
         return None
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and not all(
             isinstance(x, (int, float, bool)) or x is None for x in old + new):  # a shape or strides: whole
-        return next(filter(None, (first_change(a, b, f"{where}[{k}]") for k, (a, b) in enumerate(zip(old, new)))),
-                    None)
+        return next(filter(None, (first_change(a, b, f"{where}[{k}]")
+                                  for k, (a, b) in enumerate(zip(old, new)))), None)
     return None if old == new else (where, old, new)
 
 
@@ -231,19 +236,15 @@ def describe_change(change: tuple[str, Any, Any]) -> str:
 
 
 def cache_key(factors: dict[str, Any]) -> str:
-    """The cache folder name for `factors` (`cache_factors`): equal factors, equal key, in any process."""
-    return digest(json.dumps(factors, sort_keys=True, separators=(",", ":")))[:24]
+    """The cache folder name for `factors` (`cache_factors`): equal factors, equal key, in any process (a
+    value JSON does not hold by its `repr`)."""
+    return digest(json.dumps(factors, sort_keys=True, separators=(",", ":"), default=repr))[:24]
 
 
-def _target_name(target: int | tuple[int, int]) -> str:
-    return f"size:{target}" if isinstance(target, int) else f"range:{target[0]}-{target[1]}"
-
-
-def entry_name(fingerprint: str, target: int | tuple[int, int]) -> str:
-    """The cache entry of a piece with `fingerprint` compiled for `target`."""
-    return f"{_target_name(target)}|{fingerprint}"
-
-
-def entry_claim(fingerprint: str, target: int | tuple[int, int], example_args: list[Any]) -> dict[str, str]:
-    """What an entry must say about its piece to be loaded for it: fingerprint, target, input metadata."""
-    return {"graph": fingerprint, "target": _target_name(target), "inputs": digest(*map(describe_value, example_args))}
+def entry(fingerprint: str, target: int | tuple[int, int], example_args: list[Any]) -> tuple[str, dict]:
+    """The cache entry of a piece with `fingerprint` compiled for `target` from `example_args`: its name
+    (`size:4|<fingerprint>`, `range:1-8192|<fingerprint>`) and its claim, what the entry must say about
+    the piece to be loaded for it (fingerprint, target, input metadata)."""
+    target_name = f"size:{target}" if isinstance(target, int) else f"range:{target[0]}-{target[1]}"
+    inputs = digest(*map(describe_value, example_args))
+    return f"{target_name}|{fingerprint}", {"graph": fingerprint, "target": target_name, "inputs": inputs}

@@ -75,8 +75,8 @@ def unpad(value: Any, batch: int, n: int, batched: Any = None) -> Any:
     if batched is False:
         return value
     if batched is None:
-        return tree_map(lambda v: v[:batch] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v,
-                        value)
+        return tree_map(lambda v: v[:batch] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n
+                        else v, value)
     if batched is True:
         return value[:batch]
     items, rebuild = container_items(value)

@@ -31,12 +31,14 @@ from .values import tensors_in
 Target = int | tuple[int, int]  # a compile size, or a closed compile range (lo, hi)
 
 # methods and ops that wait for the host
-_SYNC_OPS = {"item", "tolist", "cpu", "numpy", "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2",
-             "unique_consecutive", "repeat_interleave", "bincount", "histc"}
+_SYNC_OPS = {"item", "tolist", "cpu", "numpy", "_local_scalar_dense", "nonzero", "masked_select", "unique",
+             "_unique2", "unique_consecutive", "repeat_interleave", "bincount", "histc"}
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-                      operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.setitem}
-_VIEW_METHODS = {"view", "reshape", "transpose", "permute", "expand", "narrow", "select", "unsqueeze", "squeeze",
-                 "flatten", "unflatten", "split", "chunk", "t", "as_strided", "view_as", "unbind", "diagonal"}
+                      operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+                      operator.setitem}
+_VIEW_METHODS = {"view", "reshape", "transpose", "permute", "expand", "narrow", "select", "unsqueeze",
+                 "squeeze", "flatten", "unflatten", "split", "chunk", "t", "as_strided", "view_as", "unbind",
+                 "diagonal"}
 
 
 class BatchPosition(NamedTuple):
@@ -50,11 +52,11 @@ class BatchPosition(NamedTuple):
         return int(args[self.index]) if self.dim is None else args[self.index].shape[self.dim]
 
 
-def batch_position(example_args: Sequence[Any], batch_symbols: set[str] | frozenset[str]) -> BatchPosition | None:
+def batch_position(args: Sequence[Any], batch_symbols: frozenset[str]) -> BatchPosition | None:
     """The first SymInt argument that is a batch symbol, else the first tensor dimension that is exactly
     one; None when the arguments do not depend on the batch size."""
-    found = [BatchPosition(i, None) for i, v in enumerate(example_args) if symbol_name(v) in batch_symbols] + [
-        BatchPosition(i, d) for i, v in enumerate(example_args) if isinstance(v, torch.Tensor)
+    found = [BatchPosition(i, None) for i, v in enumerate(args) if symbol_name(v) in batch_symbols] + [
+        BatchPosition(i, d) for i, v in enumerate(args) if isinstance(v, torch.Tensor)
         for d, size in enumerate(v.shape) if symbol_name(size) in batch_symbols]
     return found[0] if found else None
 
@@ -82,7 +84,7 @@ class Piece:
     batch_position: BatchPosition | None = None
     fingerprint: str = ""
     runnables: Mapping[Target, Callable[..., Any]] = dataclasses.field(default_factory=dict)
-    _by_batch: dict[int | None, Callable[..., Any]] = dataclasses.field(default_factory=dict, init=False, repr=False)
+    _by_batch: dict[int | None, Callable[..., Any]] = dataclasses.field(default_factory=dict, init=False)
 
     @property
     def piecewise_refusal(self) -> str | None:
@@ -92,8 +94,8 @@ class Piece:
         stale = sorted(set(self.mutated_inputs) & set(self.moving_inputs))
         if self.uncapturable is not None or not stale:
             return self.uncapturable
-        return (f"it mutates input {stale[0]} ({self.placeholder_names[stale[0]]}), which a splitting op allocates "
-                f"anew on every call: a replay would write to a stale address")
+        return (f"it mutates input {stale[0]} ({self.placeholder_names[stale[0]]}), which a splitting op "
+                f"allocates anew on every call: a replay would write to a stale address")
 
     @property
     def placeholder_names(self) -> list[str]:
@@ -125,13 +127,14 @@ def analyse(split_gm: torch.fx.GraphModule, submod_name: str, graph_id: int, is_
     """The facts of piece `submod_name` of `split_gm` (see the module doc)."""
     graph = getattr(split_gm, submod_name)
     example_args = traced_args(graph)
-    moving = () if is_splitting_graph else tuple(sorted(moving_inputs(split_gm, submod_name, splitting_names)))
+    moving = () if is_splitting_graph else \
+        tuple(sorted(moving_inputs(split_gm, submod_name, splitting_names)))
     reason = uncapturable_reason(graph, example_args)
     # A splitting op on CPU values is no reason against FULL.
     reason = None if is_splitting_graph and reason == "no CUDA tensors" else reason
-    return Piece(submod_name, graph_id, is_splitting_graph, graph, example_args, tuple(sorted(mutated_inputs(graph))),
-                 tuple(data_dependent_sizes(graph)), reason, moving, batch_position(example_args, batch_symbols),
-                 graph_fingerprint(graph, list(example_args)))
+    return Piece(submod_name, graph_id, is_splitting_graph, graph, example_args,
+                 tuple(sorted(mutated_inputs(graph))), tuple(data_dependent_sizes(graph)), reason, moving,
+                 batch_position(example_args, batch_symbols), graph_fingerprint(graph, list(example_args)))
 
 
 def traced_args(graph: torch.fx.GraphModule) -> tuple:
@@ -146,7 +149,7 @@ def _op_name(node: torch.fx.Node) -> str:
     """A node's bare op name (`nonzero` for `aten::nonzero.default`), else its function's `__name__`, else
     its target (a `call_method` node's method name)."""
     identity = op_identity(node.target)
-    return identity[0].split("::")[-1] if identity is not None else getattr(node.target, "__name__", str(node.target))
+    return identity[0].split("::")[-1] if identity else getattr(node.target, "__name__", str(node.target))
 
 
 def _written_args(node: torch.fx.Node) -> list[Any]:
@@ -168,17 +171,17 @@ def _written_args(node: torch.fx.Node) -> list[Any]:
 def _source(node: Any, views: bool = False) -> Any:
     """The value `node` unpacks (following getitem) or, with `views`, is a view of (following view-like
     methods)."""
-    while isinstance(node, torch.fx.Node) and ((node.op == "call_function" and node.target is operator.getitem) or (
+    while isinstance(node, torch.fx.Node) and (node.target is operator.getitem or (
             views and node.op == "call_method" and node.target in _VIEW_METHODS)):
         node = node.args[0]
     return node
 
 
-def mutated_inputs(gm: torch.fx.GraphModule, skip: Callable[[torch.fx.Node], bool] = lambda node: False) -> set[int]:
+def mutated_inputs(gm: torch.fx.GraphModule, skip: Callable[..., bool] = lambda node: False) -> set[int]:
     """Indices of `gm`'s placeholders that some node (but those `skip` names) writes to in place (directly
     or through a view)."""
     placeholders = {node: i for i, node in enumerate(gm.graph.find_nodes(op="placeholder"))}
-    bases = {_source(arg, views=True) for node in gm.graph.nodes if not skip(node) for arg in _written_args(node)}
+    bases = {_source(a, views=True) for node in gm.graph.nodes if not skip(node) for a in _written_args(node)}
     return {placeholders[base] for base in bases if base in placeholders}
 
 
@@ -203,8 +206,7 @@ def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any]) -
                 return f"node {node.name} ({node.format_node()}) makes a CPU tensor"
         if node.op in ("call_method", "call_function") and _op_name(node) in _SYNC_OPS:
             return f"node {node.name} ({node.format_node()}) synchronises with the host"
-    symbols = data_dependent_sizes(gm)
-    if symbols:
+    if symbols := data_dependent_sizes(gm):
         return f"its sizes depend on data ({', '.join(symbols)}), which a CUDA graph would bake in"
     cuda = {d for d in devices if d.type == "cuda"}
     if not cuda:

@@ -27,6 +27,7 @@ Addresses:
 
 from __future__ import annotations
 
+import enum
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -39,7 +40,15 @@ from .piece import Piece
 from .values import tensors_in, tree_map
 
 StepFn = Callable[[Sequence[Any], list], None]
-_CONST, _INPUT, _SLOT = 0, 1, 2
+
+
+class Where(enum.IntEnum):
+    """Where a replay finds a value (`_Ref`): a constant, the call's arguments, or the plan's slots."""
+
+    CONST, INPUT, SLOT = range(3)
+
+
+_CONST, _INPUT, _SLOT = Where  # the replay path's names
 
 
 class _Ref:
@@ -48,7 +57,7 @@ class _Ref:
 
     __slots__ = ("kind", "where")
 
-    def __init__(self, kind: int, where: Any) -> None:
+    def __init__(self, kind: Where, where: Any) -> None:
         self.kind, self.where = kind, where
 
 
@@ -66,8 +75,9 @@ class ReplayPlan:
     """A recorded PIECEWISE forward pass of one batch size. `run(args, checks)` replays it; see the module
     doc."""
 
-    def __init__(self, batch: int, steps: list[Step], num_slots: int, output: Any, cheap_checks: list[AddressCheck],
-                 all_checks: list[AddressCheck], keep: list[torch.Tensor], graph_outputs: list[Any]) -> None:
+    def __init__(self, batch: int, steps: list[Step], num_slots: int, output: Any,
+                 cheap_checks: list[AddressCheck], all_checks: list[AddressCheck], keep: list[torch.Tensor],
+                 graph_outputs: list[Any]) -> None:
         self.batch = batch
         self.steps = tuple(steps)
         self.graphs = tuple(step.run.graph for step in steps if step.kind == "graph")
@@ -99,8 +109,8 @@ class FullGraph(ReplayPlan):
         every = [AddressCheck(i, a.data_ptr(), "full graph", i, name)
                  for i, (name, a) in enumerate(zip(placeholder_names, args)) if isinstance(a, torch.Tensor)]
         aliases = tree_map(non_owning_alias, outputs)
-        super().__init__(batch, [Step("full graph", "graph", replay_step(graph, []))], 0, _Ref(_CONST, aliases),
-                         _caller_owned(every, args), every, [], [aliases])
+        super().__init__(batch, [Step("full graph", "graph", replay_step(graph, []))], 0,
+                         _Ref(_CONST, aliases), _caller_owned(every, args), every, [], [aliases])
 
 
 def _caller_owned(checks: list[AddressCheck], args: Sequence[Any]) -> list[AddressCheck]:
@@ -134,12 +144,11 @@ def _getter(ref_tree: Any) -> Callable[[Sequence[Any], list], Any]:
     return lambda args, slots: _value(ref_tree, args, slots)
 
 
-def _eager_step(fn: Callable[..., Any], arg_refs: list, kwarg_refs: dict, slot: int) -> StepFn:
+def _eager_step(fn: Callable[..., Any], arg_refs: list, slot: int) -> StepFn:
     getters = [_getter(r) for r in arg_refs]
-    kw_getters = {k: _getter(r) for k, r in kwarg_refs.items()}
 
     def run(args: Sequence[Any], slots: list) -> None:
-        slots[slot] = fn(*[g(args, slots) for g in getters], **{k: g(args, slots) for k, g in kw_getters.items()})
+        slots[slot] = fn(*[g(args, slots) for g in getters])
 
     return run
 
@@ -165,26 +174,25 @@ def _single_op(gm: torch.fx.GraphModule, used: bool) -> tuple[Callable[..., Any]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
     output = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    if len(nodes) != 1 or nodes[0].op != "call_function" or nodes[0].kwargs or (used and output is not nodes[0]) \
+    if len(nodes) != 1 or nodes[0].op != "call_function" or nodes[0].kwargs \
+            or (used and output is not nodes[0]) \
             or not all(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in nodes[0].args):
         return None
     return nodes[0].target, [placeholders.index(a) for a in nodes[0].args]
 
 
-def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Callable[..., Any], list[int] | None]:
-    """`(fn, positions)`: what an eager step of `node` calls, on the arguments at `positions` (None: all of
+def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Callable, list[int] | None]:
+    """`(fn, positions)`: what an eager step of `node` (a `call_module`, or a `call_function`: the stitching
+    module has no other calls, and passes no keywords) calls, on the arguments at `positions` (None: all of
     them)."""
-    if node.op == "call_module":
-        module = getattr(split_gm, node.target)
-        if not isinstance(module, torch.fx.GraphModule):
-            return module, None
-        return _single_op(module, bool(node.users)) or (module.forward, None)
-    if node.op == "call_method":
-        return (lambda self_, *rest, **kw: getattr(self_, node.target)(*rest, **kw)), None
-    return node.target, None
+    fn = getattr(split_gm, node.target) if node.op == "call_module" else node.target
+    if not isinstance(fn, torch.fx.GraphModule):  # a function, or a compiled piece that runs eagerly
+        return fn, None
+    return _single_op(fn, bool(node.users)) or (fn.forward, None)
 
 
-def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any], graph_pieces: dict[str, Piece],
+def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any],
+                graph_pieces: dict[str, Piece],
                 capture: Callable[..., tuple[Any, Any]]) -> tuple[ReplayPlan, Any]:
     """Run `split_gm(*args)` once, capturing the pieces in `graph_pieces` (by name); return the plan and
     this run's (owning) outputs. `capture(fn, args, mutated, batch)` returns `(graph, outputs)` with the
@@ -206,9 +214,7 @@ def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any],
         if node.op == "output":  # the last node
             break
         call_args = torch.fx.node.map_arg(node.args, real.__getitem__)
-        call_kwargs = torch.fx.node.map_arg(node.kwargs, real.__getitem__)
         arg_refs = [_ref_tree(a, refs) for a in node.args]
-        kwarg_refs = {k: _ref_tree(v, refs) for k, v in node.kwargs.items()}
         piece = graph_pieces.get(node.target) if node.op == "call_module" else None
         if node.op == "placeholder":
             real[node], refs[node] = args[placeholder], _Ref(_INPUT, placeholder)
@@ -239,10 +245,10 @@ def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any],
             if positions is not None:  # a splitting piece that is one op: called without its FX frame
                 call_args = tuple(call_args[p] for p in positions)
                 arg_refs = [arg_refs[p] for p in positions]
-            real[node], refs[node] = fn(*call_args, **call_kwargs), _Ref(_SLOT, num_slots)
-            steps.append(Step(str(node.target), "eager", _eager_step(fn, arg_refs, kwarg_refs, num_slots)))
+            real[node], refs[node] = fn(*call_args), _Ref(_SLOT, num_slots)
+            steps.append(Step(str(node.target), "eager", _eager_step(fn, arg_refs, num_slots)))
             num_slots += 1
     checks, output = list(every.values()), node.args[0]
-    plan = ReplayPlan(batch, steps, num_slots, _ref_tree(output, refs), _caller_owned(checks, args), checks, keep,
-                      graph_outputs)
+    plan = ReplayPlan(batch, steps, num_slots, _ref_tree(output, refs), _caller_owned(checks, args), checks,
+                      keep, graph_outputs)
     return plan, torch.fx.node.map_arg(output, real.__getitem__)

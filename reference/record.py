@@ -50,10 +50,10 @@ artifacts beside it, it runs code when loaded, so a cache folder must be as trus
 from __future__ import annotations
 
 import builtins
+import contextlib
+import functools
 import gc
-import importlib
 import importlib.metadata
-import json
 import logging
 import os
 import pickle
@@ -70,13 +70,13 @@ import torch
 from . import _compat
 from .cache import CompileCache, file_sha256, newest_factors
 from .config import CompilationConfig
-from .key import (UnkeyableConfigError, as_json, describe_change, digest, environment_factors, first_change, portable,
-                  software_factors)
+from .key import (UnkeyableConfigError, as_json, cache_key, describe_change, digest, environment_factors,
+                  first_change, portable, software_factors)
 from .watch import original_class
 
 log = logging.getLogger("pieceworks")
 
-RECORD_VERSION = 4
+RECORD_VERSION = 5  # in the key: a record of another version is never found
 ENTRY = "serving-record"
 
 
@@ -98,7 +98,6 @@ class Unkeyable(ValueError):
 
 # nn.Module's own bookkeeping
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs")
 
 
 def class_origin(kind: type) -> list[str]:
@@ -126,7 +125,7 @@ def plain_attributes(module: Any, where: str = "") -> dict[str, Any]:
     """A module's attributes, private ones included, but nn.Module's own bookkeeping, tensors and
     submodules (keyed apart): each a plain value (see the module doc), else `Unkeyable`; a module with
     forward hooks is unkeyable."""
-    if any(getattr(module, hooks, None) for hooks in _HOOKS):
+    if module._forward_hooks or module._forward_pre_hooks:  # the `_with_kwargs` tables are subsets
         raise Unkeyable(f"{where or 'the model'} has forward hooks")
     return {name: _value(value, f"{where}.{name}") for name, value in sorted(vars(module).items())
             if name not in _MODULE_INTERNALS and not isinstance(value, (torch.Tensor, torch.nn.Module))}
@@ -147,10 +146,10 @@ def model_facts(model: Any, signatures: Sequence[tuple], config: CompilationConf
     except Unkeyable as exc:
         log.info("pieceworks: no serving record for this model (%s): every first call traces", exc)
         return None
+    autocast = {d: [torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))] for d in ("cpu", "cuda")}
     modes = {"default_dtype": str(torch.get_default_dtype()), "dynamo": _dynamo_config(),
              "default_device": str(torch.get_default_device()),
-             "deterministic": torch.are_deterministic_algorithms_enabled(),
-             "autocast": {d: [torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))] for d in ("cpu", "cuda")}}
+             "deterministic": torch.are_deterministic_algorithms_enabled(), "autocast": autocast}
     state = state_facts(model)
     return {"version": RECORD_VERSION, "environment": software_factors(), "config": config.hash_factors(),
             "modules": modules, "state": state, "call": [repr(s) for s in signatures], "modes": modes,
@@ -159,8 +158,8 @@ def model_facts(model: Any, signatures: Sequence[tuple], config: CompilationConf
 
 
 def key_of(facts: dict[str, Any]) -> str:
-    """The serving record's key: a digest of `model_facts`."""
-    return digest(json.dumps(facts, sort_keys=True, default=repr))[:24]
+    """The serving record's key: a digest of `model_facts` (as `cache_key` digests a graph's factors)."""
+    return cache_key(facts)
 
 
 def model_key(model: Any, signatures: Sequence[tuple], config: CompilationConfig) -> str | None:
@@ -173,8 +172,8 @@ def state_facts(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
     device, and the first name of its tensor (which are shared)."""
     first: dict[int, str] = {}
     tensors = (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
-    return {name: {"shape": list(t.shape), "strides": list(t.stride()), "dtype": str(t.dtype), "device": str(t.device),
-                   "shares": first.setdefault(id(t), name)} for name, t in tensors}
+    return {name: {"shape": list(t.shape), "strides": list(t.stride()), "dtype": str(t.dtype),
+                   "device": str(t.device), "shares": first.setdefault(id(t), name)} for name, t in tensors}
 
 
 def _dynamo_config() -> dict[str, Any]:
@@ -218,32 +217,28 @@ def source_file(code: types.CodeType) -> str:
     path = code.co_filename
     if os.path.isfile(path) or _FROZEN.fullmatch(path):
         return path
-    for fn in gc.get_referrers(code):
-        module = sys.modules.get(getattr(fn, "__module__", None) or "") if isinstance(fn, types.FunctionType) else None
-        if os.path.isfile(getattr(module, "__file__", None) or ""):
-            return module.__file__
+    functions = [fn for fn in gc.get_referrers(code) if isinstance(fn, types.FunctionType)]
+    for file in (getattr(sys.modules.get(fn.__module__ or ""), "__file__", None) for fn in functions):
+        if file and os.path.isfile(file):
+            return file
     raise Unkeyable(f"traced code {code.co_qualname} has no source file ({path})")
 
 
 def _distribution(path: str) -> Any:
     """The installed distribution (`importlib.metadata`) a file under site-packages or dist-packages
-    belongs to, by its top-level package or module, or None."""
+    belongs to, by its top-level package or module (the distribution of that name, else the one
+    `packages_distributions` names), or None."""
     parts = Path(path).parts
-    for i in range(len(parts) - 2, -1, -1):
-        if parts[i] in ("site-packages", "dist-packages"):
-            top = parts[i + 1].removesuffix(".py")
-            for name in (top, *(() if _dist_of(top) else importlib.metadata.packages_distributions().get(top, ()))):
-                if (found := _dist_of(name)) is not None:
-                    return found
-            return None
-    return None
-
-
-def _dist_of(name: str) -> Any:
-    try:
-        return importlib.metadata.distribution(name)
-    except importlib.metadata.PackageNotFoundError:
+    sites = [i for i, part in enumerate(parts[:-1]) if part in ("site-packages", "dist-packages")]
+    if not sites:
         return None
+    top = parts[sites[-1] + 1].removesuffix(".py")
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        return importlib.metadata.distribution(top)
+    for name in importlib.metadata.packages_distributions().get(top, ()):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.distribution(name)
+    return None
 
 
 def file_identity(path: str) -> str:
@@ -262,16 +257,13 @@ def file_digests(codes: Sequence[types.CodeType]) -> dict[str, str]:
     must still hold that code (a file edited after the process imported it would pair the old graph with
     the new file). `Unkeyable` where a traced code object has no file, or its file no longer compiles to
     it."""
-    digests, compiled = {}, {}
+    digests, compiled = {}, functools.cache(_compiled_code)
     for code in codes:
-        path = source_file(code)
-        if path not in digests:
+        if (path := source_file(code)) not in digests:
             digests[path] = file_identity(path)
-        if digests[path].startswith("sha256:") and path == code.co_filename:
-            if path not in compiled:
-                compiled[path] = _compiled_code(path)
-            if compiled[path].get((code.co_qualname, code.co_firstlineno)) != code_digest(code):
-                raise Unkeyable(f"{path} changed since it was imported ({code.co_qualname})")
+        by_sha256 = digests[path].startswith("sha256:") and path == code.co_filename
+        if by_sha256 and compiled(path).get((code.co_qualname, code.co_firstlineno)) != code_digest(code):
+            raise Unkeyable(f"{path} changed since it was imported ({code.co_qualname})")
     return digests
 
 
@@ -291,7 +283,8 @@ def changed_file(files: dict[str, str]) -> str | None:
 # Guards whose values the key covers or that hold nothing to compare: the call's tensors and the model's
 # parameters and buffers (signature and state in the key), hook tables (a model with hooks has no record),
 # aliases of another source.
-_COVERED_GUARDS = {"TENSOR_MATCH", "EMPTY_NN_MODULE_HOOKS_DICT", "NOT_PRESENT_IN_GENERIC_DICT", "DUPLICATE_INPUT"}
+_COVERED_GUARDS = {"TENSOR_MATCH", "EMPTY_NN_MODULE_HOOKS_DICT", "NOT_PRESENT_IN_GENERIC_DICT",
+                   "DUPLICATE_INPUT"}
 # A source inside the model's module tree (an attribute or entry of a module, its `_modules` table): the key
 # covers it.
 _MODEL_STATE = re.compile(r"(L\['model'\]|model)(\.[A-Za-z_]\w*|\['[^']*'\]|\[\d+\])*")
@@ -373,8 +366,8 @@ def stand_in(value: Any, guard: str, source: str) -> Any:
     try:
         return portable(value, source)
     except (UnkeyableConfigError, RecursionError):
-        raise Unkeyable(f"the trace read {_readable(source)}, a {type(value).__name__} that cannot be compared "
-                        f"across processes") from None
+        raise Unkeyable(f"the trace read {_readable(source)}, a {type(value).__name__} that cannot be "
+                        f"compared across processes") from None
 
 
 def outside_reads(guards: Sequence[Any] | None, model: Any,
@@ -388,11 +381,13 @@ def outside_reads(guards: Sequence[Any] | None, model: Any,
     reads = []
     for guard in guards:
         source, kind = portable_source(guard.name, frame_globals), guard.guard_type
-        if not guard.has_value or kind in _COVERED_GUARDS or _CALL.match(source) or _GLOBAL_HOOKS.match(source) or (
+        if not guard.has_value or kind in _COVERED_GUARDS or _CALL.match(source) or \
+                _GLOBAL_HOOKS.match(source) or (
                 not guard.is_global and "__" not in source and _MODEL_STATE.fullmatch(source)):
             continue
         if any(_named_by_id(found, frame_globals) is not None for found in _BY_ID.finditer(source)):
-            raise Unkeyable(f"the trace read {_readable(source)}, a value Dynamo names by its id in this process only")
+            raise Unkeyable(f"the trace read {_readable(source)}, a value Dynamo names by its id in this "
+                            "process only")
         try:  # read back as a warm start will (the guard's own value may come from a module imported before)
             value = read_back(source, model, frame_globals)
         except Exception as exc:  # noqa: BLE001 - a source this resolution does not cover
@@ -402,13 +397,14 @@ def outside_reads(guards: Sequence[Any] | None, model: Any,
     return reads
 
 
-def changed_read(reads: Sequence[tuple[str, str, Any]], model: Any, frame_globals: dict[str, Any]) -> str | None:
+def changed_read(reads: Sequence[tuple], model: Any, frame_globals: dict[str, Any]) -> str | None:
     """Why the first of a record's `outside_reads` differs now (which value, now and in the record), or
     None."""
     for source, kind, value in reads:
         try:
             now = stand_in(read_back(source, model, frame_globals), kind, source)
-        except Exception as exc:  # noqa: BLE001 - a module gone, an attribute renamed: the record does not apply
+        # a module gone, an attribute renamed: the record does not apply
+        except Exception as exc:  # noqa: BLE001
             return f"{_readable(source)} cannot be read ({type(exc).__name__}: {exc})"
         if now != value:
             return f"{_readable(source)} is {now!r}, the record's trace read {value!r}"
@@ -424,7 +420,7 @@ def save(config: CompilationConfig, key: str, record: Record, facts: dict[str, A
     """Store `record` under `key`, with the key's `facts` (`model_facts`) in its folder's factors.json
     (what `load` explains a later miss with); False (logged by the cache) where it cannot be written."""
     cache = _store(config, key, facts)
-    data = pickle.dumps((RECORD_VERSION, tuple(record)), protocol=pickle.HIGHEST_PROTOCOL)
+    data = pickle.dumps(tuple(record), protocol=pickle.HIGHEST_PROTOCOL)
     return cache is not None and cache.store(ENTRY, lambda path: Path(path).write_bytes(data))
 
 
@@ -438,15 +434,12 @@ def _explain_miss(root: str, key: str, stored: dict[str, Any]) -> None:
 
     last = newest_factors(root, f"model-{key}", same_class)
     if last is not None and (change := first_change(last["facts"], stored)) is not None:
-        log.info("pieceworks: tracing the model: its serving record's key changed since the last record of %s was "
-                 "stored: %s", model_class[1], describe_change(change))
+        log.info("pieceworks: tracing the model: its serving record's key changed since the last record "
+                 "of %s was stored: %s", model_class[1], describe_change(change))
 
 
 def _read(path: str) -> Record:
-    version, fields = pickle.loads(Path(path).read_bytes())  # noqa: S301 - see the module doc on trust
-    if version != RECORD_VERSION:
-        raise ValueError(f"a version-{version} record, this pieceworks reads version {RECORD_VERSION}")
-    return Record(*fields)
+    return Record(*pickle.loads(Path(path).read_bytes()))  # noqa: S301 - see the module doc on trust
 
 
 def load(config: CompilationConfig, key: str, facts: dict[str, Any] | None = None) -> Record | None:
@@ -459,8 +452,10 @@ def load(config: CompilationConfig, key: str, facts: dict[str, Any] | None = Non
         try:  # a new key: why, against the newest record of the class
             _explain_miss(cache.root, key, as_json(facts))
         except Exception as exc:  # noqa: BLE001 - an explanation must never fail the call
-            log.debug("pieceworks: no explanation of the serving record's miss (%s: %s)", type(exc).__name__, exc)
+            log.debug("pieceworks: no explanation of the serving record's miss (%s: %s)",
+                      type(exc).__name__, exc)
     if record is not None and (path := changed_file(record.files)) is not None:
-        log.info("pieceworks: %s changed since this model's serving record was stored: tracing the model", path)
+        log.info("pieceworks: %s changed since this model's serving record was stored: tracing the model",
+                 path)
         return None
     return record

@@ -80,10 +80,10 @@ def check_ranks_agree(mode: CUDAGraphMode, sizes: list[int], device: torch.devic
                         torch.nn.functional.pad(mine, (0, int(width) - mine.numel())))
         plans = [(modes[m].name, rest[:n]) for m, n, *rest in (t.tolist() for t in found)]
         if differ := "; ".join(f"rank {r}: {m} {s}" for r, (m, s) in enumerate(plans) if (m, s) != plans[0]):
-            raise CaptureMismatchError(f"ranks would capture different CUDA graphs (mode, sizes largest first), "
-                                       f"rank 0: {plans[0][0]} {plans[0][1]}; {differ}: their collectives would wait "
-                                       "forever. Fix: the same cudagraph_mode, cudagraph_capture_sizes and capture() "
-                                       "sizes on every rank")
+            raise CaptureMismatchError(
+                f"ranks would capture different CUDA graphs (mode, sizes largest first), rank 0: "
+                f"{plans[0][0]} {plans[0][1]}; {differ}: their collectives would wait forever. Fix: the same "
+                "cudagraph_mode, cudagraph_capture_sizes and capture() sizes on every rank")
 
 
 class Phase(enum.Enum):
@@ -106,14 +106,14 @@ def effective_mode(config: CompilationConfig, graph: CompiledGraph) -> CUDAGraph
     mode = config.cudagraph_mode
     if mode is CUDAGraphMode.NONE:
         return mode
-    if not torch.cuda.is_available() or not any(isinstance(v, torch.Tensor) and v.is_cuda for v in graph.inputs):
-        where = "CUDA is not available" if not torch.cuda.is_available() else "the graph's inputs are not on CUDA"
-        log.warning("pieceworks: cudagraph_mode=%s but %s: running without CUDA graphs (set cudagraph_mode=NONE "
-                    "to silence this)", mode.name, where)
+    if not any(isinstance(v, torch.Tensor) and v.is_cuda for v in graph.inputs):  # (implied without CUDA)
+        where = "the graph's inputs are not on CUDA" if torch.cuda.is_available() else "CUDA is not available"
+        log.warning("pieceworks: cudagraph_mode=%s but %s: running without CUDA graphs (set "
+                    "cudagraph_mode=NONE to silence this)", mode.name, where)
         return CUDAGraphMode.NONE
     if mode.has_piecewise and not any(p.is_splitting_graph for p in graph.pieces):  # vLLM's behaviour
-        log.info("pieceworks: cudagraph_mode=%s and no splitting op in the graph (splitting_ops=%s): %s", mode.name,
-                 config.splitting_ops, "FULL covers it" if mode.has_full else
+        log.info("pieceworks: cudagraph_mode=%s and no splitting op in the graph (splitting_ops=%s): %s",
+                 mode.name, config.splitting_ops, "FULL covers it" if mode.has_full else
                  "its one piece is captured per size, as a FULL graph would be")
         return CUDAGraphMode.FULL if mode.has_full else mode
     ops = {op_identity(n.target)[0] for p in graph.pieces if p.is_splitting_graph for n in p.graph.graph.nodes
@@ -121,8 +121,8 @@ def effective_mode(config: CompilationConfig, graph: CompiledGraph) -> CUDAGraph
     support, op = graph_support(ops)
     lowered = supported_mode(mode, support)
     if lowered is not mode:
-        log.warning("pieceworks: cudagraph_mode=%s lowered to %s: splitting op %s declares graph support %s (a full "
-                    "graph may not hold it for %s)", mode.name, lowered.name, op, support.name,
+        log.warning("pieceworks: cudagraph_mode=%s lowered to %s: splitting op %s declares graph support %s "
+                    "(a full graph may not hold it for %s)", mode.name, lowered.name, op, support.name,
                     "mixed batches" if support is GraphSupport.UNIFORM_DECODE else "any batch")
     return lowered
 
@@ -166,15 +166,17 @@ class Runtime:
             log.warning("pieceworks: piece %s runs without a CUDA graph: %s", piece.submod_name,
                         piece.piecewise_refusal)
         self._graph_pieces = {p.submod_name: p for p in compiled if p.piecewise_refusal is None}
-        self.full_reason = "mode has no FULL graphs" if not self.mode.has_full else next(
-            (f"piece {p.submod_name}: {p.uncapturable}" for p in graph.pieces if p.uncapturable), None)
-        if self.mode.has_full and self.full_reason is not None:
-            counters.num_cudagraph_uncapturable += 1
-            log.warning("pieceworks: no FULL CUDA graph: %s", self.full_reason)
-            self._no_full()
+        self.full_reason = None if self.mode.has_full else "mode has no FULL graphs"
+        why = next((f"piece {p.submod_name}: {p.uncapturable}" for p in graph.pieces if p.uncapturable), "")
+        if self.mode.has_full and why:
+            self._no_full(why)
 
-    def _no_full(self) -> None:
-        """Kinds meant for FULL graphs get PIECEWISE plans instead (no graphs where no piece can have one)."""
+    def _no_full(self, reason: str) -> None:
+        """No FULL graphs, for `reason` (counted, logged): kinds meant for them get PIECEWISE plans instead
+        (no graphs where no piece can have one)."""
+        self.full_reason = reason
+        counters.num_cudagraph_uncapturable += 1
+        log.warning("pieceworks: no FULL CUDA graph: %s", reason)
         instead = CUDAGraphMode.PIECEWISE if self._graph_pieces else CUDAGraphMode.NONE
         self._kind_modes = {k: instead if m is CUDAGraphMode.FULL else m for k, m in self._kind_modes.items()}
 
@@ -211,15 +213,17 @@ class Runtime:
         key = (batch, _uniform[0])
         replay = self._replays.get(key)
         if replay is not None:
-            return replay.run(args, replay.all_checks if self._debug else (() if static else replay.cheap_checks))
+            checks = replay.all_checks if self._debug else () if static else replay.cheap_checks
+            return replay.run(args, checks)
         if self.phase is not Phase.WAITING and batch is not None and batch <= self._max_size \
                 and self._kind_modes[key[1]] is not CUDAGraphMode.NONE and key not in self._attempted:
             if batch in self._sizes and (self.phase is Phase.CAPTURING or self.config.lazy_capture):
                 return self._capture_size(batch, args, key[1])
             if self.phase is Phase.SERVING and self.config.on_missing_graph == "raise":
                 raise CUDAGraphMissingError(
-                    f"batch size {batch} has no CUDA graph (captured: {sorted(self._replays)}). Fix: pad batches to "
-                    f"a captured size (pieceworks.compile does), capture this size, or set on_missing_graph='eager'")
+                    f"batch size {batch} has no CUDA graph (captured: {sorted(self._replays)}). Fix: pad "
+                    f"batches to a captured size (pieceworks.compile does), capture this size, or set "
+                    f"on_missing_graph='eager'")
             if self.phase is Phase.SERVING and batch not in self._warned:
                 self._warned.add(batch)
                 log.warning("pieceworks: batch size %d has no CUDA graph; running it without one", batch)
@@ -254,27 +258,23 @@ class Runtime:
         with self._capturing() if self.phase is Phase.SERVING else contextlib.nullcontext():
             if kind is CUDAGraphMode.FULL and self.full_reason is None:
                 try:  # a lazy capture is a served call: it puts back every mutated input
-                    graph, out = self.pool.capture(split_gm, args, self.graph.mutated_inputs if self.config.lazy_capture
+                    graph, out = self.pool.capture(split_gm, args, self.graph.mutated_inputs
+                                                   if self.config.lazy_capture
                                                    else self.graph.restored_inputs)
                 except Exception as exc:  # noqa: BLE001 - a refused capture falls back, it never crashes
-                    self.full_reason = f"capture failed: {type(exc).__name__}: {exc}"
-                    counters.num_cudagraph_uncapturable += 1
-                    log.warning("pieceworks: no FULL CUDA graph (%s)", self.full_reason)
                     torch.cuda.synchronize()
-                    self._no_full()
+                    self._no_full(f"capture failed: {type(exc).__name__}: {exc}")
                 else:
-                    return self._keep(batch, kind, FullGraph(batch, graph, out, self.graph.placeholder_names, args),
-                                      out)
+                    full = FullGraph(batch, graph, out, self.graph.placeholder_names, args)
+                    return self._keep(batch, kind, full, out)
             if not self._graph_pieces:
                 return split_gm(*args)
-            return self._keep(batch, self._kind_modes[uniform], *record_plan(split_gm, batch, args, self._graph_pieces,
-                                                                            self.pool.capture_piece))
+            return self._keep(batch, self._kind_modes[uniform], *record_plan(
+                split_gm, batch, args, self._graph_pieces, self.pool.capture_piece))
 
     def _keep(self, batch: int, kind: CUDAGraphMode, replay: FullGraph | ReplayPlan, out: Any) -> Any:
         """Keep `replay` for `batch` and every kind whose mode is `kind`; return `out`."""
-        for uniform in (k for k, m in self._kind_modes.items() if m is kind):
-            self._replays[batch, uniform] = replay
-            self._attempted.add((batch, uniform))
+        self._replays.update({(batch, k): replay for k, m in self._kind_modes.items() if m is kind})
         return out
 
     def reset(self) -> None:
@@ -297,39 +297,35 @@ class Runtime:
         `{"pool_bytes", "sizes", "sampled_sizes", "largest_bytes" (the pool after the largest size alone),
         "seconds"}`; 0 bytes for a mode without graphs, or no sizes."""
         if self._replays:
-            raise RuntimeError("estimate_pool() runs before capture(): this runtime already holds graphs. Fix: "
-                               "estimate first, or call reset() to drop the graphs")
+            raise RuntimeError("estimate_pool() runs before capture(): this runtime already holds graphs. "
+                               "Fix: estimate first, or call reset() to drop the graphs")
         sizes = capture_order(self._sizes if sizes is None else sizes)
         if unknown := [s for s in sizes if s not in self._sizes]:
             raise ValueError(f"sizes {unknown} are not in CompilationConfig.cudagraph_capture_sizes")
         if samples < 1:
             raise ValueError(f"samples={samples}: the estimate needs at least 1 sampled size (the largest)")
-        report = {"pool_bytes": 0, "sizes": len(sizes), "sampled_sizes": [], "largest_bytes": 0, "seconds": 0.0}
+        report = dict(pool_bytes=0, sizes=len(sizes), sampled_sizes=[], largest_bytes=0, seconds=0.0)
         if not self._capture_kinds() or not sizes:
             return report
         step = (len(sizes) - 1) / max(samples - 1, 1)
         picked = sorted({sizes[round(k * step)] for k in range(min(samples, len(sizes)))}, reverse=True)
-        phase, start = self.phase, time.perf_counter()
+        phase, start, pools = self.phase, time.perf_counter(), []
         self.pool.reset()
-        self.phase = Phase.WAITING  # so that `_capturing` below is the phase and ends it
         try:
             with self._capturing():
-                for k, size in enumerate(picked):
+                for size in picked:  # the pool after each size: the largest's alone, ..., the sample's
                     self._capture_kinds_of(run_size, size)
-                    if k == 0:
-                        torch.cuda.synchronize()
-                        largest = pool_bytes(self.pool.handle)
-            torch.cuda.synchronize()
-            sampled = pool_bytes(self.pool.handle)
+                    torch.cuda.synchronize()
+                    pools.append(pool_bytes(self.pool.handle))
         finally:
             self.reset()
             gc.collect()  # the sample's graphs hold the pool; freed now, returned to the device below
             torch.cuda.empty_cache()
             self.phase = phase
-        report.update(pool_bytes=sampled, sampled_sizes=picked, largest_bytes=largest,
+        report.update(pool_bytes=pools[-1], sampled_sizes=picked, largest_bytes=pools[0],
                       seconds=time.perf_counter() - start)
-        log.info("pieceworks capture estimate: %d sizes will take about %.1f MiB of graph pool (sampled %s in %.2f s)",
-                 len(sizes), report["pool_bytes"] / 2**20, picked, report["seconds"])
+        log.info("pieceworks capture estimate: %d sizes will take about %.1f MiB of graph pool (sampled %s "
+                 "in %.2f s)", len(sizes), report["pool_bytes"] / 2**20, picked, report["seconds"])
         return report
 
     def _capture_kinds_of(self, run_size: Callable[[int], Any], size: int) -> None:
@@ -346,7 +342,8 @@ class Runtime:
         (`_c10d_functional` ops) first checks that every rank captures the same (`check_ranks_agree`).
         Returns the phase's numbers (sizes, seconds, MiB, graphs)."""
         sizes = capture_order(self._sizes if sizes is None else sizes)
-        if any(str(n.target).startswith("_c10d_functional.") for p in self.graph.pieces for n in p.graph.graph.nodes):
+        if any(str(n.target).startswith("_c10d_functional.") for p in self.graph.pieces
+               for n in p.graph.graph.nodes):
             check_ranks_agree(self.mode, sizes, next(
                 (v.device for v in self.graph.inputs if isinstance(v, torch.Tensor) and v.is_cuda), None))
         report = {"sizes": len(sizes), "seconds": 0.0, "free_delta_mib": 0.0, "reserved_delta_mib": 0.0,
@@ -367,7 +364,8 @@ class Runtime:
         report.update(seconds=time.perf_counter() - start, graphs=counters.num_cudagraph_captured - graphs,
                       free_delta_mib=(free - torch.cuda.mem_get_info()[0]) / 2**20,
                       reserved_delta_mib=(torch.cuda.memory_reserved() - reserved) / 2**20)
-        log.info("pieceworks capture: %d sizes (%d..%d), mode %s, %d graphs in %.2f s, %.1f MiB (device free-memory "
-                 "delta), %.1f MiB (allocator reserved delta)", len(sizes), sizes[0], sizes[-1], self.mode.name,
-                 report["graphs"], report["seconds"], report["free_delta_mib"], report["reserved_delta_mib"])
+        log.info("pieceworks capture: %d sizes (%d..%d), mode %s, %d graphs in %.2f s, %.1f MiB (device "
+                 "free-memory delta), %.1f MiB (allocator reserved delta)", len(sizes), sizes[0], sizes[-1],
+                 self.mode.name, report["graphs"], report["seconds"], report["free_delta_mib"],
+                 report["reserved_delta_mib"])
         return report

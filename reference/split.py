@@ -67,10 +67,10 @@ def check_splitting_ops(splitting_ops: Sequence[str]) -> None:
     every op it calls is registered, while a config may well be built before the module that registers its
     ops.
     """
-    problems = [problem for problem in map(_unknown_op, splitting_ops) if problem is not None]
-    if problems:
-        raise ConfigError(f"CompilationConfig.splitting_ops={list(splitting_ops)!r}: {problems[0]}. Fix: correct the "
-                          f"name, or import the module that registers the op before the model's first call.")
+    if problems := [problem for problem in map(_unknown_op, splitting_ops) if problem is not None]:
+        raise ConfigError(
+            f"CompilationConfig.splitting_ops={list(splitting_ops)!r}: {problems[0]}. Fix: correct the name, "
+            f"or import the module that registers the op before the model's first call.")
 
 
 def absent_splitting_ops(gm: torch.fx.GraphModule, splitting_ops: Sequence[str]) -> list[str]:
@@ -93,19 +93,20 @@ def decompose_sizes(gm: torch.fx.GraphModule) -> None:
     """Replace every `x.size()` (no dim) by one `sym_size.int(x, d)` per dimension, in place."""
     graph = gm.graph
     for node in graph.find_nodes(op="call_method", target="size"):
-        value = example_value(node.args[0]) if len(node.args) == 1 and not node.kwargs else None
-        if value is None:
+        if len(node.args) != 1 or node.kwargs or (value := example_value(node.args[0])) is None:
             continue
         with graph.inserting_before(node.next):
-            dims = [graph.call_function(torch.ops.aten.sym_size.int, (node.args[0], d)) for d in range(value.dim())]
+            dims = [graph.call_function(torch.ops.aten.sym_size.int, (node.args[0], d))
+                    for d in range(value.dim())]
         for dim, size in zip(dims, value.shape):
             dim.meta["example_value"] = size
         for user in list(node.users):
-            if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int):
+            if user.target is operator.getitem and isinstance(user.args[1], int):
                 user.replace_all_uses_with(dims[user.args[1]])
                 graph.erase_node(user)
             else:
-                user.args, user.kwargs = torch.fx.map_arg((user.args, user.kwargs), lambda a: dims if a is node else a)
+                user.args, user.kwargs = torch.fx.map_arg((user.args, user.kwargs),
+                                                          lambda a: dims if a is node else a)
         graph.erase_node(node)
     graph.lint()
     gm.recompile()
@@ -120,8 +121,7 @@ def assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[di
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        unpacks = node.op == "call_function" and node.target is operator.getitem
-        if (unpacks or binds_unbacked_size(node)) and node.args[0] in piece_of:
+        if (node.target is operator.getitem or binds_unbacked_size(node)) and node.args[0] in piece_of:
             piece_of[node] = piece_of[node.args[0]]
             continue
         splitting = is_splitting_op(node, splitting_ops)
@@ -164,7 +164,8 @@ def batch_symbols(gm: torch.fx.GraphModule) -> frozenset[str]:
                      if isinstance(v, torch.Tensor) and v.dim() > 0 and isinstance(v.shape[0], torch.SymInt))
 
 
-def split_graph(gm: torch.fx.GraphModule, splitting_ops: Sequence[str]) -> tuple[torch.fx.GraphModule, list[Piece]]:
+def split_graph(gm: torch.fx.GraphModule,
+                splitting_ops: Sequence[str]) -> tuple[torch.fx.GraphModule, list[Piece]]:
     """Split `gm` at `splitting_ops`; return the stitching module and its pieces in run order, each analysed.
 
     `gm` is modified in place (sizes decomposed). The stitching module calls each piece exactly once, in the

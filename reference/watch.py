@@ -68,9 +68,10 @@ def refuse_global_hooks() -> None:
     if global_module_hooks():
         raise GlobalHookError(
             "pieceworks: a global module forward hook is registered (torch.nn.modules.module."
-            "register_module_forward_hook or register_module_forward_pre_hook); it runs on every nn.Module, the "
-            "compiled model's own graph modules included, so the compiled model cannot give the eager result. Fix: "
-            "remove it (handle.remove()), or register the hook on the model's modules (module.register_forward_hook)")
+            "register_module_forward_hook or register_module_forward_pre_hook); it runs on every nn.Module, "
+            "the compiled model's own graph modules included, so the compiled model cannot give the eager "
+            "result. Fix: remove it (handle.remove()), or register the hook on the model's modules "
+            "(module.register_forward_hook)")
 
 
 # the live watches; the process-wide hooks and the watched classes call each
@@ -168,7 +169,8 @@ def _watched_class(cls: type) -> type:
             rebuild, args = copyreg._reconstructor, (cls, object, None)
         return (rebuild, tuple(cls if a is watched else a for a in args), *rest)
 
-    body = {"__setattr__": __setattr__, "__delattr__": __delattr__, "_apply": _apply, "__reduce_ex__": __reduce_ex__,
+    body = {"__setattr__": __setattr__, "__delattr__": __delattr__, "_apply": _apply,
+            "__reduce_ex__": __reduce_ex__,
             "register_forward_hook": registering("register_forward_hook", "forward hook"),
             "register_forward_pre_hook": registering("register_forward_pre_hook", "forward pre-hook"),
             "__module__": cls.__module__, "__qualname__": cls.__qualname__, "_pieceworks_watches": cls}
@@ -198,11 +200,12 @@ class StateWatch:
         self._paths: dict[int, tuple[str, torch.nn.Module]] = {}
         self._watched: dict[tuple[int, str], tuple[str, Any, tuple | None]] = {}
         # the table holds the stand-in
-        self._stand_ins: list[tuple[dict, Any, weakref.ref, weakref.finalize]] = []
+        self._stand_ins: list[tuple[dict, Any, weakref.finalize]] = []
         for prefix, module in model.named_modules():
             self._paths[id(module)] = (prefix, module)
             for name, value in _attributes(module):
-                self._watched[id(module), name] = (f"{prefix}.{name}" if prefix else name, value, _place(value))
+                full = f"{prefix}.{name}" if prefix else name
+                self._watched[id(module), name] = (full, value, _place(value))
             module.__class__ = _watched_class(original_class(type(module)))
             for table, kind in _HOOK_TABLES.items():
                 self._stand_in(module, getattr(module, table), kind)
@@ -215,7 +218,14 @@ class StateWatch:
         for key, hook in list(table.items()):
             table[key] = stand_in = _HookStandIn(hook)
             gone = weakref.finalize(stand_in, self.note, module, f"a {kind} the trace ran was removed from")
-            self._stand_ins.append((table, key, weakref.ref(stand_in), gone))
+            self._stand_ins.append((table, key, gone))
+
+    def __enter__(self) -> None:
+        """`with watch:` pauses it: the compiled model itself runs forward through Dynamo."""
+        self.paused = True
+
+    def __exit__(self, *exc: Any) -> None:
+        self.paused = False
 
     def note(self, module: torch.nn.Module, what: str, attribute: str | None = None) -> None:
         """Note that `module`'s `attribute` was `what` ("set", "deleted"), or without `attribute`, that
@@ -231,22 +241,21 @@ class StateWatch:
         where it was. An attribute not watched (another module's, a deep copy's) is never read: it may be a
         fake tensor."""
         for name, value in attributes:
-            full, watched, place = self._watched.get((id(module), name), (None, None, None))
-            if full is not None and self.replaced is None and (watched is not value or _place(value) != place):
+            full, old, place = self._watched.get((id(module), name), (None, None, None))
+            if full is not None and self.replaced is None and (old is not value or _place(value) != place):
                 self.replaced = self.changed = (
-                    f"{full} of the compiled model was {how} after its first call; its compiled graphs still read "
-                    "the old tensor. Fix: load new values in place (model.load_state_dict(state) without "
-                    "assign=True, or `with torch.no_grad(): param.copy_(new)`), or compile the model again with "
-                    "pieceworks.compile")
+                    f"{full} of the compiled model was {how} after its first call; its compiled graphs still "
+                    "read the old tensor. Fix: load new values in place (model.load_state_dict(state) "
+                    "without assign=True, or `with torch.no_grad(): param.copy_(new)`), or compile the model "
+                    "again with pieceworks.compile")
 
     def close(self) -> None:
         """End the watch: the hooks the trace ran go back in their tables, and modules no other watch
         covers get their own class back."""
         _WATCHES.discard(self)
-        for table, key, stand_in, gone in self._stand_ins:
-            gone.detach()
-            if (hook := stand_in()) is not None and table.get(key) is hook:
-                table[key] = hook.hook
+        for table, key, gone in self._stand_ins:  # detach(): (the stand-in, ...) while it lives, else None
+            if (alive := gone.detach()) is not None and table.get(key) is alive[0]:
+                table[key] = alive[0].hook
         covered = {i for watch in _WATCHES for i in watch._paths}
         for i, (_, module) in self._paths.items():
             if i not in covered:

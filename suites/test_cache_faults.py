@@ -14,6 +14,7 @@ import contextlib
 import errno
 import json
 import os
+import pathlib
 import shutil
 import sys
 import time
@@ -295,7 +296,12 @@ def test_prune_removes_key_folders_unused_for_days_or_of_another_build(tmp_path)
     recent, old = key_folder("recent", here, 1), key_folder("old", here, 40)
     other = key_folder("other", here.replace("torch=", "torch=0.0.0-"), 1)
     (tmp_path / "inductor").mkdir()
+    for name, text in (("a-list", "[1]"), ("not-json", "{"), ("a-number", "3")):  # not key folders: kept
+        (pathlib.Path(key_folder(name, here, 40)) / "factors.json").write_text(text)
+        os.utime(tmp_path / name, (0, 0))
     assert prune(str(tmp_path), older_than_days=30) == [old]
+    for name in ("a-list", "not-json", "a-number"):
+        shutil.rmtree(tmp_path / name)
     assert prune(str(tmp_path), environment=here) == [other]
     assert sorted(os.listdir(tmp_path)) == ["inductor", "recent"] and os.path.isdir(recent)
 

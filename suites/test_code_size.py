@@ -4,7 +4,9 @@ leave out blank lines, comments and docstrings, and count every line of a statem
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
+import pieceworks
 from suites.benchmarks.code_size import core_lines, file_lines
 
 SOURCE = textwrap.dedent('''\
@@ -50,3 +52,10 @@ def test_the_installed_core_is_reference():
     found = core_lines()
     assert "runtime.py" in found and "report.py" not in found
     assert 0 < found["total"]["code"] < found["total"]["lines"]
+
+
+def test_no_line_of_the_core_is_longer_than_110_characters():
+    folder = Path(pieceworks.__file__).parent
+    long = [f"{path.name}:{n} ({len(line)})" for path in sorted(folder.glob("*.py"))
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if len(line) > 110]
+    assert not long, f"lines over 110 characters: {', '.join(long)}"
