@@ -204,7 +204,7 @@ class CompiledModel:
     replay of size n reads).
     """
 
-    _count = 0
+    _entry_points = 0  # made in this process: each has a name of its own
 
     def __init__(self, model: Callable[..., Any], config: CompilationConfig | None = None) -> None:
         if not callable(model):
@@ -221,7 +221,8 @@ class CompiledModel:
         self.batched_outputs: Any = False
         self._signatures: list[tuple] = []
         self._arguments: Arguments | None = None  # the first call's form: positional, then keyword arguments
-        self._count, self._labels = -1, None  # positional arguments of a first call without keywords, else -1
+        # the positional arguments of a first call without keywords (else -1), and the arguments' names
+        self._positional, self._labels = -1, None
         self._mutated_args: list[int] = []
         self._flat_by_size: dict[int, list[Any]] = {}
         self._state_watch: StateWatch | None = None
@@ -231,8 +232,8 @@ class CompiledModel:
         """A Dynamo entry point of this model's own that traces it once (its first call, or the first after
         a change to the model's state) with guards dropped; the guards' entries go to `_traced` (the
         serving record checks what they read outside the model)."""
-        CompiledModel._count += 1
-        entry = _own_entry_point(self.model, f"pieceworks_model_{CompiledModel._count}")
+        CompiledModel._entry_points += 1
+        entry = _own_entry_point(self.model, f"pieceworks_model_{CompiledModel._entry_points}")
         return torch.compile(entry, backend=_calling_weakly(self._compile_graph), fullgraph=True,
                              dynamic=False, options={"guard_filter_fn": _calling_weakly(self._drop_guards)})
 
@@ -422,7 +423,7 @@ class CompiledModel:
     # ---- calls --------------------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # keywords, or not the form of a positional first call (or the first)
-        if kwargs or len(args) != self._count:
+        if kwargs or len(args) != self._positional:
             args = self._in_order(args, kwargs)
         if torch.is_grad_enabled():
             refuse_grad(args, self._labels)
@@ -440,7 +441,7 @@ class CompiledModel:
         if self._arguments is None:
             forward = self.model.forward if isinstance(self.model, torch.nn.Module) else self.model
             self._arguments = Arguments(forward, args, kwargs)
-            self._count, self._labels = (-1, self._arguments.labels) if kwargs else (len(args), None)
+            self._positional, self._labels = (-1, self._arguments.labels) if kwargs else (len(args), None)
         return self._arguments.flat(args, kwargs)
 
     def _dynamo_call(self, flat: Sequence[Any]) -> Any:
@@ -500,6 +501,6 @@ class CompiledModel:
             return self.runtime.capture(self._run, [] if self.static_inputs is None else sizes)
 
 
-def compile(model: Callable[..., Any], config: CompilationConfig | None = None) -> CompiledModel:  # noqa
+def compile(model: Callable, config: CompilationConfig | None = None) -> CompiledModel:  # noqa: A001
     """Compile `model` piecewise with `config` (default `CompilationConfig()`); see `CompiledModel`."""
     return CompiledModel(model, config)
