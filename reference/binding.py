@@ -42,7 +42,6 @@ from ._compat import example_value, symbol_name
 from .values import tree_map
 
 
-
 class Source(enum.IntEnum):
     """Where a graph input comes from (`Binder.sources`): a call argument, the batch size, or a tensor of
     the model's own (a parameter or buffer)."""
@@ -56,8 +55,9 @@ class Place(enum.IntEnum):
     POSITIONAL, KEYWORD, DEFAULT = range(3)
 
 
-_ARG, _BATCH, _BOUND = Source  # the call path's names
-_POSITIONAL, _KEYWORD, _DEFAULT = Place
+# the call path's names, as plain ints (compared per call; what a serving record pickles)
+_ARG, _BATCH, _BOUND = map(int, Source)
+_POSITIONAL, _KEYWORD, _DEFAULT = map(int, Place)
 
 
 class InputError(ValueError):
@@ -158,7 +158,8 @@ class Binder:
     def outputs(self, flat: Sequence[Any]) -> Any:
         if type(self.template) is int:
             return flat[self.template]
-        return tree_map(lambda k: flat[k] if type(k) is int else getattr(k, "value", None), self.template)
+        return tree_map(lambda k: flat[k] if type(k) is int else (None if k is None else k.value),
+                        self.template)
 
     def describe(self, model: Any) -> tuple[list[tuple[int, Any]], Any]:
         """`(sources, template)` in plain values, bound tensors named by their parameter or buffer name in

@@ -48,7 +48,7 @@ class Where(enum.IntEnum):
     CONST, INPUT, SLOT = range(3)
 
 
-_CONST, _INPUT, _SLOT = Where  # the replay path's names
+_CONST, _INPUT, _SLOT = map(int, Where)  # the replay path's names, as plain ints (compared per replay)
 
 
 class _Ref:

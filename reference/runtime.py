@@ -262,8 +262,8 @@ class Runtime:
                                                    if self.config.lazy_capture
                                                    else self.graph.restored_inputs)
                 except Exception as exc:  # noqa: BLE001 - a refused capture falls back, it never crashes
-                    torch.cuda.synchronize()
                     self._no_full(f"capture failed: {type(exc).__name__}: {exc}")
+                    torch.cuda.synchronize()
                 else:
                     full = FullGraph(batch, graph, out, self.graph.placeholder_names, args)
                     return self._keep(batch, kind, full, out)
@@ -313,10 +313,11 @@ class Runtime:
         self.pool.reset()
         try:
             with self._capturing():
-                for size in picked:  # the pool after each size: the largest's alone, ..., the sample's
+                for k, size in enumerate(picked):  # the pool after the largest size alone, and at the end
                     self._capture_kinds_of(run_size, size)
-                    torch.cuda.synchronize()
-                    pools.append(pool_bytes(self.pool.handle))
+                    if k in (0, len(picked) - 1):
+                        torch.cuda.synchronize()
+                        pools.append(pool_bytes(self.pool.handle))
         finally:
             self.reset()
             gc.collect()  # the sample's graphs hold the pool; freed now, returned to the device below

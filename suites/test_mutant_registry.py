@@ -49,10 +49,10 @@ class _Recording(pytest.MonkeyPatch):
         super().__init__()
         self.replaced: list[tuple[object, str, object, object]] = []
 
-    def setattr(self, target, name, value=None, raising=True):  # noqa: ANN001 - MonkeyPatch's own signature
-        if not isinstance(target, str):
-            self.replaced.append((target, name, getattr(target, name, None), value))
-        super().setattr(target, name, value, raising)
+    def setattr(self, target, name, *value, **options):  # noqa: ANN001 - MonkeyPatch's own arguments
+        if not isinstance(target, str):  # `setattr(target, name, value)`; not `setattr("module.name", value)`
+            self.replaced.append((target, name, getattr(target, name, None), (*value, options.get("value"))[0]))
+        super().setattr(target, name, *value, **options)
 
 
 def stand_in_problem(original: object, stand_in: object) -> str | None:
