@@ -93,6 +93,9 @@ class AttentionMetadata(nn.Module):
         next to each other at consecutive positions (its chunk: `ValueError` otherwise). Later rows: padding. Host
         work and one copy per buffer; no device sync."""
         c, n = self.config, len(positions)
+        if n > c.max_tokens:
+            raise ValueError(f"a batch of {n} tokens, but the metadata holds {c.max_tokens} (max_tokens). Fix: split "
+                             f"the batch, or a config with a larger max_tokens")
         seq_ids, positions = seq_ids.to(torch.int32), positions.to(torch.int32)
         starts = torch.cat([torch.ones(1, dtype=torch.bool), (seq_ids[1:] != seq_ids[:-1])
                             | (positions[1:] != positions[:-1] + 1)]).nonzero()[:, 0].to(torch.int32)
@@ -174,10 +177,19 @@ def _triton_kernels() -> Any:
     return _kernels[0]
 
 
+def check_rows(md: AttentionMetadata, rows: int) -> None:
+    """`ValueError` where a call of `rows` rows (padding included) has more than `md` holds (max_tokens): the
+    kernels read a metadata row per row of q, and must never read past the buffers (an illegal address)."""
+    if rows > len(md.slot_mapping):
+        raise ValueError(f"llama paged attention: {rows} rows, but the metadata holds {len(md.slot_mapping)} "
+                         f"(max_tokens). Fix: pad batches to at most max_tokens rows")
+
+
 def _attention(q, k, v, k_cache, v_cache, out, scale: float, planned: bool) -> None:
     if (md := _current[0]) is None:
         raise RuntimeError("llama paged attention: no metadata is current (the batch helpers or attention_context "
                            "set it)")
+    check_rows(md, q.shape[0])
     kernels = _triton_kernels() if q.is_cuda else None
     if kernels is None:
         return reference_attention(q, k, v, k_cache, v_cache, out, scale, md)

@@ -23,11 +23,13 @@ def batches(draw, mixed: bool = True):
     config = LlamaConfig(num_heads=heads, num_kv_heads=kv_heads, head_dim=draw(st.sampled_from([64, 128])),
                          max_blocks_per_seq=12, max_tokens=160, max_seqs=12)
     slots = draw(st.lists(st.integers(0, config.max_seqs - 1), min_size=1, max_size=8, unique=True))
-    sequences = []
-    for slot in slots:
-        query = draw(st.integers(1, 40)) if mixed and draw(st.booleans()) else 1
+    sequences, room = [], config.max_tokens  # rows, padding included, that the metadata holds
+    for slot in slots[:room]:
+        query = draw(st.integers(1, min(40, room - (len(slots) - len(sequences) - 1)))) \
+            if mixed and draw(st.booleans()) else 1
         sequences.append((slot, draw(st.integers(0, config.max_context - query)), query))
-    return (config, sequences, draw(st.integers(0, 9)), draw(st.sampled_from(list(TOLERANCE))),
+        room -= query
+    return (config, sequences, draw(st.integers(0, min(9, room))), draw(st.sampled_from(list(TOLERANCE))),
             draw(st.sampled_from(list(P.ATTENTION_OPS.values()))), draw(st.integers(0, 2**16)))
 
 

@@ -214,3 +214,11 @@ def test_cuda_graphs_serve_decode_and_mixed_batches_like_eager(cuda, mode, atten
             got = compiled(*args)
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4,
                                    msg=lambda m: f"{len(args[0])} tokens, uniform decode {uniform}: {m}")
+
+
+def test_a_batch_or_rows_beyond_max_tokens_is_a_clear_error_never_a_read_past_the_metadata():
+    md, caches = L.AttentionMetadata(C), _caches()
+    with pytest.raises(ValueError, match=f"{C.max_tokens + 1} tokens, but the metadata holds {C.max_tokens}"):
+        md.set_batch(torch.zeros(C.max_tokens + 1, dtype=torch.long), torch.arange(C.max_tokens + 1))
+    with pytest.raises(ValueError, match=f"{C.max_tokens + 1} rows, but the metadata holds {C.max_tokens}"):
+        _paged(md, [0], [0], *_qkv(C.max_tokens + 1, seed=2), caches)  # 1 token, the rest padding rows

@@ -54,6 +54,13 @@ def cache_blocks_shared(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(serving.KVBlocks, "cover", cover)
 
 
+@mutant("the attention ops run a call with more rows than the metadata holds: the kernels read past its buffers",
+        cpu="suites/test_llama.py::test_a_batch_or_rows_beyond_max_tokens_is_a_clear_error_never_a_read_past_the_"
+            "metadata")
+def rows_past_the_metadata(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(paged_attention, "check_rows", lambda md, rows: None)
+
+
 @mutant("the attention kernels see one position past each sequence (an off-by-one in the length mask)",
         gpu="suites/test_attention_kernels_gpu.py::test_kernels_match_the_oracle_on_random_batches")
 def attention_sees_one_position_more(mp: pytest.MonkeyPatch) -> None:
