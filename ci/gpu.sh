@@ -80,7 +80,7 @@ else
   log "2/5 preflight"
   pre=0
   # shellcheck disable=SC2086 # PIECEWORKS_PREFLIGHT_ARGS: the runner's policy, e.g. "--expect-sm-mhz 1755"
-  "$PY" -m pieceworks.harness.preflight --out "$OUT/preflight.json" $ALLOW_BUSY ${PIECEWORKS_PREFLIGHT_ARGS:-} || pre=$?
+  "$PY" -m pieceworks.gate.preflight --out "$OUT/preflight.json" $ALLOW_BUSY ${PIECEWORKS_PREFLIGHT_ARGS:-} || pre=$?
   [ "$pre" -eq 0 ] || die "$pre" "preflight refused (exit $pre): no benchmarks on this GPU now (see $OUT/preflight.json)"
   MACHINE=$("$PY" -c 'import json, re, sys; g = json.load(open(sys.argv[1]))["gpu"]["name"]; print(re.sub(r"[^A-Za-z0-9._-]+", "-", g))' "$OUT/preflight.json")
 fi

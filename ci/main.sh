@@ -53,9 +53,9 @@ status=0
 if [ "$cuda" = 1 ] && [ "$selected" = 0 ]; then
   "$PY" -m pytest suites/test_host_overhead.py -q -p no:cacheprovider \
     --benchmark-json "$PIECEWORKS_BENCH_DETAILS/host_overhead.json" || status=$?
-  "$PY" -m pieceworks.harness.breakdown \
+  "$PY" -m pieceworks.harness.measure.side_by_side \
     --out "$PIECEWORKS_BENCH_DETAILS/runtime_breakdown_${COMMIT:0:7}.json" || status=$?
 fi
-"$PY" -m pieceworks.harness.report --machine "$MACHINE"
+"$PY" -m pieceworks.report --machine "$MACHINE"
 echo "main: results in results/asv/$MACHINE, report in results/bench/$MACHINE/REPORT.md (exit status $status)"
 exit "$status"

@@ -36,6 +36,11 @@ sys.exit(0 if (major, minor) >= (2, 11) else 1)
 PYEOF
 }
 
+check_python() {  # pyproject's requires-python, said plainly before anything is installed
+  "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    die "$1 is Python $("$1" -c 'import platform; print(platform.python_version())'); pieceworks needs Python >= 3.11"
+}
+
 make_venv() {  # make_venv BASE VENV
   local base=$1 venv=$2 state=0
   torch_state "$base" || state=$?
@@ -73,11 +78,13 @@ else
   VENV=${PIECEWORKS_VENV:-$ROOT/.venv}
   if ! "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
     base=${PIECEWORKS_BASE_PYTHON:-$(command -v python3)} || die "no python3 on PATH: set PIECEWORKS_BASE_PYTHON"
+    check_python "$base"
     rm -rf "$VENV"
     make_venv "$base" "$VENV"
   fi
   PY=$VENV/bin/python
 fi
+check_python "$PY"
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@" >&2; }
 
 # torch
@@ -111,13 +118,8 @@ fi
 if [ -n "${PIECEWORKS_WHEELHOUSE:-}" ]; then
   PYTHON=$PY bash "$ROOT/ci/wheelhouse.sh" install "$PIECEWORKS_WHEELHOUSE" >&2
 else
-  "$PY" -c 'import tomllib' 2>/dev/null || "$PY" -c 'import tomli' 2>/dev/null || pip_install tomli  # Python 3.10
   reqs=$("$PY" - "$ROOT/pyproject.toml" ${PIECEWORKS_EXTRAS:-test} <<'PYEOF'
-import re, sys
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+import re, sys, tomllib
 with open(sys.argv[1], "rb") as f:
     project = tomllib.load(f)["project"]
 extras = {**project["optional-dependencies"], "": project["dependencies"]}

@@ -40,11 +40,7 @@ case "$cmd" in
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
     "$PY" - "$ROOT/pyproject.toml" "$tmp" <<'PYEOF'
-import os, re, sys
-try:
-    import tomllib
-except ModuleNotFoundError:
-    import tomli as tomllib
+import os, re, sys, tomllib
 pyproject, tmp = sys.argv[1:]
 project = tomllib.load(open(pyproject, "rb"))["project"]
 extras = project["optional-dependencies"]

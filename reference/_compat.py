@@ -50,7 +50,7 @@ import functools
 import importlib
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -61,15 +61,17 @@ class TorchCompatError(RuntimeError):
 
 
 def _missing(feature: str) -> TorchCompatError:
-    return TorchCompatError(f"pieceworks needs {feature}, which torch {torch.__version__} does not have. "
-                            f"pieceworks supports torch 2.11-2.15. Fix: install a torch in that range")
+    return TorchCompatError(
+        f"pieceworks needs {feature}, which torch {torch.__version__} does not have. "
+        f"pieceworks supports torch 2.11-2.15. Fix: install a torch in that range"
+    )
 
 
 def _module(name: str, *features: str) -> Any:
     """The module `name`, having each (dotted) attribute in `features`; else `TorchCompatError` naming what is
     missing."""
     try:
-        module = importlib.import_module(name)
+        module: Any = importlib.import_module(name)
     except ImportError:
         raise _missing(name) from None
     for feature in features:
@@ -78,8 +80,9 @@ def _module(name: str, *features: str) -> Any:
     return module
 
 
-def standalone_compile(gm: torch.fx.GraphModule, example_args: list[Any], dynamic_shapes: str,
-                       options: dict[str, Any]) -> Any:
+def standalone_compile(
+    gm: torch.fx.GraphModule, example_args: list[Any], dynamic_shapes: str, options: dict[str, Any]
+) -> Any:
     """`torch._inductor.standalone_compile`: a `CompiledArtifact` (callable, `.save(path=, format=)`)."""
     inductor = _module("torch._inductor", "standalone_compile")
     return inductor.standalone_compile(gm, example_args, dynamic_shapes=dynamic_shapes, options=options)
@@ -101,8 +104,9 @@ def inductor_events() -> Any:
 def cpu_vec_isa() -> Any:
     """The module `torch._inductor.cpu_vec_isa`: Inductor's probe of the CPU's vector ISAs
     (`valid_vec_isa_list`, cached a process), the ISAs it knows and the CPU's flags (`x86_isa_checker`)."""
-    return _module("torch._inductor.cpu_vec_isa", "valid_vec_isa_list", "x86_isa_checker",
-                   "supported_vec_isa_list")
+    return _module(
+        "torch._inductor.cpu_vec_isa", "valid_vec_isa_list", "x86_isa_checker", "supported_vec_isa_list"
+    )
 
 
 def cpp_compiler_version() -> str:
@@ -134,11 +138,13 @@ def op_schema(target: Any) -> Any:
     return target._schema if isinstance(target, torch._ops.OpOverload) else None
 
 
-def split_module(gm: torch.fx.GraphModule, root: torch.fx.GraphModule, callback: Callable[[Any], int],
-                 keep_original_order: bool) -> torch.fx.GraphModule:
-    """`torch.fx.passes.split_module.split_module(gm, root, callback, keep_original_order=...)`."""
+def split_module(
+    gm: torch.fx.GraphModule, callback: Callable[[Any], int], keep_original_order: bool
+) -> torch.fx.GraphModule:
+    """`torch.fx.passes.split_module.split_module(gm, gm, callback, keep_original_order=...)`: `gm` is its own
+    root module."""
     split = _module("torch.fx.passes.split_module", "split_module").split_module
-    return split(gm, root, callback, keep_original_order=keep_original_order)
+    return split(gm, gm, callback, keep_original_order=keep_original_order)
 
 
 def data_dependent_tracing() -> Any:
@@ -234,11 +240,12 @@ def pickle_graph(gm: torch.fx.GraphModule) -> bytes:
 
     pickler = _module("torch.fx._graph_pickler", "GraphPickler", "Options")
     fake_mode = _module("torch._subclasses", "FakeTensorMode").FakeTensorMode
+    graph_pickler: Any = pickler.GraphPickler  # typed Any: mypy takes no other variable as a base class
 
-    class Pickler(pickler.GraphPickler):
+    class Pickler(graph_pickler):
         def reducer_override(self, obj: object) -> Any:
             if isinstance(obj, type) and issubclass(obj, sympy.Function) and hasattr(obj, "_torch_unpickler"):
-                return obj._torch_unpickler, (obj._torch_handler_name,)
+                return obj._torch_unpickler, (cast(Any, obj)._torch_handler_name,)
             if isinstance(obj, fake_mode):  # the loader supplies its own
                 return type(None), ()
             return super().reducer_override(obj)
@@ -249,10 +256,9 @@ def pickle_graph(gm: torch.fx.GraphModule) -> bytes:
 def unpickle_graph(data: bytes) -> tuple[torch.fx.GraphModule, Any]:
     """`(graph, fake_mode)`: a graph `pickle_graph` wrote, its metadata in a fresh FakeTensorMode and shape
     environment."""
-    pickler = _module("torch.fx._graph_pickler", "GraphPickler")
-    fake_mode = _module("torch._subclasses", "FakeTensorMode").FakeTensorMode(
-        shape_env=_module("torch.fx.experimental.symbolic_shapes", "ShapeEnv").ShapeEnv())
-    return pickler.GraphPickler.loads(data, fake_mode), fake_mode
+    shape_env = _module("torch.fx.experimental.symbolic_shapes", "ShapeEnv").ShapeEnv()
+    fake_mode = _module("torch._subclasses", "FakeTensorMode").FakeTensorMode(shape_env=shape_env)
+    return _module("torch.fx._graph_pickler", "GraphPickler").GraphPickler.loads(data, fake_mode), fake_mode
 
 
 def tracing(fake_mode: Any) -> Any:

@@ -16,21 +16,33 @@ read `is_uniform_decode()` and declare, with `declare_graph_support`, what a CUD
 An op nobody declared is `ALWAYS` (a FULL capture that fails still falls back, logged). Declarations are
 process-wide, keyed by op name ("ns::op"), made before `pieceworks.compile` sees the op. Not thread-safe: one
 call at a time, as the rest of the runtime.
+
+The mode a compiled model gets (`effective_mode`) is the configured one lowered to what its splitting ops
+declare (`supported_mode`), logged once.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._compat import op_identity
+from .config import CompilationConfig, CUDAGraphMode
+
+if TYPE_CHECKING:
+    from .compiled import CompiledPieces
+
+log = logging.getLogger("pieceworks")
 
 
 class GraphSupport(enum.IntEnum):
     """What a CUDA graph around a splitting op may hold (vLLM's `AttentionCGSupport`, uniform batches
     merged)."""
 
-    NEVER = 0
-    UNIFORM_DECODE = 1
-    ALWAYS = 2
+    NEVER, UNIFORM_DECODE, ALWAYS = range(3)
 
 
 _declared: dict[str, GraphSupport] = {}
@@ -42,8 +54,10 @@ def declare_graph_support(op: str, support: GraphSupport | str) -> None:
     if isinstance(support, str):
         support = GraphSupport.__members__.get(support.upper(), support)
     if not isinstance(support, GraphSupport) or "::" not in op or "." in op.partition("::")[2]:
-        raise ValueError(f"declare_graph_support({op!r}, {support!r}): expected an op packet name 'ns::op' "
-                         f"and one of {list(GraphSupport.__members__)}")
+        raise ValueError(
+            f"declare_graph_support({op!r}, {support!r}): expected an op packet name 'ns::op' "
+            f"and one of {list(GraphSupport.__members__)}"
+        )
     _declared[op] = support
 
 
@@ -59,7 +73,7 @@ def is_uniform_decode() -> bool:
     return _uniform[0]
 
 
-class uniform_decode:  # noqa: N801 - used as a function: `with pieceworks.uniform_decode():`
+class uniform_decode:
     """Calls inside are uniform decode batches when `flag` is true (the default), mixed otherwise; the
     previous kind is restored on exit. Costs two list writes."""
 
@@ -73,3 +87,50 @@ class uniform_decode:  # noqa: N801 - used as a function: `with pieceworks.unifo
 
     def __exit__(self, *exc: Any) -> None:
         _uniform[0] = self._previous
+
+
+def effective_mode(config: CompilationConfig, compiled: CompiledPieces) -> CUDAGraphMode:
+    """The mode a graph gets: `config.cudagraph_mode`, except NONE without CUDA (warned once), FULL (or
+    PIECEWISE's one piece, captured per size as a FULL graph would be) where no splitting op split the
+    graph, and lowered to what the splitting ops' declared graph support allows (batch_kind.py; logged
+    once)."""
+    mode = config.cudagraph_mode
+    if mode is CUDAGraphMode.NONE:
+        return mode
+    if not any(isinstance(v, torch.Tensor) and v.is_cuda for v in compiled.inputs):  # (implied without CUDA)
+        where = "the graph's inputs are not on CUDA" if torch.cuda.is_available() else "CUDA is not available"
+        fix = "running without CUDA graphs (set cudagraph_mode=NONE to silence this)"
+        log.warning("pieceworks: cudagraph_mode=%s but %s: %s", mode.name, where, fix)
+        return CUDAGraphMode.NONE
+    splitting = [p.fx_graph for p in compiled.pieces if p.is_splitting_graph]
+    if mode.has_piecewise and not splitting:  # vLLM's behaviour
+        how = "its one piece is captured per size, as a FULL graph would be"
+        details = (mode.name, config.splitting_ops, "FULL covers it" if mode.has_full else how)
+        log.info(
+            "pieceworks: cudagraph_mode=%s and no splitting op in the graph (splitting_ops=%s): %s", *details
+        )
+        return CUDAGraphMode.FULL if mode.has_full else mode
+    ids = [op_identity(n.target) for fx in splitting for n in fx.graph.nodes if n.op == "call_function"]
+    support, op = graph_support({ident[0] for ident in ids if ident is not None})
+    lowered = supported_mode(mode, support)
+    if lowered is not mode:
+        scope = "mixed batches" if support is GraphSupport.UNIFORM_DECODE else "any batch"
+        lowering = (mode.name, lowered.name, op, support.name, scope)
+        log.warning(
+            "pieceworks: cudagraph_mode=%s lowered to %s: splitting op %s declares graph support %s "
+            "(a full graph may not hold it for %s)",
+            *lowering,
+        )
+    return lowered
+
+
+def supported_mode(mode: CUDAGraphMode, support: GraphSupport) -> CUDAGraphMode:
+    """`mode` lowered to what splitting ops of `support` allow (vLLM's downgrades): under UNIFORM_DECODE,
+    FULL becomes FULL_AND_PIECEWISE (the other modes' full graphs serve uniform decode only already); under
+    NEVER, every mode with full graphs becomes PIECEWISE, FULL_DECODE_ONLY NONE (it asked for no piecewise
+    graphs)."""
+    if not mode.has_full or support is GraphSupport.ALWAYS:
+        return mode
+    if support is GraphSupport.UNIFORM_DECODE:
+        return CUDAGraphMode.FULL_AND_PIECEWISE if mode is CUDAGraphMode.FULL else mode
+    return CUDAGraphMode.NONE if mode is CUDAGraphMode.FULL_DECODE_ONLY else CUDAGraphMode.PIECEWISE

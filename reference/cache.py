@@ -41,6 +41,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -53,12 +54,28 @@ from .counters import counters
 
 log = logging.getLogger("pieceworks")
 
+Entry = dict[str, Any]  # an index entry: its file's name, SHA-256 and size, and the claim of its piece
+Claim = dict[str, str]  # what an entry says about its piece (CLAIM_FIELDS)
 INDEX_VERSION = 1
 # What an entry says about the piece it was compiled for; a load for another piece is refused.
 CLAIM_FIELDS = ("graph", "target", "inputs")
-_REQUIRED = {"file", "sha256", "bytes"}
-_STALE_TEMP_S = 3600.0  # temporary files older than this are a dead writer's leftovers
-_warned: set[tuple[str, str]] = set()  # (kind, path): one warning per broken location per process
+_REQUIRED: dict[str, type] = {"file": str, "sha256": str, "bytes": int}  # every entry's fields, by type
+_FIELDS = _REQUIRED | dict.fromkeys(CLAIM_FIELDS, str)  # the fields an entry may have
+_PLAIN_NAME = re.compile(r"[^./][^/]*")  # a file in `artifacts/`: no folder, not hidden
+_warned: set[tuple[str, str | None]] = set()  # (kind, location): one warning per broken location per process
+# What each problem logs (`_warn`): `%s` the path (or entry), then why.
+_WARNINGS = {
+    "unusable": "pieceworks compile cache %s is unusable (%s); compiling without the cache. Fix: point "
+    "CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR at a writable folder, or set "
+    "PIECEWORKS_DISABLE_CACHE=1 to run uncached without this warning",
+    "read-only": "pieceworks compile cache %s cannot be written (%s): loading the valid artifacts it holds "
+    "and compiling the rest in memory, without saving them. Fix: make it writable, point "
+    "CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR elsewhere, or set PIECEWORKS_DISABLE_CACHE=1",
+    "index": "pieceworks cache index %s is unreadable (%s); ignoring it and recompiling",
+    "corrupt": "pieceworks cache: %s is %s (a corrupt cache); removing it, its entries will be recompiled",
+    "unsaved": "pieceworks could not save the artifact for %s (%s); it will be recompiled next time",
+    "rejected": "pieceworks cache artifact %s %s; not loading it, recompiling",
+}
 
 
 class CacheIndexError(ValueError):
@@ -73,35 +90,33 @@ def artifact_stem(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()[:32]
 
 
-def entries_digest(entries: dict[str, dict[str, Any]]) -> str:
+def entries_digest(entries: dict[str, Entry]) -> str:
     return hashlib.sha256(json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def serialize_index(entries: dict[str, dict[str, Any]]) -> bytes:
+def serialize_index(entries: dict[str, Entry]) -> bytes:
     """The index file's bytes: JSON with the entries and a SHA-256 over them (so no edit goes unnoticed)."""
     doc = {"version": INDEX_VERSION, "entries": entries, "sha256": entries_digest(entries)}
     return json.dumps(doc, sort_keys=True, indent=1).encode()
 
 
-def parse_index(data: bytes) -> dict[str, dict[str, Any]]:
+def parse_index(data: bytes) -> dict[str, Entry]:
     """Parse index bytes; raise `CacheIndexError` naming the problem for anything but an intact index."""
     try:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CacheIndexError(f"not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION or \
-            not isinstance(doc.get("entries"), dict):
+    entries = doc.get("entries") if isinstance(doc, dict) and doc.get("version") == INDEX_VERSION else None
+    if not isinstance(entries, dict):
         raise CacheIndexError(f"not a version-{INDEX_VERSION} pieceworks index")
-    # known fields of the right types, a plain file name in `artifacts/`
-    for name, entry in doc["entries"].items():
-        if not (isinstance(entry, dict) and _REQUIRED <= set(entry) <= _REQUIRED | set(CLAIM_FIELDS)
-                and all(isinstance(v, str) for k, v in entry.items() if k != "bytes")
-                and type(entry["bytes"]) is int and os.path.basename(entry["file"]) == entry["file"]
-                and entry["file"][:1] not in ("", ".")):
+    for name, entry in entries.items():  # known fields of the right types, a plain file name
+        types = {k: type(v) for k, v in entry.items()} if isinstance(entry, dict) else {}
+        typed = _REQUIRED.keys() <= types.keys() and types.items() <= _FIELDS.items()
+        if not (typed and _PLAIN_NAME.fullmatch(entry["file"])):
             raise CacheIndexError(f"entry {name!r} is malformed: {entry!r}")
-    if doc.get("sha256") != entries_digest(doc["entries"]):
+    if doc.get("sha256") != entries_digest(entries):
         raise CacheIndexError("its entries do not match its SHA-256 (edited or garbled)")
-    return doc["entries"]
+    return entries
 
 
 def atomic_write(path: str, data: bytes) -> None:
@@ -142,29 +157,32 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _warn_once(kind: str, path: str, message: str, *args: Any) -> None:
-    if (kind, path) not in _warned:
-        _warned.add((kind, path))
-        log.warning(message, *args)
+def _warn(kind: str, what: str, why: BaseException | str, once_for: str | None = None) -> None:
+    """Log `_WARNINGS[kind]` about `what` (a path or an entry) and `why` (an exception: in words); with
+    `once_for` (a location), once per process for that location."""
+    if (kind, once_for) not in _warned:
+        if once_for is not None:
+            _warned.add((kind, once_for))
+        log.warning(_WARNINGS[kind], what, why if isinstance(why, str) else _reason(why))
 
 
 def _remove(path: str) -> None:
     shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
 
 
-def _entry_problem(name: str, entry: dict[str, Any], path: str, claim: dict[str, str] | None) -> str | None:
+def _entry_problem(name: str, entry: Entry, path: str, claim: Claim) -> str | None:
     """Why the artifact at `path` must not be loaded as entry `name` for a piece with `claim`, or None: the
     entry claims another piece, names another entry's file, or the file's bytes differ from the index's
     SHA-256. `OSError` if the file cannot be read."""
-    if wrong := [f"{k}={entry.get(k)!r} (this piece: {want!r})" for k, want in sorted((claim or {}).items())
-                 if entry.get(k) != want]:
+    wrong = [f"{k}={entry.get(k)!r} (this piece: {v!r})" for k, v in claim.items() if entry.get(k) != v]
+    if wrong:
         return f"was stored for another piece: {', '.join(wrong)}"
     if not entry["file"].startswith(artifact_stem(name) + "-"):
         return f"is not the file of entry {name!r} (swapped index entries)"
     sha, size = file_sha256(path)
     if (sha, size) != (entry["sha256"], entry["bytes"]):
-        return (f"has {size} bytes with SHA-256 {sha[:12]}…, the index says {entry['bytes']} bytes with "
-                f"{entry['sha256'][:12]}… (truncated or garbled)")
+        indexed = f"{entry['bytes']} bytes with {entry['sha256'][:12]}…"
+        return f"has {size} bytes with SHA-256 {sha[:12]}…, the index says {indexed} (truncated or garbled)"
     return None
 
 
@@ -180,7 +198,8 @@ class CompileCache:
         self.directory = os.path.join(self.root, key)
         self.artifact_dir, self.lock_dir, self.index_path, self.lock_path, self.factors_path = (
             os.path.join(self.directory, n)
-            for n in ("artifacts", "locks", "index.json", "index.lock", "factors.json"))
+            for n in ("artifacts", "locks", "index.json", "index.lock", "factors.json")
+        )
         self.writable = True
         self._make_folder(self.directory, "a file where the cache folder belongs")  # OSError: unusable
         try:  # a read-only cache raises here, at the probe
@@ -190,12 +209,12 @@ class CompileCache:
             for path in (self.index_path, self.lock_path, self.factors_path):
                 if os.path.isdir(path) and not os.path.islink(path):
                     self.replace_corrupt(path, "a folder where a file belongs")
-            cutoff = time.time() - _STALE_TEMP_S  # older temporary files are dead writers' leftovers
-            for path in [os.path.join(folder, name) for folder in (self.directory, self.artifact_dir)
-                         for name in os.listdir(folder) if name.startswith(".tmp-")]:
-                with contextlib.suppress(OSError):
-                    if os.lstat(path).st_mtime < cutoff:
-                        _remove(path)
+            cutoff = time.time() - 3600.0  # temporary files older than an hour are dead writers' leftovers
+            for folder in (self.directory, self.artifact_dir):
+                for path in [os.path.join(folder, n) for n in os.listdir(folder) if n.startswith(".tmp-")]:
+                    with contextlib.suppress(OSError):
+                        if os.lstat(path).st_mtime < cutoff:
+                            _remove(path)
             os.utime(self.directory)  # the last use, which `prune` reads
             if factors and not os.path.exists(self.factors_path):
                 atomic_write(self.factors_path, json.dumps(factors, sort_keys=True, indent=1).encode())
@@ -209,11 +228,7 @@ class CompileCache:
         try:
             return cls(root, key, factors)
         except OSError as exc:
-            path = os.path.join(os.path.abspath(root), key)
-            _warn_once("unusable", os.path.dirname(path), "pieceworks compile cache %s is unusable (%s); "
-                       "compiling without the cache. Fix: point CompilationConfig.cache_dir or "
-                       "PIECEWORKS_CACHE_DIR at a writable folder, or set PIECEWORKS_DISABLE_CACHE=1 to run "
-                       "uncached without this warning", path, _reason(exc))
+            _warn("unusable", os.path.join(os.path.abspath(root), key), exc, once_for=os.path.abspath(root))
             return None
 
     # ---- set-up -------------------------------------------------------------------------------------------
@@ -224,16 +239,12 @@ class CompileCache:
         os.makedirs(path, exist_ok=True)
 
     def replace_corrupt(self, path: str, what: str) -> None:
-        log.warning("pieceworks cache: %s is %s (a corrupt cache); removing it, its entries will be "
-                    "recompiled", path, what)
+        _warn("corrupt", path, what)
         _remove(path)
 
     def mark_read_only(self, exc: BaseException) -> None:
         self.writable = False
-        _warn_once("read-only", self.root, "pieceworks compile cache %s cannot be written (%s): loading the "
-                   "valid artifacts it holds and compiling the rest in memory, without saving them. Fix: "
-                   "make it writable, point CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR elsewhere, "
-                   "or set PIECEWORKS_DISABLE_CACHE=1", self.root, _reason(exc))
+        _warn("read-only", self.root, exc, once_for=self.root)
 
     @property
     def inductor_dir(self) -> str | None:
@@ -245,17 +256,9 @@ class CompileCache:
         return os.path.join(self.root, "inductor") if own else None
 
     # ---- locks --------------------------------------------------------------------------------------------
-    def _lock_file(self, path: str) -> BinaryIO | None:
-        # A read-only cache opens the lock read-only: a shared lock still keeps us from reading half of
-        # another writer's update.
-        for mode in ("ab", "rb"):
-            with contextlib.suppress(OSError):
-                return open(path, mode)
-        return None
-
     def index_lock(self, exclusive: bool) -> contextlib.AbstractContextManager[None]:
         """Hold the index's lock: exclusive to install an artifact and merge the index, shared to read it."""
-        lock = self._lock_file(self.lock_path)
+        lock = _open_lock(self.lock_path)
         if lock is None and exclusive:
             raise PermissionError(f"cannot open the index lock {self.lock_path}")
         operation = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
@@ -266,11 +269,11 @@ class CompileCache:
         processes missing the same entry take turns: the first compiles and stores it, the others then find
         it. A no-op when the cache is read-only."""
         path = os.path.join(self.lock_dir, artifact_stem(name) + ".lock")
-        lock = self._lock_file(path) if self.writable else None
+        lock = _open_lock(path) if self.writable else None
         return _flocked(lock, fcntl.LOCK_EX, waiting_for=name) if lock else contextlib.nullcontext()
 
     # ---- reading ------------------------------------------------------------------------------------------
-    def read_index(self) -> dict[str, dict[str, Any]]:
+    def read_index(self) -> dict[str, Entry]:
         """The index's entries; `{}` (logged) when the file is missing, cannot be read or is not an intact
         index."""
         try:
@@ -278,12 +281,12 @@ class CompileCache:
         except FileNotFoundError:
             return {}
         except (OSError, CacheIndexError) as exc:
-            _warn_once("index", self.index_path, "pieceworks cache index %s is unreadable (%s); ignoring it "
-                       "and recompiling", self.index_path, _reason(exc))
+            _warn("index", self.index_path, exc, once_for=self.index_path)
             return {}
 
-    def load(self, name: str, loader: Callable[[str], Any], claim: dict[str, str] | None = None,
-             skip: dict[str, Any] | None = None) -> tuple[Any | None, dict[str, Any] | None]:
+    def load(
+        self, name: str, loader: Callable[[str], Any], claim: Claim | None = None, skip: Entry | None = None
+    ) -> tuple[Any, Entry | None]:
         """`(loader(path), entry)` for entry `name`, or `(None, entry)`: a miss when the entry is absent,
         corrupt or unloadable, or equal to `skip` (an entry this caller already tried: not loaded nor reported
         twice). One read of the index, under its shared lock.
@@ -296,18 +299,17 @@ class CompileCache:
                 return None, entry
             path = os.path.join(self.artifact_dir, entry["file"])
             try:
-                problem = _entry_problem(name, entry, path, claim)
+                problem = _entry_problem(name, entry, path, claim or {})
                 loaded = None if problem else loader(path)
             except Exception as exc:  # noqa: BLE001 - any failure to read or load means: recompile
-                problem = f"failed to load ({type(exc).__name__}: {exc})"
+                problem, loaded = f"failed to load ({type(exc).__name__}: {exc})", None
         if problem:
             counters.num_cache_artifacts_rejected += 1
-            log.warning("pieceworks cache artifact %s %s; not loading it, recompiling", path, problem)
-            return None, entry
+            _warn("rejected", path, problem)
         return loaded, entry
 
     # ---- writing ------------------------------------------------------------------------------------------
-    def store(self, name: str, save: Callable[[str], None], claim: dict[str, str] | None = None) -> bool:
+    def store(self, name: str, save: Callable[[str], None], claim: Claim | None = None) -> bool:
         """Save an artifact with `save(tmp_path)` and record it as entry `name` with `claim`.
 
         False (logged) if `save` fails or the cache cannot be written; the caller runs what it compiled
@@ -315,8 +317,7 @@ class CompileCache:
         """
         if not self.writable:
             return False
-        # save writes the path
-        tmp = os.path.join(self.artifact_dir, f".tmp-{os.getpid()}-{time.monotonic_ns()}")
+        tmp = os.path.join(self.artifact_dir, f".tmp-{os.getpid()}-{time.monotonic_ns()}")  # `save` writes it
         try:
             save(tmp)
             with open(tmp, "rb") as f:
@@ -340,8 +341,7 @@ class CompileCache:
             if isinstance(exc, OSError):  # the cache cannot be written
                 self.mark_read_only(exc)
             else:
-                log.warning("pieceworks could not save the artifact for %s (%s); it will be recompiled next "
-                            "time", name, _reason(exc))
+                _warn("unsaved", name, exc)
             return False
         return True
 
@@ -386,6 +386,15 @@ def prune(root: str, older_than_days: float | None = None, environment: str | No
     return removed
 
 
+def _open_lock(path: str) -> BinaryIO | None:
+    """The lock file at `path` opened to append, else read-only (a read-only cache: a shared lock still keeps
+    us from reading half of another writer's update); None where it cannot be opened."""
+    for mode in ("ab", "rb"):
+        with contextlib.suppress(OSError):
+            return open(path, mode)
+    return None
+
+
 @contextlib.contextmanager
 def _flocked(file: BinaryIO, operation: int, waiting_for: str | None = None) -> Iterator[None]:
     """Hold `flock(file, operation)` for the block, then close `file` (which releases it). `waiting_for`:
@@ -403,7 +412,7 @@ def _flocked(file: BinaryIO, operation: int, waiting_for: str | None = None) -> 
 def _user_chose_inductor_dir() -> bool:
     """Whether TORCHINDUCTOR_CACHE_DIR names a folder other than Inductor's default (Inductor writes its
     default into the environment itself once it has used it, so "set" alone does not mean "chosen")."""
-    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
     default = inductor_default_cache_dir() if chosen else None
     if default is None:  # unset, or the layout of another torch: only the folder's name is known
         return bool(chosen) and not os.path.basename(os.path.normpath(chosen)).startswith("torchinductor_")

@@ -28,10 +28,9 @@ import os
 import platform
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
-import torch.fx
 
 from . import _compat
 from .cache import CompileCache, atomic_write, read_json_dict
@@ -60,15 +59,19 @@ class PieceCompiler:
     def compile(self, piece: Piece) -> Piece:
         """`piece` with code for every compile range and size. A piece with data-dependent sizes gets no
         static compile (it would bake in one call's sizes): its range code serves the compile sizes."""
-        ranges, sizes = self.config.ranges(), self.config.compile_sizes
-        if piece.unbacked_symbols and sizes:
-            log.info("pieceworks: piece %s has data-dependent sizes (%s): compile_sizes %s are served by the "
-                     "code compiled for their ranges", piece.submod_name, ", ".join(piece.unbacked_symbols),
-                     sizes)
+        ranges, sizes = self.config.ranges(), cast(list[int], self.config.compile_sizes)  # ints once built
         runnables: dict[Target, Callable[..., Any]] = {lo_hi: self.get(piece, lo_hi) for lo_hi in ranges}
-        for size in sizes:
-            runnables[size] = (runnables[find_range(ranges, size)] if piece.unbacked_symbols
-                               else self.get(piece, size))
+        if not piece.unbacked_symbols:
+            runnables |= {size: self.get(piece, size) for size in sizes}
+        elif sizes:
+            log.info(
+                "pieceworks: piece %s has data-dependent sizes (%s): compile_sizes %s are served by the "
+                "code compiled for their ranges",
+                piece.submod_name,
+                ", ".join(piece.unbacked_symbols),
+                sizes,
+            )
+            runnables |= {size: runnables[cast(Target, find_range(ranges, size))] for size in sizes}
         return dataclasses.replace(piece, runnables=runnables)
 
     def get(self, piece: Piece, target: Target) -> Callable[..., Any]:
@@ -81,19 +84,22 @@ class PieceCompiler:
             counters.num_shared_piece_compiles += 1
             return self.done[key]
         # A size is compiled for real inputs of that size; a range, for the trace's symbolic values.
-        example_args = static_example_args(piece.example_args, target) if isinstance(target, int) else \
-            list(piece.example_args)
+        args = piece.example_args
+        example_args = static_example_args(args, target) if isinstance(target, int) else list(args)
         if self.cache is None or not computes_tensors(piece):
             self.done[key] = self._compile(piece, target, example_args)[0]
         else:
-            with inductor_cache_dir(self.cache.inductor_dir, self.config.inductor_compile_config), \
-                    known_cpu_isa(os.path.join(self.cache.directory, "cpu-isa.json")):
+            with (
+                inductor_cache_dir(self.cache.inductor_dir, self.config.inductor_compile_config),
+                known_cpu_isa(os.path.join(self.cache.directory, "cpu-isa.json")),
+            ):
                 self.done[key] = self._get_cached(piece, target, example_args)
         return self.done[key]
 
     def _get_cached(self, piece: Piece, target: Target, example_args: list[Any]) -> Callable[..., Any]:
+        assert self.cache is not None  # `get` comes here only with a cache
         name, claim = entry(piece.fingerprint, target, example_args)
-        load = lambda path: load_artifact(path, piece.graph)  # noqa: E731
+        load = lambda path: load_artifact(path, piece.fx_graph)  # noqa: E731
         start = time.perf_counter()
         fn, seen = self.cache.load(name, load, claim)
         if fn is None:
@@ -119,13 +125,13 @@ class PieceCompiler:
         self.compiled += 1
         if self.config.compiler == "eager" or not computes_tensors(piece):
             counters.num_eager_compiles += 1
-            return piece.graph.forward, None
+            return piece.fx_graph.forward, None
         counters.num_inductor_compiles += 1
         start = time.perf_counter()
-        compiled = compile_inductor(piece.graph, args, static=isinstance(target, int),
-                                    inductor_config=self.config.inductor_compile_config)
+        static, options = isinstance(target, int), self.config.inductor_compile_config
+        result = compile_inductor(piece.fx_graph, args, static=static, inductor_config=options)
         self.seconds["compile"] += time.perf_counter() - start
-        return compiled
+        return result
 
 
 def computes_tensors(piece: Piece) -> bool:
@@ -133,7 +139,7 @@ def computes_tensors(piece: Piece) -> bool:
     checks a split leaves alone in a piece, work whose results nothing reads) gives Inductor nothing to
     generate: its compile saves no artifact, so it would be compiled again on every warm start. Such a
     piece runs as traced (the eager compiler) and is never cached."""
-    returned = piece.graph.graph.output_node().all_input_nodes
+    returned = piece.fx_graph.graph.output_node().all_input_nodes
     return any(tensors_in(_compat.example_value(n)) for n in returned) or bool(piece.mutated_inputs)
 
 
@@ -141,6 +147,7 @@ def static_example_args(example_args: Sequence[Any], size: int) -> list[Any]:
     """Real example inputs at batch `size`: an empty tensor of each traced tensor's dtype, device, sizes
     and strides with every symbol set to `size` (static compiles read metadata, never values), ints for
     SymInts."""
+
     def at_size(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             shape, stride = ([at_size(d) for d in dims] for dims in (value.shape, value.stride()))
@@ -161,8 +168,9 @@ def _adapt_outputs(fn: Callable[..., Any], gm: torch.fx.GraphModule) -> Callable
     return call
 
 
-def compile_inductor(gm: torch.fx.GraphModule, example_args: list[Any], *, static: bool,
-                     inductor_config: dict[str, Any]) -> tuple[Callable[..., Any], Any]:
+def compile_inductor(
+    gm: torch.fx.GraphModule, example_args: list[Any], *, static: bool, inductor_config: dict[str, Any]
+) -> tuple[Callable[..., Any], Any]:
     """Compile `gm` with Inductor; returns `(callable, artifact)`. `static=False`: `example_args` are the
     trace's FakeTensors/SymInts and the batch size stays symbolic; `static=True`: real values of one batch
     size.
@@ -172,9 +180,9 @@ def compile_inductor(gm: torch.fx.GraphModule, example_args: list[Any], *, stati
     one."""
     returned = [_compat.example_value(n) for n in gm.graph.output_node().all_input_nodes]
     symbolic = "from_graph" if _compat.fake_mode_of(returned) is not None else "from_tracing_context"
-    artifact = _compat.standalone_compile(gm, list(example_args),
-                                          dynamic_shapes="from_example_inputs" if static else symbolic,
-                                          options={"config_patches": dict(inductor_config)})
+    shapes = "from_example_inputs" if static else symbolic
+    options = {"config_patches": dict(inductor_config)}
+    artifact = _compat.standalone_compile(gm, list(example_args), dynamic_shapes=shapes, options=options)
     return _adapt_outputs(artifact, gm), artifact
 
 
@@ -193,8 +201,12 @@ def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
         artifact = _compat.load_artifact(path)
     if rebuilt := events["fxgraph_lookup_write_file"] - before:
         counters.num_kernel_rebuilds += rebuilt
-        log.info("pieceworks: %s loaded, the code of %d graphs written out and built again: Inductor's own "
-                 "cache did not hold it", path, rebuilt)
+        log.info(
+            "pieceworks: %s loaded, the code of %d graphs written out and built again: Inductor's own "
+            "cache did not hold it",
+            path,
+            rebuilt,
+        )
     return _adapt_outputs(artifact, gm)
 
 
@@ -247,8 +259,8 @@ def known_cpu_isa(record: str) -> Iterator[None]:
     # it ran here: its result, for the next process
     if not probed and isa.valid_vec_isa_list.cache_info().currsize:
         with contextlib.suppress(OSError):
-            found = [str(i) for i in isa.valid_vec_isa_list()]
-            atomic_write(record, json.dumps({**known, key: found}).encode())
+            valid = [str(i) for i in isa.valid_vec_isa_list()]
+            atomic_write(record, json.dumps({**known, key: valid}).encode())
 
 
 def _isa_facts() -> tuple[Any, Any, str, list[str]] | None:
@@ -260,8 +272,8 @@ def _isa_facts() -> tuple[Any, Any, str, list[str]] | None:
             return None
         flags = sorted(set(isa.x86_isa_checker()))
         allowed = [str(i) for i in isa.supported_vec_isa_list if all(f in flags for f in str(i).split())]
-        key = digest(json.dumps([flags, torch.__version__, str(torch.version.git_version),
-                                 _compat.cpp_compiler_version()]))
+        build = [flags, torch.__version__, str(torch.version.git_version), _compat.cpp_compiler_version()]
+        key = digest(json.dumps(build))
         return isa, config, key, allowed
     except Exception:  # noqa: BLE001 - another torch: Inductor probes as it would
         return None

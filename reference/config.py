@@ -16,6 +16,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._compat import inductor_config, inductor_option_type
@@ -54,8 +55,8 @@ class CUDAGraphMode(enum.Enum):
     @property
     def mixed_mode(self) -> CUDAGraphMode:
         """The mode of mixed batches: NONE, PIECEWISE or FULL."""
-        return {CUDAGraphMode.FULL_DECODE_ONLY: CUDAGraphMode.NONE,
-                CUDAGraphMode.FULL_AND_PIECEWISE: CUDAGraphMode.PIECEWISE}.get(self, self)
+        mixed = {"FULL_DECODE_ONLY": "NONE", "FULL_AND_PIECEWISE": "PIECEWISE"}
+        return CUDAGraphMode[mixed.get(self.name, self.name)]
 
     @property
     def has_full(self) -> bool:
@@ -64,6 +65,9 @@ class CUDAGraphMode(enum.Enum):
     @property
     def has_piecewise(self) -> bool:
         return self in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
+
+
+_MODES = list(CUDAGraphMode.__members__)
 
 
 def default_capture_sizes(max_size: int = 512) -> list[int]:
@@ -76,10 +80,9 @@ def default_capture_sizes(max_size: int = 512) -> list[int]:
     return [s for s in strided if s < max_size] + [max_size]
 
 
-def _require(ok: Any, field: str, value: Any, problem: str, fix: str) -> None:
-    """Raise `ConfigError` naming the field, its value, the problem and the fix unless `ok`."""
-    if not ok:
-        raise ConfigError(f"CompilationConfig.{field}={value!r}: {problem}. Fix: {fix}.")
+def config_error(field: str, value: Any, problem: str, fix: str) -> ConfigError:
+    """A `ConfigError` naming the `CompilationConfig` field, its value, the problem and the fix."""
+    return ConfigError(f"CompilationConfig.{field}={value!r}: {problem}. Fix: {fix}.")
 
 
 def _is_int(value: Any) -> bool:
@@ -92,27 +95,31 @@ def check_inductor_keys(config: dict[str, Any]) -> None:
     # no options: Inductor's config stays unread
     known = inductor_config().get_config_copy() if config else {}
     for key, value in config.items():
-        close = [] if key in known else difflib.get_close_matches(key, known, n=3)
-        _require(key in known, "inductor_compile_config", config, f"{key!r} is not an Inductor config option",
-                 f"use one of {close}" if close else "see torch._inductor.config for the options")
-        kind = inductor_option_type(key)
-        name = kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "")
-        _require(fits_option_type(value, kind), "inductor_compile_config", config, f"{key!r} takes {name}, "
-                 f"not {value!r} ({type(value).__name__})", f"pass a {name}, e.g. its default {known[key]!r}")
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=3)
+            fix = f"use one of {close}" if close else "see torch._inductor.config for the options"
+            problem = f"{key!r} is not an Inductor config option"
+            raise config_error("inductor_compile_config", config, problem, fix)
+        declared = inductor_option_type(key)
+        if not fits_option_type(value, declared):
+            name = declared.__name__ if isinstance(declared, type) else str(declared).replace("typing.", "")
+            problem = f"{key!r} takes {name}, not {value!r} ({type(value).__name__})"
+            fix = f"pass a {name}, e.g. its default {known[key]!r}"
+            raise config_error("inductor_compile_config", config, problem, fix)
 
 
-def fits_option_type(value: Any, kind: Any) -> bool:
-    """Whether a JSON `value` fits the type `kind` an Inductor option declares: bool, int, float, str,
-    None, lists (or tuples), dicts, their unions and literals. A type this cannot check (a callable's, a
-    class) fits."""
-    origin = typing.get_origin(kind) or kind
+def fits_option_type(value: Any, declared: Any) -> bool:
+    """Whether a JSON `value` fits the type an Inductor option declares: bool, int, float, str, None, lists
+    (or tuples), dicts, their unions and literals. A type this cannot check (a callable's, a class) fits."""
+    origin = typing.get_origin(declared) or declared
     if origin in (typing.Union, types.UnionType):
-        return any(fits_option_type(value, a) for a in typing.get_args(kind))
+        return any(fits_option_type(value, a) for a in typing.get_args(declared))
     if origin is typing.Literal:
-        return any(type(value) is type(a) and value == a for a in typing.get_args(kind))
-    exact = {type(None): (type(None),), bool: (bool,), int: (int,), float: (int, float), str: (str,),
-             list: (list, tuple), tuple: (list, tuple), dict: (dict,)}
-    return type(value) in exact[origin] if origin in exact else True
+        return any(type(value) is type(a) and value == a for a in typing.get_args(declared))
+    if origin not in (type(None), bool, int, float, str, list, tuple, dict):
+        return True
+    widened = {float: (int, float), list: (list, tuple), tuple: (list, tuple)}
+    return type(value) in widened.get(origin, (origin,))
 
 
 _BOOLS = dict.fromkeys(("1", "true", "yes", "on"), True) | dict.fromkeys(("0", "false", "no", "off"), False)
@@ -123,8 +130,10 @@ def env_flag(name: str, default: bool) -> bool:
     when unset or empty; else `ConfigError` naming the variable, its value and the spellings."""
     value = os.environ.get(name, "").strip().lower()
     if value and value not in _BOOLS:
-        raise ConfigError(f"${name}={os.environ[name]!r} is not a boolean. Fix: set it to 1, true, yes or on "
-                          f"(or 0, false, no, off), or unset it.")
+        raise ConfigError(
+            f"${name}={os.environ[name]!r} is not a boolean. Fix: set it to 1, true, yes or on "
+            f"(or 0, false, no, off), or unset it."
+        )
     return _BOOLS.get(value, default)
 
 
@@ -135,45 +144,56 @@ def expand_path(path: str | os.PathLike) -> str:
 
 def check_something_to_capture(mode: CUDAGraphMode, capture_sizes: list[int]) -> None:
     """A graph mode needs at least one capture size: graphs are captured for those sizes only."""
-    _require(capture_sizes or mode is CUDAGraphMode.NONE, "cudagraph_capture_sizes", capture_sizes,
-             f"no size to capture, but cudagraph_mode={mode.name} captures graphs only for these sizes",
-             "list the batch sizes to capture, leave cudagraph_capture_sizes=None for vLLM's defaults, or "
-             "set cudagraph_mode=NONE")
+    if not capture_sizes and mode is not CUDAGraphMode.NONE:
+        problem = f"no size to capture, but cudagraph_mode={mode.name} captures graphs only for these sizes"
+        fix = (
+            "list the batch sizes to capture, leave cudagraph_capture_sizes=None for vLLM's defaults, or "
+            "set cudagraph_mode=NONE"
+        )
+        raise config_error("cudagraph_capture_sizes", capture_sizes, problem, fix)
 
 
 def _int_list(field: str, value: Any, top: int, fix: str | None = None) -> list[int]:
     """`value`, a list of batch sizes in `[1, top]` (`top`: max_num_batched_tokens), sorted and without
     repeats; else `ConfigError` (`fix`: what to do instead of a non-int)."""
-    _require(isinstance(value, (list, tuple)) and all(map(_is_int, value)), field, value,
-             "expected a list of int", fix or f"pass e.g. {field}=[1, 2, 4, 8]")
-    _require(all(v > 0 for v in value), field, value, "every entry must be a positive batch size",
-             "remove zero and negative entries")
-    above = [v for v in value if v > top]
-    _require(not above, field, value, f"{above} lie outside every compile range: above "
-             f"max_num_batched_tokens={top}, so above the largest compile range",
-             "raise max_num_batched_tokens or drop those entries")
+    if not (isinstance(value, (list, tuple)) and all(map(_is_int, value))):
+        raise config_error(field, value, "expected a list of int", fix or f"pass e.g. {field}=[1, 2, 4, 8]")
+    if not all(v > 0 for v in value):
+        raise config_error(
+            field, value, "every entry must be a positive batch size", "remove zero and negative entries"
+        )
+    if above := [v for v in value if v > top]:
+        problem = (
+            f"{above} lie outside every compile range: above max_num_batched_tokens={top}, so above the "
+            "largest compile range"
+        )
+        raise config_error(field, value, problem, "raise max_num_batched_tokens or drop those entries")
     return sorted(set(value))
 
 
-# Fields checked on their own, before anything else: field -> (accepts its value, problem, fix)
-_FIELD_RULES = {
-    "splitting_ops": (lambda v: isinstance(v, (list, tuple)), "expected a list of op names",
-                      'pass ["silly::attention"]'),
+def _is_count(value: Any) -> bool:
+    return _is_int(value) and value >= 0
+
+
+_FLAGS = ("cache_enabled", "reuse_trace", "lazy_capture", "debug_replay_checks")  # the bool fields
+
+# Fields checked on their own, before anything else: field -> (accepts its value, problem, fix), where
+# "accepts" is the type (or tuple of types) the value must have, or a predicate
+_FIELD_RULES: dict[str, tuple[type | tuple[type, ...] | Callable[[Any], bool], str, str]] = {
+    "splitting_ops": ((list, tuple), "expected a list of op names", 'pass ["silly::attention"]'),
     "max_num_batched_tokens": (lambda v: _is_int(v) and v > 0, "expected a positive int", "pass e.g. 8192"),
     # a known name is converted first
-    "cudagraph_mode": (lambda v: isinstance(v, CUDAGraphMode), "unknown mode",
-                       f"use pieceworks.CUDAGraphMode or one of {list(CUDAGraphMode.__members__)}"),
-    "cudagraph_num_warmups": (lambda v: _is_int(v) and v >= 0, "expected an int >= 0",
-                              "pass 0 or more, e.g. 1"),
+    "cudagraph_mode": (CUDAGraphMode, "unknown mode", f"use pieceworks.CUDAGraphMode or one of {_MODES}"),
+    "cudagraph_num_warmups": (_is_count, "expected an int >= 0", "pass 0 or more, e.g. 1"),
     "compiler": (lambda v: v in ("inductor", "eager"), "unknown compiler", 'use "inductor" or "eager"'),
-    "inductor_compile_config": (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
-                                "expected a dict of Inductor config keys",
-                                'pass e.g. {"max_autotune": False}'),
-    "cache_dir": (lambda v: v is None or isinstance(v, (str, os.PathLike)), "expected a path",
-                  "pass a str or pathlib.Path, or None"),
+    "inductor_compile_config": (
+        lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+        "expected a dict of Inductor config keys",
+        'pass e.g. {"max_autotune": False}',
+    ),
+    "cache_dir": ((str, os.PathLike, type(None)), "expected a path", "pass a str or pathlib.Path, or None"),
     "on_missing_graph": (lambda v: v in ("eager", "raise"), "unknown policy", 'use "eager" or "raise"'),
-    **{flag: (lambda v: isinstance(v, bool), "expected a bool", f"pass {flag}=True or False")
-       for flag in ("cache_enabled", "reuse_trace", "lazy_capture", "debug_replay_checks")},
+    **{flag: (bool, "expected a bool", f"pass {flag}=True or False") for flag in _FLAGS},
 }
 
 
@@ -199,7 +219,7 @@ class CompilationConfig:
 
     splitting_ops: list[str] = dataclasses.field(default_factory=list)
     compile_ranges: list[int] = dataclasses.field(default_factory=list)
-    compile_sizes: list[int | str] = dataclasses.field(default_factory=list)
+    compile_sizes: Sequence[int | str] = dataclasses.field(default_factory=list)
     max_num_batched_tokens: int = 8192
     cudagraph_mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE
     cudagraph_capture_sizes: list[int] | None = None
@@ -220,44 +240,47 @@ class CompilationConfig:
     debug_replay_checks: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.cudagraph_mode, str) and self.cudagraph_mode.upper() in CUDAGraphMode.__members__:
+        if isinstance(self.cudagraph_mode, str) and self.cudagraph_mode.upper() in _MODES:
             self.cudagraph_mode = CUDAGraphMode[self.cudagraph_mode.upper()]
         for field, (accepts, problem, fix) in _FIELD_RULES.items():
-            _require(accepts(getattr(self, field)), field, getattr(self, field), problem, fix)
+            value = getattr(self, field)
+            if not (isinstance(value, accepts) if isinstance(accepts, (type, tuple)) else accepts(value)):
+                raise config_error(field, value, problem, fix)
         for name in self.splitting_ops:
-            _require(isinstance(name, str) and _OP_NAME.match(name), "splitting_ops", self.splitting_ops,
-                     f"{name!r} is not an op name",
-                     'write "namespace::op" or "namespace::op.overload", e.g. "silly::attention"')
+            if not (isinstance(name, str) and _OP_NAME.match(name)):
+                fix = 'write "namespace::op" or "namespace::op.overload", e.g. "silly::attention"'
+                raise config_error("splitting_ops", self.splitting_ops, f"{name!r} is not an op name", fix)
         self.splitting_ops = list(self.splitting_ops)
         top, ends, sizes = self.max_num_batched_tokens, self.compile_ranges, self.cudagraph_capture_sizes
         self.compile_ranges = _int_list("compile_ranges", ends, top)
-        _require(self.compile_ranges == list(ends), "compile_ranges", ends,
-                 "endpoints must be strictly increasing",
-                 f"sort them and drop repeats: {self.compile_ranges}")
+        if self.compile_ranges != list(ends):
+            fix = f"sort them and drop repeats: {self.compile_ranges}"
+            raise config_error("compile_ranges", ends, "endpoints must be strictly increasing", fix)
         sizes = default_capture_sizes(min(512, top)) if sizes is None else sizes
         self.cudagraph_capture_sizes = _int_list("cudagraph_capture_sizes", sizes, top)
         check_something_to_capture(self.cudagraph_mode, self.cudagraph_capture_sizes)
         # "cudagraph_capture_sizes" in it stands for every capture size (vLLM's shorthand)
-        sizes = self.compile_sizes
-        if isinstance(sizes, (list, tuple)) and CAPTURE_SIZES_SHORTHAND in sizes:
-            sizes = [s for s in sizes if s != CAPTURE_SIZES_SHORTHAND] + self.cudagraph_capture_sizes
-        self.compile_sizes = _int_list("compile_sizes", sizes, top,
-                                       f'list ints, or "{CAPTURE_SIZES_SHORTHAND}" for every capture size')
+        wanted = self.compile_sizes
+        if isinstance(wanted, (list, tuple)) and CAPTURE_SIZES_SHORTHAND in wanted:
+            wanted = [s for s in wanted if s != CAPTURE_SIZES_SHORTHAND] + self.cudagraph_capture_sizes
+        fix = f'list ints, or "{CAPTURE_SIZES_SHORTHAND}" for every capture size'
+        self.compile_sizes = _int_list("compile_sizes", wanted, top, fix)
         try:
             json.dumps(self.inductor_compile_config, sort_keys=True)
-        except TypeError:
-            _require(False, "inductor_compile_config", self.inductor_compile_config,
-                     "values must be JSON-serialisable so that the cache key can cover them",
-                     "pass plain bools, numbers, strings, lists and dicts")
+        except TypeError as exc:
+            problem = "values must be JSON-serialisable so that the cache key can cover them"
+            fix = "pass plain bools, numbers, strings, lists and dicts"
+            raise config_error("inductor_compile_config", self.inductor_compile_config, problem, fix) from exc
         # known keys with JSON values, so the cache key covers them
         check_inductor_keys(self.inductor_compile_config)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_frozen"):
-            raise ConfigError(f"CompilationConfig.{name}: this config was handed to pieceworks.compile or a "
-                              f"Backend and is frozen, so that no compiled model changes under its user. "
-                              f"Fix: build a new one, e.g. dataclasses.replace(config, {name}=...), and "
-                              f"compile again.")
+            raise ConfigError(
+                f"CompilationConfig.{name}: this config was handed to pieceworks.compile or a Backend and is "
+                "frozen, so that no compiled model changes under its user. Fix: build a new one, e.g. "
+                f"dataclasses.replace(config, {name}=...), and compile again."
+            )
         object.__setattr__(self, name, value)
 
     def freeze(self) -> CompilationConfig:
@@ -289,8 +312,10 @@ class CompilationConfig:
 
     def hash_factors(self) -> dict[str, Any]:
         """The fields that change compiled code, by name (what `compute_hash` digests)."""
-        return dict(splitting_ops=self.splitting_ops, ranges=self.ranges(), compile_sizes=self.compile_sizes,
-                    compiler=self.compiler, inductor_compile_config=self.inductor_compile_config)
+        factors = dict(
+            splitting_ops=self.splitting_ops, ranges=self.ranges(), compile_sizes=self.compile_sizes
+        )
+        return factors | dict(compiler=self.compiler, inductor_compile_config=self.inductor_compile_config)
 
     def compute_hash(self) -> str:
         """SHA-256 of `hash_factors`; equal configs give equal hashes in any process."""

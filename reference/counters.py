@@ -51,10 +51,10 @@ class CompilationCounter:
         if unknown := sorted(set(deltas) - set(before)):
             raise TypeError(f"counters.expect got unknown fields {unknown}; known fields: {sorted(before)}")
         yield
-        after = self.snapshot()
-        if wrong := [f"  {name}: changed by {after[name] - before[name]}, expected {want}"
-                     for name, want in sorted(deltas.items()) if after[name] - before[name] != want]:
-            raise AssertionError("pieceworks counters did not change as expected:\n" + "\n".join(wrong))
+        changed = {name: getattr(self, name) - before[name] for name in sorted(deltas)}
+        if wrong := {name: by for name, by in changed.items() if by != deltas[name]}:
+            lines = (f"  {name}: changed by {by}, expected {deltas[name]}" for name, by in wrong.items())
+            raise AssertionError("pieceworks counters did not change as expected:\n" + "\n".join(lines))
 
 
 counters = CompilationCounter()

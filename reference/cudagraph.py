@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import _compat
+from .config import CUDAGraphMode
 from .counters import counters
 
 
@@ -49,8 +50,9 @@ def non_owning_alias(value: Any) -> Any:
         return value
     storage = value.untyped_storage()
     # The storage's bytes, exposed through the CUDA array interface so that `torch.as_tensor` views them.
-    memory = types.SimpleNamespace(__cuda_array_interface__={"shape": (storage.nbytes(),), "typestr": "|u1",
-                                   "data": (storage.data_ptr(), False), "version": 3, "strides": None})
+    data = (storage.data_ptr(), False)
+    interface = {"shape": (storage.nbytes(),), "typestr": "|u1", "data": data, "version": 3, "strides": None}
+    memory = types.SimpleNamespace(__cuda_array_interface__=interface)
     with torch.cuda.device(value.device):
         raw = torch.as_tensor(memory, device=value.device)
     return raw.view(value.dtype).as_strided(value.shape, value.stride(), value.storage_offset())
@@ -62,32 +64,32 @@ def pool_bytes(pool: Any) -> int:
     nothing else. 0 for None (no pool yet)."""
     if pool is None:
         return 0
-    wanted = tuple(pool)
-    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
-               if tuple(s.get("segment_pool_id", ())) == wanted)
+    wanted, segments = tuple(pool), torch.cuda.memory_snapshot()
+    return sum(s["total_size"] for s in segments if tuple(s.get("segment_pool_id", ())) == wanted)
 
 
 class AddressCheck(NamedTuple):
     """One input a graph reads: `args[index]` must sit at `address`. `reader`, `position` and `name` say
     who reads it, for the error."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # a field may shadow tuple.index; mypy rejects the override
     address: int
     reader: str
     position: int
     name: str
 
 
-def check_addresses(args: Sequence[Any], checks: Sequence[AddressCheck], batch: int) -> None:
+def check_addresses(args: Sequence[Any], checks: Sequence[AddressCheck], padded_size: int) -> None:
     """Raise `ReplayAddressError` if a checked input is not at its captured address."""
     for i, address, reader, position, name in checks:
         pointer = args[i].data_ptr()
         if pointer != address:
             raise ReplayAddressError(
                 f"{reader}: input {position} ({name}) is at {pointer:#x}, but the CUDA graph for batch "
-                f"size {batch} was captured reading {address:#x}; replaying would read stale memory. Fix: "
-                f"keep inputs in static buffers (pieceworks.compile does this for model inputs) and keep "
-                f"parameters where they were captured (swap weights with an in-place copy_)")
+                f"size {padded_size} was captured reading {address:#x}; replaying would read stale memory. "
+                f"Fix: keep inputs in static buffers (pieceworks.compile does this for model inputs) and "
+                f"keep parameters where they were captured (swap weights with an in-place copy_)"
+            )
 
 
 def _captured(graph: torch.cuda.CUDAGraph, fn: Callable[..., Any], args: Sequence[Any], pool: Any) -> Any:
@@ -121,7 +123,7 @@ class CapturePool:
         self.handle: Any = None
         self._stream: torch.cuda.Stream | None = None
         self._warmup_pool: torch.cuda.MemPool | None = None
-        # (runnable, batch) `capture_piece` warmed up
+        # (runnable, padded size) `capture_piece` warmed up
         self._warmed: set[tuple[Callable[..., Any], int]] = set()
 
     def reset(self) -> None:
@@ -132,16 +134,18 @@ class CapturePool:
             self.handle = torch.cuda.graph_pool_handle()
             self._warmed.clear()
 
-    def capture_piece(self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int],
-                      batch: int) -> tuple[Any, Any]:
-        """`capture` for a compiled piece's runnable at padded size `batch`: warmed up only before its
+    def capture_piece(
+        self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int], padded_size: int
+    ) -> tuple[Any, Any]:
+        """`capture` for a compiled piece's runnable at `padded_size`: warmed up only before its
         first capture at that size in this pool."""
-        warmups = 0 if (fn, batch) in self._warmed else self.num_warmups
-        self._warmed.add((fn, batch))
+        warmups = 0 if (fn, padded_size) in self._warmed else self.num_warmups
+        self._warmed.add((fn, padded_size))
         return self.capture(fn, args, mutated, warmups)
 
-    def capture(self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int],
-                warmups: int | None = None) -> tuple[Any, Any]:
+    def capture(
+        self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int], warmups: int | None = None
+    ) -> tuple[Any, Any]:
         """Warm `fn(*args)` up (`warmups` runs, default `num_warmups`), capture it into the pool, replay it
         once; return `(graph, owning outputs)`.
 
@@ -156,6 +160,7 @@ class CapturePool:
         # warm-up can write to these inputs.
         saved = [(i, args[i].clone()) for i in mutated if warmups and isinstance(args[i], torch.Tensor)]
         graph, stream = torch.cuda.CUDAGraph(), self._stream
+        assert stream is not None and self._warmup_pool is not None  # made with the first handle
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             # Warm-ups allocate from a MemPool of this model's own: the first GEMM on the capture stream
@@ -172,3 +177,31 @@ class CapturePool:
         graph.replay()  # the capture recorded work without doing it: compute this call's real outputs
         counters.num_cudagraph_captured += 1
         return graph, outputs
+
+
+class CaptureMismatchError(RuntimeError):
+    """Ranks of a process group would capture different graphs: their collectives would wait on each other
+    forever."""
+
+
+def check_ranks_agree(mode: CUDAGraphMode, sizes: list[int], device: torch.device | None = None) -> None:
+    """Under `torch.distributed` (initialized, world size > 1), every rank calls this before it captures a
+    graph that holds collectives: a `CaptureMismatchError` on every rank, naming each rank whose mode or
+    sizes (in capture order) differ from rank 0's, and how. Two collectives of the world group (the widest
+    plan, then every plan), on `device` (the graph's) where the group runs NCCL; a rank that never calls it
+    leaves the others waiting until the group's timeout (`init_process_group(timeout=...)`)."""
+    dist, modes = torch.distributed, list(CUDAGraphMode)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        # tensors, not objects: no pickle, no numpy
+        on = device if "nccl" in str(dist.get_backend()) else "cpu"
+        mine = torch.tensor([modes.index(mode), len(sizes), *sizes], device=on)
+        dist.all_reduce(width := mine.new_tensor([mine.numel()]), dist.ReduceOp.MAX)
+        found = [mine.new_zeros(int(width)) for _ in range(dist.get_world_size())]
+        dist.all_gather(found, torch.nn.functional.pad(mine, (0, int(width) - mine.numel())))
+        plans = [(modes[m].name, rest[:n]) for m, n, *rest in (t.tolist() for t in found)]
+        if differ := "; ".join(f"rank {r}: {m} {s}" for r, (m, s) in enumerate(plans) if (m, s) != plans[0]):
+            raise CaptureMismatchError(
+                f"ranks would capture different CUDA graphs (mode, sizes largest first), rank 0: "
+                f"{plans[0][0]} {plans[0][1]}; {differ}: their collectives would wait forever. Fix: the same "
+                "cudagraph_mode, cudagraph_capture_sizes and capture() sizes on every rank"
+            )

@@ -10,25 +10,27 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
+Range = tuple[int, int]  # a closed compile range (lo, hi)
+
 
 class BatchSizeError(ValueError):
     """A batch size that no compiled code covers."""
 
 
-def find_range(ranges: Sequence[tuple[int, int]], batch: int) -> tuple[int, int] | None:
+def find_range(ranges: Sequence[Range], batch: int) -> Range | None:
     """The closed range `(lo, hi)` of sorted, disjoint `ranges` that holds `batch`, or None."""
     i = bisect.bisect_left([hi for _, hi in ranges], batch)
     return ranges[i] if i < len(ranges) and ranges[i][0] <= batch <= ranges[i][1] else None
 
 
-def compile_target(compile_sizes: Sequence[int], ranges: Sequence[tuple[int, int]],
-                   batch: int) -> int | tuple[int, int]:
+def compile_target(compile_sizes: Sequence[int], ranges: Sequence[Range], batch: int) -> int | Range:
     """The compile size equal to `batch`, else the range holding it; raises `BatchSizeError` otherwise."""
     found = batch if batch in compile_sizes else find_range(ranges, batch)
     if found is None:
-        raise BatchSizeError(f"batch size {batch} is outside every compile range {list(ranges)}; "
-                             f"raise CompilationConfig.max_num_batched_tokens (or the last compile_ranges "
-                             f"endpoint) to serve it")
+        raise BatchSizeError(
+            f"batch size {batch} is outside every compile range {list(ranges)}; raise "
+            "CompilationConfig.max_num_batched_tokens (or the last compile_ranges endpoint) to serve it"
+        )
     return found
 
 

@@ -27,7 +27,6 @@ import platform
 from typing import Any
 
 import torch
-import torch.fx
 
 from ._compat import _module, functorch_config, inductor_config, op_identity
 
@@ -99,24 +98,26 @@ def graph_fingerprint(gm: torch.fx.GraphModule, example_args: list[Any] | None =
             return f"tensor:{_tensor_digest(a)}"
         return constant_text(a)
 
-    given = iter(example_args or ())  # a placeholder's given value, else its `example_value`
-    return digest(*(f"{n.op}|{_node_target(n, gm)}|{arg(n.args)}|{arg(n.kwargs)}|" + describe_value(
-        next(given, n.meta.get("example_value")) if n.op == "placeholder" else n.meta.get("example_value"))
-        for n in gm.graph.nodes))
+    given, lines = iter(example_args or ()), []
+    for n in gm.graph.nodes:
+        value = n.meta.get("example_value")
+        value = next(given, value) if n.op == "placeholder" else value  # a placeholder's given value, if any
+        lines.append(f"{n.op}|{_node_target(n, gm)}|{arg(n.args)}|{arg(n.kwargs)}|{describe_value(value)}")
+    return digest(*lines)
 
 
 def software_factors() -> dict[str, str]:
     """The software and hardware that compiled code depends on, read afresh on every call: the torch build
     (version and git hash), CUDA/HIP, Triton, Python, the CPU architecture and the current GPU (name and
     compute capability). Equal in every process of one installation on one machine type."""
-    factors = {"torch": torch.__version__, "git": str(getattr(torch.version, "git_version", "")),
-               "cuda": str(torch.version.cuda), "hip": str(getattr(torch.version, "hip", None)),
-               "python": platform.python_version(), "machine": platform.machine(), "triton": "none",
-               # the current device
-               "gpu": f"{torch.cuda.get_device_name()}|sm={torch.cuda.get_device_capability()}"
-               if torch.cuda.is_available() else "none"}
+    version = torch.version
+    factors = {"torch": torch.__version__, "git": str(version.git_version), "cuda": str(version.cuda)}
+    factors |= {"hip": str(version.hip), "python": platform.python_version(), "machine": platform.machine()}
+    factors |= {"triton": "none", "gpu": "none"}  # where there is none
     with contextlib.suppress(Exception):  # Triton is optional on CPU builds
         factors["triton"] = str(_module("triton").__version__)
+    if torch.cuda.is_available():  # the current device
+        factors["gpu"] = f"{torch.cuda.get_device_name()}|sm={torch.cuda.get_device_capability()}"
     return factors
 
 
@@ -143,8 +144,10 @@ class UnkeyableConfigError(ValueError):
 
 # Inductor config entries that hold graph passes (callables). Inductor's own cache keys them by `uuid()` (see
 # torch._inductor.custom_graph_pass.CustomGraphPass) and refuses to cache a pass without one; so do we.
-_CUSTOM_PASSES = ("pre_grad_custom_pass", "joint_custom_pre_pass", "joint_custom_post_pass",
-                  "post_grad_custom_pre_pass", "post_grad_custom_post_pass", "_pre_fusion_custom_pass")
+_CUSTOM_PASSES = (
+    "pre_grad_custom_pass joint_custom_pre_pass joint_custom_post_pass post_grad_custom_pre_pass "
+    "post_grad_custom_post_pass _pre_fusion_custom_pass"
+).split()
 
 
 def portable(value: Any, where: str, graph_pass: bool = False) -> Any:
@@ -153,9 +156,10 @@ def portable(value: Any, where: str, graph_pass: bool = False) -> Any:
     if callable(getattr(value, "uuid", None)):
         return f"uuid:{value.uuid()}"
     if graph_pass and value is not None:
-        raise UnkeyableConfigError(f"{where} is {value!r}, which has no uuid(); make it a torch._inductor."
-                                   f"custom_graph_pass.CustomGraphPass so that its version can enter the "
-                                   f"cache key")
+        raise UnkeyableConfigError(
+            f"{where} is {value!r}, which has no uuid(); make it a torch._inductor.custom_graph_pass."
+            "CustomGraphPass so that its version can enter the cache key"
+        )
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -173,8 +177,9 @@ def portable(value: Any, where: str, graph_pass: bool = False) -> Any:
         return portable(value.to_dict(), where)
     if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
         return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
-    raise UnkeyableConfigError(f"{where} holds {type(value).__name__} {value!r}, whose effect on compiled "
-                               f"code cannot be digested")
+    raise UnkeyableConfigError(
+        f"{where} holds {type(value).__name__} {value!r}, whose effect on compiled code cannot be digested"
+    )
 
 
 def inductor_config_factors() -> str:
@@ -187,23 +192,25 @@ def inductor_config_factors() -> str:
     `UnkeyableConfigError` (the caller compiles without the cache).
     """
     inductor = inductor_config()
-    doc = {f"{name}.{key}": portable(value, f"torch._{name}.config.{key}")
-           for name, module in (("inductor", inductor), ("functorch", functorch_config()))
-           for key, value in module.save_config_portable().items()}
-    doc.update({f"inductor.{key}": portable(getattr(inductor, key, None), f"torch._inductor.config.{key}",
-                                            True) for key in _CUSTOM_PASSES})
+    doc = {}
+    for name, module in (("inductor", inductor), ("functorch", functorch_config())):
+        for key, value in module.save_config_portable().items():
+            doc[f"{name}.{key}"] = portable(value, f"torch._{name}.config.{key}")
+    for key in _CUSTOM_PASSES:
+        doc[f"inductor.{key}"] = portable(getattr(inductor, key, None), f"torch._inductor.config.{key}", True)
     return digest(json.dumps(doc, sort_keys=True, separators=(",", ":")))
 
 
-def cache_factors(split_gm: torch.fx.GraphModule, fakes: list[Any], piece_fingerprints: list[str],
-                  config: Any) -> dict[str, Any]:
+def cache_factors(
+    split_gm: torch.fx.GraphModule, fakes: list[Any], piece_fingerprints: list[str], config: Any
+) -> dict[str, Any]:
     """Everything that changes compiled code: the graph (a digest of the stitching module's wiring with its
     input metadata, and each piece's fingerprint in run order), the config's code-relevant fields, the
     effective global Inductor/functorch configuration, and the software and GPU. Raises
     `UnkeyableConfigError` when the Inductor configuration holds something that cannot be digested."""
-    return {"graph": digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints),
-            "config": config.hash_factors(), "inductor": inductor_config_factors(),
-            "environment": environment_factors()}
+    graph = digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints)
+    inductor, environment = inductor_config_factors(), environment_factors()
+    return {"graph": graph, "config": config.hash_factors(), "inductor": inductor, "environment": environment}
 
 
 def as_json(value: Any) -> Any:
@@ -216,17 +223,15 @@ def first_change(old: Any, new: Any, where: str = "") -> tuple[str, Any, Any] | 
     """The first place where two keys' facts (JSON as stored) differ: (its path, e.g.
     "config.compile_sizes" or "modules.layers.0.attributes.eps", the old value, the new one), or None where
     they are equal."""
+    same_length_lists = isinstance(old, list) and isinstance(new, list) and len(old) == len(new)
     if isinstance(old, dict) and isinstance(new, dict):
-        for name in [*new, *(k for k in old if k not in new)]:  # in the new facts' order
-            path = f"{where}.{name}" if where else str(name)
-            if (found := first_change(old.get(name), new.get(name), path)):
-                return found
-        return None
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and not all(
-            isinstance(x, (int, float, bool)) or x is None for x in old + new):  # a shape or strides: whole
-        return next(filter(None, (first_change(a, b, f"{where}[{k}]")
-                                  for k, (a, b) in enumerate(zip(old, new)))), None)
-    return None if old == new else (where, old, new)
+        names = [*new, *(k for k in old if k not in new)]  # in the new facts' order
+        parts = [(f"{where}.{name}" if where else str(name), old.get(name), new.get(name)) for name in names]
+    elif same_length_lists and not all(isinstance(x, (int, float, type(None))) for x in old + new):
+        parts = [(f"{where}[{k}]", a, b) for k, (a, b) in enumerate(zip(old, new))]
+    else:  # a value, or a list of numbers (a shape, strides), compares whole
+        return None if old == new else (where, old, new)
+    return next(filter(None, (first_change(a, b, path) for path, a, b in parts)), None)
 
 
 def describe_change(change: tuple[str, Any, Any]) -> str:

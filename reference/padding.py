@@ -49,10 +49,10 @@ class StaticInputs:
                 view.copy_(a, non_blocking=True)
 
 
-def container_items(value: Any) -> tuple[list[Any], Callable[[list[Any]], Any]] | None:
-    """A container output's items and how to rebuild it (`values.children`: tuples, lists, dicts, namedtuples,
-    mappings such as a `ModelOutput`, dataclasses), None for a leaf."""
-    return children(value)
+# A container output's items and how to rebuild it (`values.children`: tuples, lists, dicts, namedtuples,
+# mappings such as a `ModelOutput`, dataclasses), None for a leaf. A name of its own, which `batched_outputs`
+# and `unpad` look up at each call. Its result is typed Any: `unpad` calls it only on what marks say is one.
+container_items: Callable[[Any], Any] = children
 
 
 def batched_outputs(output: Any, is_batched: Callable[[Any], bool]) -> Any:
@@ -74,10 +74,13 @@ def unpad(value: Any, batch: int, n: int, batched: Any = None) -> Any:
     would then be the next call's)."""
     if batched is False:
         return value
-    if batched is None:
-        return tree_map(lambda v: v[:batch] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n
-                        else v, value)
     if batched is True:
         return value[:batch]
-    items, rebuild = container_items(value)
-    return rebuild([unpad(v, batch, n, m) for v, m in zip(items, batched)])
+    if batched is not None:  # a container's marks
+        items, rebuild = container_items(value)
+        return rebuild([unpad(v, batch, n, m) for v, m in zip(items, batched)])
+
+    def cut(v: Any) -> Any:  # no marks: every tensor whose dim 0 is n
+        return v[:batch] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v
+
+    return tree_map(cut, value)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.fx
@@ -31,21 +31,26 @@ from .values import tensors_in
 Target = int | tuple[int, int]  # a compile size, or a closed compile range (lo, hi)
 
 # methods and ops that wait for the host
-_SYNC_OPS = {"item", "tolist", "cpu", "numpy", "_local_scalar_dense", "nonzero", "masked_select", "unique",
-             "_unique2", "unique_consecutive", "repeat_interleave", "bincount", "histc"}
-_INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-                      operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
-                      operator.setitem}
-_VIEW_METHODS = {"view", "reshape", "transpose", "permute", "expand", "narrow", "select", "unsqueeze",
-                 "squeeze", "flatten", "unflatten", "split", "chunk", "t", "as_strided", "view_as", "unbind",
-                 "diagonal"}
+_SYNC_OPS = frozenset(
+    "item tolist cpu numpy _local_scalar_dense nonzero masked_select unique _unique2 unique_consecutive "
+    "repeat_interleave bincount histc".split()
+)
+# `x += y` and the like, and `x[i] = y`
+_INPLACE_OPERATORS = {
+    operator.setitem,
+    *(getattr(operator, f"i{op}") for op in "add sub mul truediv floordiv mod pow and or xor".split()),
+}
+_VIEW_METHODS = frozenset(
+    "view reshape transpose permute expand narrow select unsqueeze squeeze flatten unflatten split chunk t "
+    "as_strided view_as unbind diagonal".split()
+)
 
 
 class BatchPosition(NamedTuple):
     """Where the batch size sits in positional arguments: `args[index]` itself (`dim` None: a SymInt
     argument), or `args[index].shape[dim]`."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # a field may shadow tuple.index; mypy rejects the override
     dim: int | None
 
     def read(self, args: Sequence[Any]) -> int:
@@ -55,15 +60,16 @@ class BatchPosition(NamedTuple):
 def batch_position(args: Sequence[Any], batch_symbols: frozenset[str]) -> BatchPosition | None:
     """The first SymInt argument that is a batch symbol, else the first tensor dimension that is exactly
     one; None when the arguments do not depend on the batch size."""
-    found = [BatchPosition(i, None) for i, v in enumerate(args) if symbol_name(v) in batch_symbols] + [
-        BatchPosition(i, d) for i, v in enumerate(args) if isinstance(v, torch.Tensor)
-        for d, size in enumerate(v.shape) if symbol_name(size) in batch_symbols]
+    found = [BatchPosition(i, None) for i, v in enumerate(args) if symbol_name(v) in batch_symbols]
+    for i, v in enumerate(args):
+        if isinstance(v, torch.Tensor):
+            found += [BatchPosition(i, d) for d, n in enumerate(v.shape) if symbol_name(n) in batch_symbols]
     return found[0] if found else None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Piece:
-    """One piece of a split graph: `split_module.<submod_name>`, the `graph_id`-th in run order (vLLM's
+    """One piece of a split FX graph: `stitching_module.<submod_name>`, the `graph_id`-th in run order (vLLM's
     names).
 
     `example_args`: the FakeTensors/SymInts it received in Dynamo's trace. `runnables`: compiled code per
@@ -75,7 +81,7 @@ class Piece:
     submod_name: str
     graph_id: int
     is_splitting_graph: bool
-    graph: torch.fx.GraphModule
+    fx_graph: torch.fx.GraphModule
     example_args: tuple = ()
     mutated_inputs: tuple[int, ...] = ()
     unbacked_symbols: tuple[str, ...] = ()
@@ -94,12 +100,14 @@ class Piece:
         stale = sorted(set(self.mutated_inputs) & set(self.moving_inputs))
         if self.uncapturable is not None or not stale:
             return self.uncapturable
-        return (f"it mutates input {stale[0]} ({self.placeholder_names[stale[0]]}), which a splitting op "
-                f"allocates anew on every call: a replay would write to a stale address")
+        return (
+            f"it mutates input {stale[0]} ({self.placeholder_names[stale[0]]}), which a splitting op "
+            f"allocates anew on every call: a replay would write to a stale address"
+        )
 
     @property
     def placeholder_names(self) -> list[str]:
-        return [n.name for n in self.graph.graph.nodes if n.op == "placeholder"]
+        return [n.name for n in self.fx_graph.graph.nodes if n.op == "placeholder"]
 
     def runnable(self, batch: int | None) -> Callable[..., Any]:
         """The code compiled for `batch`: its compile size, else its compile range (`BatchSizeError`
@@ -108,8 +116,8 @@ class Piece:
         if fn is None:
             ranges = sorted(t for t in self.runnables if isinstance(t, tuple))
             sizes = [t for t in self.runnables if isinstance(t, int)]
-            fn = self._by_batch[batch] = self.runnables[ranges[0] if batch is None else
-                                                        compile_target(sizes, ranges, batch)]
+            target = ranges[0] if batch is None else compile_target(sizes, ranges, batch)
+            fn = self._by_batch[batch] = self.runnables[target]
         return fn
 
     def runnable_for(self, args: Sequence[Any]) -> Callable[..., Any]:
@@ -122,19 +130,25 @@ class Piece:
         return f"Piece({self.submod_name}, graph_id={self.graph_id}, targets={list(self.runnables)})"
 
 
-def analyse(split_gm: torch.fx.GraphModule, submod_name: str, graph_id: int, is_splitting_graph: bool,
-            splitting_names: set[str], batch_symbols: frozenset[str]) -> Piece:
-    """The facts of piece `submod_name` of `split_gm` (see the module doc)."""
-    graph = getattr(split_gm, submod_name)
-    example_args = traced_args(graph)
-    moving = () if is_splitting_graph else \
-        tuple(sorted(moving_inputs(split_gm, submod_name, splitting_names)))
-    reason = uncapturable_reason(graph, example_args)
+def analyse(
+    split_gm: torch.fx.GraphModule, name: str, graph_id: int, splitting: set[str], symbols: frozenset[str]
+) -> Piece:
+    """The facts of piece `name` of `split_gm`, the `graph_id`-th in run order; `splitting`: the names of the
+    splitting pieces, `symbols`: the batch size's symbols (see the module doc)."""
+    graph = getattr(split_gm, name)
+    args = traced_args(graph)
+    is_splitting = name in splitting
+    moving = () if is_splitting else tuple(sorted(moving_inputs(split_gm, name, splitting)))
+    reason = uncapturable_reason(graph, args)
     # A splitting op on CPU values is no reason against FULL.
-    reason = None if is_splitting_graph and reason == "no CUDA tensors" else reason
-    return Piece(submod_name, graph_id, is_splitting_graph, graph, example_args,
-                 tuple(sorted(mutated_inputs(graph))), tuple(data_dependent_sizes(graph)), reason, moving,
-                 batch_position(example_args, batch_symbols), graph_fingerprint(graph, list(example_args)))
+    reason = None if is_splitting and reason == "no CUDA tensors" else reason
+    mutated = tuple(sorted(mutated_inputs(graph)))
+    unbacked = tuple(data_dependent_sizes(graph))
+    where = batch_position(args, symbols)  # where the batch size sits
+    fingerprint = graph_fingerprint(graph, list(args))
+    return Piece(
+        name, graph_id, is_splitting, graph, args, mutated, unbacked, reason, moving, where, fingerprint
+    )
 
 
 def traced_args(graph: torch.fx.GraphModule) -> tuple:
@@ -162,17 +176,19 @@ def _written_args(node: torch.fx.Node) -> list[Any]:
         return tensors_in(node.kwargs["out"], torch.fx.Node)
     schema = op_schema(node.target)
     if schema is not None:
-        return [node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
-                for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        args = [*node.args, *(node.kwargs.get(a.name) for a in schema.arguments[len(node.args) :])]
+        return [arg for arg, a in zip(args, schema.arguments) if getattr(a.alias_info, "is_write", False)]
+    name = cast(str, node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
     return [node.args[0]] if node.args and name.endswith("_") and not name.endswith("__") else []
 
 
 def _source(node: Any, views: bool = False) -> Any:
     """The value `node` unpacks (following getitem) or, with `views`, is a view of (following view-like
     methods)."""
-    while isinstance(node, torch.fx.Node) and (node.target is operator.getitem or (
-            views and node.op == "call_method" and node.target in _VIEW_METHODS)):
+    while isinstance(node, torch.fx.Node) and (
+        node.target is operator.getitem
+        or (views and node.op == "call_method" and node.target in _VIEW_METHODS)
+    ):
         node = node.args[0]
     return node
 
@@ -190,8 +206,8 @@ def data_dependent_sizes(gm: torch.fx.GraphModule) -> list[str]:
     or a splitting op whose fake impl calls `new_dynamic_size()`; sorted. A CUDA graph or a static compile
     would bake in the value one call saw."""
     holders = (torch.Tensor, torch.SymInt, torch.SymFloat)  # the values a symbol can be in
-    return sorted({symbol for node in gm.graph.nodes for value in tensors_in(example_value(node), holders)
-                   for symbol in unbacked_symbols(value)})
+    values = [value for node in gm.graph.nodes for value in tensors_in(example_value(node), holders)]
+    return sorted({symbol for value in values for symbol in unbacked_symbols(value)})
 
 
 def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any]) -> str | None:
@@ -219,6 +235,6 @@ def moving_inputs(split_gm: torch.fx.GraphModule, submod_name: str, splitting_na
     outputs of splitting pieces and of glue in the stitching module (not graph inputs, constants or
     compiled pieces' outputs, which sit at fixed addresses)."""
     call = next(n for n in split_gm.graph.nodes if n.op == "call_module" and n.target == submod_name)
-    sources = [_source(arg) for arg in call.args]
-    return {position for position, node in enumerate(sources) if isinstance(node, torch.fx.Node)
-            and node.op != "placeholder" and (node.op != "call_module" or node.target in splitting_names)}
+    sources = {position: _source(arg) for position, arg in enumerate(call.args)}
+    made = {i: n for i, n in sources.items() if isinstance(n, torch.fx.Node) and n.op != "placeholder"}
+    return {i for i, n in made.items() if n.op != "call_module" or n.target in splitting_names}

@@ -11,10 +11,10 @@ replay finds its value:
 
 `ReplayPlan.run(args, checks)` then loops over prepared steps: no Dynamo frame, no FX module call, no
 per-piece batch lookup or compile-target dispatch (the runnable of this size is resolved at record time).
-`FullGraph` is the FULL counterpart: one replay over the whole stitching module. Both are read-only once made;
-tools read `batch`, `graphs` (the CUDA graphs, in replay order), `steps` (`Step(name, kind, run)`: kind
-"graph" or "eager"; `run(args, slots)` does one step into a list of `num_slots` slots, the k-th eager step
-writing slot k, so that a tool can time steps one by one) and `graph_outputs`.
+`FullReplay` is the FULL counterpart: one replay over the whole stitching module. Both are read-only once
+made; tools read `padded_size`, `cuda_graphs` (in replay order), `steps` (`Step(name, how, run)`: how
+"cuda_graph" or "eager"; `run(args, slots)` does one step into a list of `num_slots` slots, the k-th eager
+step writing slot k, so that a tool can time steps one by one) and `cuda_graph_outputs`.
 Addresses:
 - graph inputs: a graph reads the address it captured. When the caller guarantees them (static buffers,
   `checks=()`), nothing is checked; otherwise `check_addresses` runs once per call over the inputs the graphs
@@ -27,12 +27,10 @@ Addresses:
 
 from __future__ import annotations
 
-import enum
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
-import torch
 import torch.fx
 
 from .cudagraph import AddressCheck, check_addresses, non_owning_alias
@@ -42,32 +40,28 @@ from .values import tensors_in, tree_map
 StepFn = Callable[[Sequence[Any], list], None]
 
 
-class Where(enum.IntEnum):
-    """Where a replay finds a value (`_Ref`): a constant, the call's arguments, or the plan's slots."""
-
-    CONST, INPUT, SLOT = range(3)
-
-
-_CONST, _INPUT, _SLOT = map(int, Where)  # the replay path's names, as plain ints (compared per replay)
+# Where a replay finds a value (`_Ref.where`): a constant, the call's arguments, or the plan's slots; plain
+# ints, compared per replay.
+_CONST, _INPUT, _SLOT = range(3)
 
 
 class _Ref:
     """Where a replay finds a value: (_CONST, value), (_INPUT, index into args) or (_SLOT, index into
     slots). A plain class, so that `tree_map` treats it as a leaf."""
 
-    __slots__ = ("kind", "where")
+    __slots__ = ("where", "at")
 
-    def __init__(self, kind: Where, where: Any) -> None:
-        self.kind, self.where = kind, where
+    def __init__(self, where: int, at: Any) -> None:
+        self.where, self.at = where, at
 
 
 class Step(NamedTuple):
-    """One step of a plan: `run(args, slots)` replays a graph (`kind` "graph") or runs a node eagerly
+    """One step of a plan: `run(args, slots)` replays a graph (`how` "cuda_graph") or runs a node eagerly
     ("eager": splitting ops, pieces that cannot be captured, glue), writing its value into `slots`. `name`:
     the stitching module node's target (a piece's name for pieces)."""
 
     name: str
-    kind: str
+    how: str
     run: StepFn
 
 
@@ -75,16 +69,24 @@ class ReplayPlan:
     """A recorded PIECEWISE forward pass of one batch size. `run(args, checks)` replays it; see the module
     doc."""
 
-    def __init__(self, batch: int, steps: list[Step], num_slots: int, output: Any,
-                 cheap_checks: list[AddressCheck], all_checks: list[AddressCheck], keep: list[torch.Tensor],
-                 graph_outputs: list[Any]) -> None:
-        self.batch = batch
+    def __init__(
+        self,
+        padded_size: int,
+        steps: list[Step],
+        num_slots: int,
+        output: Any,
+        cheap_checks: list[AddressCheck],
+        all_checks: list[AddressCheck],
+        keep: list[torch.Tensor],
+        cuda_graph_outputs: list[Any],
+    ) -> None:
+        self.padded_size, self.num_slots = padded_size, num_slots
         self.steps = tuple(steps)
-        self.graphs = tuple(step.run.graph for step in steps if step.kind == "graph")
-        self.num_slots = num_slots
-        self.graph_outputs = tuple(graph_outputs)  # per graph: the (non-owning) outputs a replay writes
-        self.cheap_checks = tuple(cheap_checks)  # caller-owned inputs the graphs read
-        self.all_checks = tuple(all_checks)  # and parameters and buffers
+        self.cuda_graphs = tuple(cast(Any, step.run).cuda_graph for step in steps if step.how == "cuda_graph")
+        # per graph: the (non-owning) outputs a replay writes
+        self.cuda_graph_outputs = tuple(cuda_graph_outputs)
+        # caller-owned inputs the graphs read; and parameters and buffers
+        self.cheap_checks, self.all_checks = tuple(cheap_checks), tuple(all_checks)
         self._runs = [step.run for step in steps]
         self._output = _getter(output)
         # eager outputs the graphs read, owned here so that their addresses stay valid
@@ -92,25 +94,27 @@ class ReplayPlan:
 
     def run(self, args: Sequence[Any], checks: Sequence[AddressCheck] = ()) -> Any:
         if checks:
-            check_addresses(args, checks, self.batch)
+            check_addresses(args, checks, self.padded_size)
         slots = [None] * self.num_slots
         for run in self._runs:
             run(args, slots)
         return self._output(args, slots)
 
 
-class FullGraph(ReplayPlan):
-    """The FULL graph of one batch size, captured from `args` (named `placeholder_names`): a plan of one
+class FullReplay(ReplayPlan):
+    """The FULL CUDA graph of one padded size, captured from `args` (named `names`): a plan of one
     replay over the whole stitching module, returning the capture's outputs (non-owning aliases: valid
     until the next replay). `all_checks`: every tensor input; `cheap_checks`: those the caller owns."""
 
-    def __init__(self, batch: int, graph: Any, outputs: Any, placeholder_names: Sequence[str],
-                 args: Sequence[Any]) -> None:
-        every = [AddressCheck(i, a.data_ptr(), "full graph", i, name)
-                 for i, (name, a) in enumerate(zip(placeholder_names, args)) if isinstance(a, torch.Tensor)]
+    def __init__(
+        self, padded_size: int, cuda_graph: Any, outputs: Any, names: Sequence[str], args: Sequence[Any]
+    ) -> None:
+        tensors = [(i, n, a) for i, (n, a) in enumerate(zip(names, args)) if isinstance(a, torch.Tensor)]
+        every = [AddressCheck(i, a.data_ptr(), "full graph", i, n) for i, n, a in tensors]
         aliases = tree_map(non_owning_alias, outputs)
-        super().__init__(batch, [Step("full graph", "graph", replay_step(graph, []))], 0,
-                         _Ref(_CONST, aliases), _caller_owned(every, args), every, [], [aliases])
+        step = Step("full graph", "cuda_graph", replay_step(cuda_graph, []))
+        cheap = _caller_owned(every, args)
+        super().__init__(padded_size, [step], 0, _Ref(_CONST, aliases), cheap, every, [], [aliases])
 
 
 def _caller_owned(checks: list[AddressCheck], args: Sequence[Any]) -> list[AddressCheck]:
@@ -120,13 +124,13 @@ def _caller_owned(checks: list[AddressCheck], args: Sequence[Any]) -> list[Addre
 
 
 def _is_constant(ref_tree: Any) -> bool:
-    return all(r.kind == _CONST for r in tensors_in(ref_tree, _Ref))
+    return all(r.where == _CONST for r in tensors_in(ref_tree, _Ref))
 
 
 def _value(ref_tree: Any, args: Sequence[Any], slots: list) -> Any:
-    # per kind (_CONST, _INPUT, _SLOT): what `where` indexes; a constant is its value
-    where_of = (None, args, slots)
-    return tree_map(lambda ref: ref.where if ref.kind == _CONST else where_of[ref.kind][ref.where], ref_tree)
+    # per place (_CONST, _INPUT, _SLOT): what `at` indexes; a constant is its value
+    indexed: tuple[Any, ...] = (None, args, slots)
+    return tree_map(lambda ref: ref.at if ref.where == _CONST else indexed[ref.where][ref.at], ref_tree)
 
 
 def _ref_tree(arg: Any, refs: dict[torch.fx.Node, _Ref]) -> Any:
@@ -139,8 +143,8 @@ def _getter(ref_tree: Any) -> Callable[[Sequence[Any], list], Any]:
         value = _value(ref_tree, (), [])
         return lambda args, slots: value
     if isinstance(ref_tree, _Ref):  # not a constant: a graph input or a slot
-        kind, where = ref_tree.kind, ref_tree.where
-        return (lambda args, slots: args[where]) if kind == _INPUT else (lambda args, slots: slots[where])
+        at = ref_tree.at
+        return (lambda args, slots: args[at]) if ref_tree.where == _INPUT else (lambda args, slots: slots[at])
     return lambda args, slots: _value(ref_tree, args, slots)
 
 
@@ -153,10 +157,10 @@ def _eager_step(fn: Callable[..., Any], arg_refs: list, slot: int) -> StepFn:
     return run
 
 
-def replay_step(graph: Any, moved: list[tuple[int, torch.Tensor]]) -> StepFn:
-    """A step replaying `graph`. `moved`: (slot, captured tensor) for each eager output the graph reads;
+def replay_step(cuda_graph: Any, moved: list[tuple[int, torch.Tensor]]) -> StepFn:
+    """A step replaying `cuda_graph`. `moved`: (slot, captured tensor) for each eager output the graph reads;
     one that is not where the capture saw it is copied there first."""
-    replay = graph.replay
+    replay = cuda_graph.replay
 
     def run(args: Sequence[Any], slots: list) -> None:
         for j, captured in moved:
@@ -164,44 +168,42 @@ def replay_step(graph: Any, moved: list[tuple[int, torch.Tensor]]) -> StepFn:
                 captured.copy_(slots[j])
         replay()
 
-    run.graph = graph
+    run.cuda_graph = cuda_graph  # type: ignore[attr-defined]
     return run
-
-
-def _single_op(gm: torch.fx.GraphModule, used: bool) -> tuple[Callable[..., Any], list[int]] | None:
-    """`(op, positions)` when a splitting piece is one op on some of its inputs (attention is): the plan calls
-    `op(*[inputs[p] for p in positions])` directly, without the piece's FX frame. None otherwise."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
-    output = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    if len(nodes) != 1 or nodes[0].op != "call_function" or nodes[0].kwargs \
-            or (used and output is not nodes[0]) \
-            or not all(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in nodes[0].args):
-        return None
-    return nodes[0].target, [placeholders.index(a) for a in nodes[0].args]
 
 
 def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Callable, list[int] | None]:
     """`(fn, positions)`: what an eager step of `node` (a `call_module`, or a `call_function`: the stitching
     module has no other calls, and passes no keywords) calls, on the arguments at `positions` (None: all of
-    them)."""
-    fn = getattr(split_gm, node.target) if node.op == "call_module" else node.target
+    them). A splitting piece that is one op on some of its inputs (attention is) is called as that op,
+    `op(*[inputs[p] for p in positions])`, without the piece's FX frame."""
+    fn: Any = getattr(split_gm, cast(str, node.target)) if node.op == "call_module" else node.target
     if not isinstance(fn, torch.fx.GraphModule):  # a function, or a compiled piece that runs eagerly
         return fn, None
-    return _single_op(fn, bool(node.users)) or (fn.forward, None)
+    placeholders = [n for n in fn.graph.nodes if n.op == "placeholder"]
+    body = [n for n in fn.graph.nodes if n.op not in ("placeholder", "output")]
+    op = body[0] if len(body) == 1 and body[0].op == "call_function" and not body[0].kwargs else None
+    if op is None or (node.users and fn.graph.output_node().args[0] is not op):
+        return fn.forward, None
+    if not all(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in op.args):
+        return fn.forward, None
+    return op.target, [placeholders.index(a) for a in op.args]
 
 
-def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any],
-                graph_pieces: dict[str, Piece],
-                capture: Callable[..., tuple[Any, Any]]) -> tuple[ReplayPlan, Any]:
-    """Run `split_gm(*args)` once, capturing the pieces in `graph_pieces` (by name); return the plan and
-    this run's (owning) outputs. `capture(fn, args, mutated, batch)` returns `(graph, outputs)` with the
-    outputs already computed."""
+def record_plan(
+    split_gm: torch.fx.GraphModule,
+    padded_size: int,
+    args: Sequence[Any],
+    capturable: dict[str, Piece],
+    capture: Callable[..., tuple[Any, Any]],
+) -> tuple[ReplayPlan, Any]:
+    """Run `split_gm(*args)` once, capturing the pieces in `capturable` (by name); return the plan and
+    this run's (owning) outputs. `capture(fn, args, mutated, padded_size)` returns `(cuda_graph, outputs)`
+    with the outputs already computed."""
     real: dict[torch.fx.Node, Any] = {}
     refs: dict[torch.fx.Node, _Ref] = {}
-    steps: list[Step] = []
     every: dict[int, AddressCheck] = {}
-    keep, graph_outputs = [], []
+    steps, keep, cuda_graph_outputs = [], [], []
     num_slots = placeholder = 0
     nodes = list(split_gm.graph.nodes)
     # Drop this run's values after their last use, as the stitching module's own code does, so that later
@@ -215,7 +217,7 @@ def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any],
             break
         call_args = torch.fx.node.map_arg(node.args, real.__getitem__)
         arg_refs = [_ref_tree(a, refs) for a in node.args]
-        piece = graph_pieces.get(node.target) if node.op == "call_module" else None
+        piece = capturable.get(node.target) if node.op == "call_module" else None
         if node.op == "placeholder":
             real[node], refs[node] = args[placeholder], _Ref(_INPUT, placeholder)
             placeholder += 1
@@ -223,20 +225,21 @@ def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any],
             value = operator.attrgetter(node.target)(split_gm)
             real[node], refs[node] = value, _Ref(_CONST, value)
         elif piece is not None:
-            graph, out = capture(piece.runnable_for(call_args), call_args, piece.mutated_inputs, batch)
+            fn = piece.runnable_for(call_args)
+            cuda_graph, out = capture(fn, call_args, piece.mutated_inputs, padded_size)
             moved = []
             names, reader = piece.placeholder_names, f"piece {piece.submod_name} (graph {piece.graph_id})"
             for position, (value, ref) in enumerate(zip(call_args, arg_refs)):
-                kind = ref.kind if isinstance(value, torch.Tensor) and isinstance(ref, _Ref) else None
-                if kind == _INPUT:  # a graph input: the first graph reading it checks it
-                    check = AddressCheck(ref.where, value.data_ptr(), reader, position, names[position])
-                    every.setdefault(ref.where, check)
-                elif kind == _SLOT:
-                    moved.append((ref.where, value))
+                where = ref.where if isinstance(value, torch.Tensor) and isinstance(ref, _Ref) else None
+                if where == _INPUT:  # a graph input: the first graph reading it checks it
+                    check = AddressCheck(ref.at, value.data_ptr(), reader, position, names[position])
+                    every.setdefault(ref.at, check)
+                elif where == _SLOT:
+                    moved.append((ref.at, value))
                     keep.append(value)
-            steps.append(Step(str(node.target), "graph", replay_step(graph, moved)))
+            steps.append(Step(str(node.target), "cuda_graph", replay_step(cuda_graph, moved)))
             real[node], refs[node] = out, _Ref(_CONST, tree_map(non_owning_alias, out))
-            graph_outputs.append(refs[node].where)
+            cuda_graph_outputs.append(refs[node].at)
         elif node.op == "call_function" and node.target is operator.getitem and _is_constant(arg_refs[0]):
             real[node] = operator.getitem(*call_args)
             refs[node] = _Ref(_CONST, _value(arg_refs[0], (), [])[node.args[1]])
@@ -249,6 +252,6 @@ def record_plan(split_gm: torch.fx.GraphModule, batch: int, args: Sequence[Any],
             steps.append(Step(str(node.target), "eager", _eager_step(fn, arg_refs, num_slots)))
             num_slots += 1
     checks, output = list(every.values()), node.args[0]
-    plan = ReplayPlan(batch, steps, num_slots, _ref_tree(output, refs), _caller_owned(checks, args), checks,
-                      keep, graph_outputs)
+    ref, cheap = _ref_tree(output, refs), _caller_owned(checks, args)
+    plan = ReplayPlan(padded_size, steps, num_slots, ref, cheap, checks, keep, cuda_graph_outputs)
     return plan, torch.fx.node.map_arg(output, real.__getitem__)

@@ -22,11 +22,11 @@ def shown() -> bool:
     return env_flag("PIECEWORKS_PROGRESS", True) and sys.stderr.isatty()
 
 
-def progress(items: Iterable[T], description: str, total: int | None = None) -> Iterable[T]:
+def progress(items: Iterable[T], description: str) -> Iterable[T]:
     """`items`, shown as a bar named `description` where the module doc says."""
     if shown():
         with contextlib.suppress(ImportError):  # no tqdm: no bar
             from tqdm import tqdm
 
-            return tqdm(items, desc=f"pieceworks: {description}", total=total, leave=False, file=sys.stderr)
+            return tqdm(items, desc=f"pieceworks: {description}", leave=False, file=sys.stderr)
     return items

@@ -26,8 +26,10 @@ import torch
 import torch.fx
 
 from ._compat import example_value, op_identity, registered_ops, split_module, unbacked_symbols
-from .config import ConfigError
+from .config import config_error
 from .piece import Piece, analyse, traced_args
+
+_SYM_SIZE = torch.ops.aten.sym_size.int
 
 
 def op_names(target: object) -> set[str]:
@@ -45,7 +47,7 @@ def _unknown_op(name: str) -> str | None:
     namespace, _, rest = name.partition("::")
     op, _, overload = rest.partition(".")
     packet = getattr(getattr(torch.ops, namespace), op, None)
-    if packet is not None and op_identity(packet) is not None and op_identity(packet)[1] is None:
+    if packet is not None and (identity := op_identity(packet)) is not None and identity[1] is None:
         if overload and overload not in packet.overloads():
             return f"op {namespace}::{op} has no overload {overload!r}, only {sorted(packet.overloads())}"
         return None
@@ -53,8 +55,8 @@ def _unknown_op(name: str) -> str | None:
     ours = [r for r in registered if r.startswith(f"{namespace}::")]
     if not ours:
         close = difflib.get_close_matches(namespace, sorted({r.split("::", 1)[0] for r in registered}), n=3)
-        return f"{name!r} names no registered op: no op is registered in namespace {namespace!r}" + (
-            f" (close namespaces: {', '.join(close)})" if close else "")
+        hint = f" (close namespaces: {', '.join(close)})" if close else ""
+        return f"{name!r} names no registered op: no op is registered in namespace {namespace!r}{hint}"
     listed = sorted(ours, key=lambda r: -difflib.SequenceMatcher(None, f"{namespace}::{op}", r).ratio())
     shown = ", ".join(listed[:12]) + (f" and {len(listed) - 12} more" if len(listed) > 12 else "")
     return f"{name!r} names no registered op; namespace {namespace!r} has (closest first) {shown}"
@@ -68,9 +70,8 @@ def check_splitting_ops(splitting_ops: Sequence[str]) -> None:
     ops.
     """
     if problems := [problem for problem in map(_unknown_op, splitting_ops) if problem is not None]:
-        raise ConfigError(
-            f"CompilationConfig.splitting_ops={list(splitting_ops)!r}: {problems[0]}. Fix: correct the name, "
-            f"or import the module that registers the op before the model's first call.")
+        fix = "correct the name, or import the module that registers the op before the model's first call"
+        raise config_error("splitting_ops", list(splitting_ops), problems[0], fix)
 
 
 def absent_splitting_ops(gm: torch.fx.GraphModule, splitting_ops: Sequence[str]) -> list[str]:
@@ -86,7 +87,7 @@ def is_splitting_op(node: torch.fx.Node, splitting_ops: set[str]) -> bool:
 def binds_unbacked_size(node: torch.fx.Node) -> bool:
     """Whether `node` is a `sym_size` whose value is a data-dependent (unbacked) symbol, as Dynamo emits right
     after `nonzero`, or after a custom op whose fake impl calls `new_dynamic_size()`."""
-    return node.target is torch.ops.aten.sym_size.int and bool(unbacked_symbols(example_value(node)))
+    return node.target is _SYM_SIZE and bool(unbacked_symbols(example_value(node)))
 
 
 def decompose_sizes(gm: torch.fx.GraphModule) -> None:
@@ -96,8 +97,7 @@ def decompose_sizes(gm: torch.fx.GraphModule) -> None:
         if len(node.args) != 1 or node.kwargs or (value := example_value(node.args[0])) is None:
             continue
         with graph.inserting_before(node.next):
-            dims = [graph.call_function(torch.ops.aten.sym_size.int, (node.args[0], d))
-                    for d in range(value.dim())]
+            dims = [graph.call_function(_SYM_SIZE, (node.args[0], d)) for d in range(value.dim())]
         for dim, size in zip(dims, value.shape):
             dim.meta["example_value"] = size
         for user in list(node.users):
@@ -105,8 +105,11 @@ def decompose_sizes(gm: torch.fx.GraphModule) -> None:
                 user.replace_all_uses_with(dims[user.args[1]])
                 graph.erase_node(user)
             else:
-                user.args, user.kwargs = torch.fx.map_arg((user.args, user.kwargs),
-                                                          lambda a: dims if a is node else a)
+                # map_arg calls the lambda at once: the loop's variables are still this iteration's
+                user.args, user.kwargs = torch.fx.map_arg(
+                    (user.args, user.kwargs),
+                    lambda a: dims if a is node else a,  # noqa: B023
+                )
         graph.erase_node(node)
     graph.lint()
     gm.recompile()
@@ -140,7 +143,7 @@ def _recompute_sizes_in_consumers(gm: torch.fx.GraphModule, piece_of: dict) -> N
     """
     graph = gm.graph
     order = {n: i for i, n in enumerate(graph.nodes)}  # the copies made below are never users of a `sym_size`
-    for node in graph.find_nodes(op="call_function", target=torch.ops.aten.sym_size.int):
+    for node in graph.find_nodes(op="call_function", target=_SYM_SIZE):
         if binds_unbacked_size(node):
             continue
         copies: dict[int, torch.fx.Node] = {}  # piece -> its copy, made before the piece's first user
@@ -148,7 +151,7 @@ def _recompute_sizes_in_consumers(gm: torch.fx.GraphModule, piece_of: dict) -> N
             piece = piece_of.get(user, piece_of[node])  # the output node is in no piece
             if piece != piece_of[node] and piece not in copies:
                 with graph.inserting_before(user):
-                    copy = copies[piece] = graph.call_function(torch.ops.aten.sym_size.int, node.args)
+                    copy = copies[piece] = graph.call_function(_SYM_SIZE, node.args)
                 copy.meta = dict(node.meta)
                 piece_of[copy] = piece
             if piece in copies:
@@ -160,12 +163,13 @@ def _recompute_sizes_in_consumers(gm: torch.fx.GraphModule, piece_of: dict) -> N
 
 def batch_symbols(gm: torch.fx.GraphModule) -> frozenset[str]:
     """The symbols of the graph inputs' dim 0: the batch size (one symbol under `pieceworks.compile`)."""
-    return frozenset(str(v.shape[0]) for v in traced_args(gm)
-                     if isinstance(v, torch.Tensor) and v.dim() > 0 and isinstance(v.shape[0], torch.SymInt))
+    firsts = [v.shape[0] for v in traced_args(gm) if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return frozenset(str(size) for size in firsts if isinstance(size, torch.SymInt))
 
 
-def split_graph(gm: torch.fx.GraphModule,
-                splitting_ops: Sequence[str]) -> tuple[torch.fx.GraphModule, list[Piece]]:
+def split_graph(
+    gm: torch.fx.GraphModule, splitting_ops: Sequence[str]
+) -> tuple[torch.fx.GraphModule, list[Piece]]:
     """Split `gm` at `splitting_ops`; return the stitching module and its pieces in run order, each analysed.
 
     `gm` is modified in place (sizes decomposed). The stitching module calls each piece exactly once, in the
@@ -175,8 +179,8 @@ def split_graph(gm: torch.fx.GraphModule,
     decompose_sizes(gm)
     piece_of, splitting_pieces = assign_pieces(gm, set(splitting_ops))
     _recompute_sizes_in_consumers(gm, piece_of)
-    split_gm = split_module(gm, gm, lambda node: piece_of[node], keep_original_order=True)
+    split_gm = split_module(gm, lambda node: piece_of[node], keep_original_order=True)
     names = [n.target for n in split_gm.graph.nodes if n.op == "call_module"]
     splitting = {name for name in names if int(name.rsplit("_", 1)[1]) in splitting_pieces}
-    return split_gm, [analyse(split_gm, name, graph_id, name in splitting, splitting, symbols)
-                      for graph_id, name in enumerate(names)]
+    pieces = [analyse(split_gm, name, graph_id, splitting, symbols) for graph_id, name in enumerate(names)]
+    return split_gm, pieces

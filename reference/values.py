@@ -17,16 +17,16 @@ def children(value: Any) -> tuple[list[Any], Callable[[list[Any]], Any]] | None:
     items; None for a leaf. Containers: tuples, lists and dicts, namedtuples, other mappings (a Hugging
     Face `ModelOutput`: the fields that are set, so those left unset stay None), and dataclasses (every
     field; rebuilt as a copy whose fields are set, not through `__init__`)."""
-    kind = type(value)
-    if kind is tuple or kind is list:
-        return list(value), kind
+    cls = type(value)
+    if cls is tuple or cls is list:
+        return list(value), cls
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return list(value), lambda items: kind(*items)
+        return list(value), lambda items: cls(*items)
     if isinstance(value, Mapping):
         keys = list(value)
-        if kind is dict or not dataclasses.is_dataclass(value):
-            return [value[k] for k in keys], lambda items: kind(zip(keys, items))
-        return [value[k] for k in keys], lambda items: kind(**dict(zip(keys, items)))
+        if cls is dict or not dataclasses.is_dataclass(value):
+            return [value[k] for k in keys], lambda items: cls(zip(keys, items))
+        return [value[k] for k in keys], lambda items: cls(**dict(zip(keys, items)))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         names = [field.name for field in dataclasses.fields(value)]
 
@@ -43,22 +43,22 @@ def children(value: Any) -> tuple[list[Any], Callable[[list[Any]], Any]] | None:
 def tree_map(fn: Callable[[Any], Any], value: Any) -> Any:
     """`value` with `fn` applied to every leaf; the containers of `children` are walked and keep their
     types."""
-    kind = type(value)
-    if kind is tuple or kind is list:
-        return kind(tree_map(fn, v) for v in value)
-    if kind is dict:
+    cls = type(value)
+    if cls is tuple or cls is list:
+        return cls(tree_map(fn, v) for v in value)
+    if cls is dict:
         return {k: tree_map(fn, v) for k, v in value.items()}
-    found = None if kind in _LEAVES else children(value)
-    if found is None:
+    if cls in _LEAVES or (found := children(value)) is None:
         return fn(value)
     items, rebuild = found
     return rebuild([tree_map(fn, v) for v in items])
 
 
-def tensors_in(value: Any, kind: type = torch.Tensor) -> list[Any]:
-    """The tensors (or other leaves of type `kind`) in `value`, a leaf or a nested container, in order."""
+def tensors_in(value: Any, leaf_type: type | tuple[type, ...] = torch.Tensor) -> list[Any]:
+    """The tensors (or other leaves of type `leaf_type`) in `value`, a leaf or a nested container, in
+    order."""
     found: list[Any] = []
-    tree_map(lambda v: found.append(v) if isinstance(v, kind) else None, value)
+    tree_map(lambda v: found.append(v) if isinstance(v, leaf_type) else None, value)
     return found
 
 

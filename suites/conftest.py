@@ -12,25 +12,26 @@ from pathlib import Path
 import pytest
 import torch
 
-from pieceworks.harness.strategies import register_profiles
+from pieceworks.harness.testing.strategies import register_profiles
 
-# The repository root on sys.path, so that `suites.mutants` imports whatever the pytest run's root (a --pyargs run of the
-# conformance suite from another folder loads this file too).
+# The repository root on sys.path, so that `suites.mutants` imports whatever the pytest run's root (a --pyargs
+# run of the conformance suite from another folder loads this file too).
 _REPO = str(Path(__file__).resolve().parent.parent)
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 # The gpu marker and timeouts; --pieceworks-mutant.
-pytest_plugins = ["pieceworks.harness.pytest_plugin", "suites.mutants.plugin"]
+pytest_plugins = ["pieceworks.harness.testing.pytest_plugin", "suites.mutants.plugin"]
 register_profiles()
 
-# The conformance suite runs on its own (`pytest -p pieceworks.conformance.plugin --pyargs pieceworks.conformance`, or
-# `pytest suites/conformance`): it builds every implementation x model and would take minutes of `pytest suites -m gpu`, whose own GPU tests cover
-# pieceworks. Its CPU tests (suites/test_conformance_*.py) run with the rest.
+# The conformance suite runs on its own (`pytest -p pieceworks.conformance.plugin --pyargs
+# pieceworks.conformance`, or `pytest suites/conformance`): it builds every implementation x model and would
+# take minutes of `pytest suites -m gpu`, whose own GPU tests cover pieceworks. Its CPU tests
+# (suites/test_conformance_*.py) run with the rest.
 collect_ignore = ["conformance"]
 
-# One Inductor cache for the whole session, never a developer's ~/.cache or a previous run's leftovers; removed when
-# pytest's process exits. Assigned, not setdefault: importing torch already sets it (to the machine-wide
-# /tmp/torchinductor_<user>).
+# One Inductor cache for the whole session, never a developer's ~/.cache or a previous run's leftovers;
+# removed when pytest's process exits. Assigned, not setdefault: importing torch already sets it (to the
+# machine-wide /tmp/torchinductor_<user>).
 _INDUCTOR_CACHE = tempfile.TemporaryDirectory(prefix="pieceworks-tests-inductor-", ignore_cleanup_errors=True)
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE.name
 
@@ -53,19 +54,24 @@ def cuda():
 
 
 class EarlyProcesses:
-    """Child processes that slow tests of one module wait on, started when the module starts: they run beside the
-    module's in-process tests (and beside each other) on the machine's other core instead of one after another.
+    """Child processes that slow tests of one module wait on, started when the module starts: they run beside
+    the module's in-process tests (and beside each other) on the machine's other core instead of one after
+    another.
 
-    `start(test, args, env=..., cwd=...)` starts one for `test` (a test function of the module), only when the pytest
-    run includes that test (`selected(test)`). The test takes what its processes did with `results(test)`: a
-    `CompletedProcess` per process, in the order started, stdout and stderr as text (written to files, so that a
-    chatty child never blocks on a full pipe). Each process has `timeout` seconds from its start; one still running
-    then is killed and fails the test. Processes no test took are killed when the module ends.
+    `start(test, args, env=..., cwd=...)` starts one for `test` (a test function of the module), only when the
+    pytest run includes that test (`selected(test)`). The test takes what its processes did with
+    `results(test)`: a `CompletedProcess` per process, in the order started, stdout and stderr as text
+    (written to files, so that a chatty child never blocks on a full pipe). Each process has `timeout` seconds
+    from its start; one still running then is killed and fails the test. Processes no test took are killed
+    when the module ends.
     """
 
     def __init__(self, request: pytest.FixtureRequest, folder: Path) -> None:
-        self._selected = {item.originalname for item in request.session.items
-                          if getattr(item, "module", None) is request.module}
+        self._selected = {
+            item.originalname
+            for item in request.session.items
+            if getattr(item, "module", None) is request.module
+        }
         self._folder = folder
         self._running: dict[str, list] = {}
 
@@ -73,15 +79,24 @@ class EarlyProcesses:
         """Whether the pytest run includes `test`."""
         return test.__name__ in self._selected
 
-    def start(self, test, args: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
-              timeout: float = 600) -> None:
+    def start(
+        self,
+        test,
+        args: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike | None = None,
+        timeout: float = 600,
+    ) -> None:
         if not self.selected(test):
             return
         started = self._running.setdefault(test.__name__, [])
         name = self._folder / f"{test.__name__}-{len(started)}"
         out, err = (open(f"{name}.{kind}", "w+", errors="replace") for kind in ("stdout", "stderr"))
         # a pieceworks cache of its own, as every test has (fresh_dynamo_and_cache)
-        env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PIECEWORKS_DISABLE_CACHE"}
+        env = {
+            k: v for k, v in (os.environ if env is None else env).items() if k != "PIECEWORKS_DISABLE_CACHE"
+        }
         env["PIECEWORKS_CACHE_DIR"] = f"{name}.pieceworks-cache"
         proc = subprocess.Popen([str(a) for a in args], stdout=out, stderr=err, env=env, cwd=cwd)
         started.append((proc, out, err, time.monotonic() + timeout))
@@ -102,8 +117,10 @@ class EarlyProcesses:
                 err.seek(0)
                 done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read()))
             if timed_out:
-                late.append(f"{' '.join(proc.args)} did not finish in time (killed); its output:\n"
-                            f"{done[-1].stderr[-3000:]}{done[-1].stdout[-1000:]}")
+                late.append(
+                    f"{' '.join(proc.args)} did not finish in time (killed); its output:\n"
+                    f"{done[-1].stderr[-3000:]}{done[-1].stdout[-1000:]}"
+                )
         if late:
             pytest.fail("\n".join(late))
         return done
@@ -120,7 +137,8 @@ class EarlyProcesses:
 
 @pytest.fixture(scope="module")
 def early_processes(request, tmp_path_factory):
-    """The module's `EarlyProcesses`; a module-scoped fixture of the module starts them, before its first test."""
+    """The module's `EarlyProcesses`; a module-scoped fixture of the module starts them, before its first
+    test."""
     processes = EarlyProcesses(request, tmp_path_factory.mktemp("early-processes"))
     yield processes
     processes.close()

@@ -2,8 +2,8 @@
 
 - `dynamo_graph`: the graph Dynamo hands a backend, for tests of splitting and compiling in isolation.
 - Call signatures for the tests of pieceworks' argument checks (`InputError`): `signatures()` draws one,
-  `signature_args` makes its arguments, `SignatureModule` takes any of them, `mismatches()` draws one way a call can
-  differ from it and `apply_mismatch` applies that.
+  `signature_args` makes its arguments, `SignatureModule` takes any of them, `mismatches()` draws one way a
+  call can differ from it and `apply_mismatch` applies that.
 - `docs_adapter`: the CPU adapter docs/conformance.md shows, as written there.
 """
 
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 def docs_adapter() -> str:
     """The python block after "A padded runner on a CPU" in docs/conformance.md."""
     text = (Path(__file__).resolve().parent.parent / "docs" / "conformance.md").read_text()
-    block = re.search(r"```python\n(.*?)```", text[text.index("A padded runner on a CPU"):], re.S)
+    block = re.search(r"```python\n(.*?)```", text[text.index("A padded runner on a CPU") :], re.S)
     assert block, "docs/conformance.md: no python block after 'A padded runner on a CPU'"
     return block.group(1)
 
@@ -51,19 +51,31 @@ def dynamo_graph(model: Callable[..., Any], args: Sequence[Any]) -> tuple[torch.
     return captured["gm"], captured["inputs"]
 
 
-# ---- call signatures, for argument checks ---------------------------------------------------------------------
+# ---- call signatures, for argument checks ------------------------------------------------------------------
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool)
-_values = st.one_of(st.integers(-3, 3), st.floats(-2, 2, allow_nan=False, width=32), st.booleans(),
-                    st.sampled_from(["mean", "sum"]), st.none())
+_values = st.one_of(
+    st.integers(-3, 3),
+    st.floats(-2, 2, allow_nan=False, width=32),
+    st.booleans(),
+    st.sampled_from(["mean", "sum"]),
+    st.none(),
+)
 
 
 def signatures(max_args: int = 4) -> st.SearchStrategy[tuple]:
-    """A call signature: a tuple of ("tensor", dtype name, trailing sizes) and ("value", v); at least one tensor."""
-    tensor = st.tuples(st.just("tensor"), st.sampled_from([str(d).removeprefix("torch.") for d in _DTYPES]),
-                       st.lists(st.integers(1, 3), max_size=2).map(tuple))
+    """A call signature: a tuple of ("tensor", dtype name, trailing sizes) and ("value", v); at least one
+    tensor."""
+    tensor = st.tuples(
+        st.just("tensor"),
+        st.sampled_from([str(d).removeprefix("torch.") for d in _DTYPES]),
+        st.lists(st.integers(1, 3), max_size=2).map(tuple),
+    )
     value = st.tuples(st.just("value"), _values)
-    return st.lists(st.one_of(tensor, value), min_size=1, max_size=max_args).filter(
-        lambda sig: any(spec[0] == "tensor" for spec in sig)).map(tuple)
+    return (
+        st.lists(st.one_of(tensor, value), min_size=1, max_size=max_args)
+        .filter(lambda sig: any(spec[0] == "tensor" for spec in sig))
+        .map(tuple)
+    )
 
 
 def signature_args(signature: tuple, batch: int, seed: int = 0) -> list[Any]:
@@ -80,7 +92,8 @@ def signature_args(signature: tuple, batch: int, seed: int = 0) -> list[Any]:
 
 
 class SignatureModule(nn.Module):
-    """Takes any `signatures()` call: the row sums of every tensor, scaled by the numeric values. Output [B]."""
+    """Takes any `signatures()` call: the row sums of every tensor, scaled by the numeric values. Output
+    [B]."""
 
     def forward(self, *args: Any) -> torch.Tensor:
         total = None
@@ -100,16 +113,18 @@ def mismatches(signature: tuple) -> st.SearchStrategy[tuple]:
     """One way a call can differ from `signature` other than its batch size: (kind, argument index, detail).
 
     kinds: "trailing" (a trailing size), "rank" (one more or one fewer dimension), "dtype", "device" (meta),
-    "count" (one argument fewer or more), "value" (a plain value changed), "kind" (a tensor where a value was, or the
-    reverse), "batch" (one tensor's dim 0 differs from the others').
+    "count" (one argument fewer or more), "value" (a plain value changed), "kind" (a tensor where a value was,
+    or the reverse), "batch" (one tensor's dim 0 differs from the others').
     """
     tensors = [i for i, spec in enumerate(signature) if spec[0] == "tensor"]
     values = [i for i, spec in enumerate(signature) if spec[0] == "value"]
-    options = [st.tuples(st.just("dtype"), st.sampled_from(tensors), st.sampled_from(_DTYPES)),
-               st.tuples(st.just("device"), st.sampled_from(tensors), st.just("meta")),
-               st.tuples(st.just("rank"), st.sampled_from(tensors), st.booleans()),
-               st.tuples(st.just("count"), st.just(len(signature)), st.booleans()),
-               st.tuples(st.just("kind"), st.integers(0, len(signature) - 1), st.just(None))]
+    options = [
+        st.tuples(st.just("dtype"), st.sampled_from(tensors), st.sampled_from(_DTYPES)),
+        st.tuples(st.just("device"), st.sampled_from(tensors), st.just("meta")),
+        st.tuples(st.just("rank"), st.sampled_from(tensors), st.booleans()),
+        st.tuples(st.just("count"), st.just(len(signature)), st.booleans()),
+        st.tuples(st.just("kind"), st.integers(0, len(signature) - 1), st.just(None)),
+    ]
     with_trailing = [i for i in tensors if signature[i][2]]
     if with_trailing:
         options.append(st.tuples(st.just("trailing"), st.sampled_from(with_trailing), st.integers(1, 2)))
@@ -138,7 +153,8 @@ def apply_mismatch(args: list[Any], mismatch: tuple) -> list[Any] | None:
     elif kind == "trailing":
         args[i] = torch.cat([a] * (detail + 1), dim=-1)
     elif kind == "value":
-        if detail == a:  # the same value, or an equal one of another type (1 vs 1.0 vs True): a case of its own
+        # the same value, or an equal one of another type (1 vs 1.0 vs True): a case of its own
+        if detail == a:
             return None
         args[i] = detail
     elif kind == "kind":

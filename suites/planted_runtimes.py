@@ -1,8 +1,9 @@
-"""Padded CPU runtimes with one planted bug each: the conformance suite's own tests check that the property named in
-each class's `caught_by` fails for it (and that the clean runner, `pieceworks.conformance.padded_runner`, passes).
+"""Padded CPU runtimes with one planted bug each: the conformance suite's own tests check that the property
+named in each class's `caught_by` fails for it (and that the clean runner,
+`pieceworks.conformance.padded_runner`, passes).
 
-Each serves a batch as the clean runner does (static buffers of the largest capture size, padding, cut-back, writes
-copied back), but for its `bug`:
+Each serves a batch as the clean runner does (static buffers of the largest capture size, padding, cut-back,
+writes copied back), but for its `bug`:
 
 - stale-row: at batches 3, 6 and 7 the last row is not copied in (the row of an earlier call is read instead);
 - uncut: outputs are not cut back to the batch;
@@ -15,7 +16,7 @@ copied back), but for its `bug`:
 from __future__ import annotations
 
 from pieceworks.conformance.padded_runner import PaddedRunner, cut
-from pieceworks.harness.implementations import Built
+from pieceworks.harness.adapters import Built
 
 
 class Planted(PaddedRunner):

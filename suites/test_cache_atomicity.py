@@ -1,15 +1,16 @@
-"""Atomicity and locking of the compile cache under faults (no compiler involved: artifacts are byte payloads).
+"""Atomicity and locking of the compile cache under faults (no compiler involved: artifacts are byte
+payloads).
 
 - A writer killed (SIGKILL) at any point of a store, or whose write raises half-way, leaves a cache in which
   every entry the index lists loads exactly the bytes stored under that name, every store that had returned is
   there, and a later writer stores the rest (its locks died with it).
-- Several processes storing different entries into one key at once lose none of them and pair none with another
-  process's file, while a reader that loads all the time sees only whole payloads.
-- Whatever function writes the index: a write the kernel stops part-way (a file size limit) leaves the old index,
-  and a reader that takes no lock only ever sees a whole index.
+- Several processes storing different entries into one key at once lose none of them and pair none with
+  another process's file, while a reader that loads all the time sees only whole payloads.
+- Whatever function writes the index: a write the kernel stops part-way (a file size limit) leaves the old
+  index, and a reader that takes no lock only ever sees a whole index.
 
-Writers are forked children of the test process (fast: no new interpreter), so the fault is injected by patching
-the child's `os` functions; a forked child only does file I/O and leaves with `os._exit`.
+Writers are forked children of the test process (fast: no new interpreter), so the fault is injected by
+patching the child's `os` functions; a forked child only does file I/O and leaves with `os._exit`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def _save(name: str):
     def save(path: str) -> None:
         with open(path, "wb") as f:
             f.write(_payload(name))
+
     return save
 
 
@@ -72,8 +74,14 @@ def _loads_exactly(cache: CompileCache, names) -> dict[str, bytes | None]:
 
 
 # ---- a writer killed or failing at a chosen point ---------------------------------------------------------
-FAULTS = ["kill_in_artifact_write", "kill_before_fsync", "kill_before_rename", "kill_in_index_write",
-          "raise_in_artifact_write", "raise_in_index_write"]
+FAULTS = [
+    "kill_in_artifact_write",
+    "kill_before_fsync",
+    "kill_before_rename",
+    "kill_in_index_write",
+    "raise_in_artifact_write",
+    "raise_in_index_write",
+]
 
 
 def _faulty_writer(root: str, names: list[str], fault: str, nth: int, done_w: int) -> None:
@@ -124,11 +132,13 @@ def _faulty_writer(root: str, names: list[str], fault: str, nth: int, done_w: in
     for name in names:
         save = _save(name)
         if fault.endswith("artifact_write"):
+
             def save(path, name=name):
                 with open(path, "wb") as f:
                     if due():
                         half_then(how, _payload(name), f)
                     f.write(_payload(name))
+
         if cache.store(name, save, _claim(name)):
             os.write(done_w, (name + "\n").encode())
 
@@ -158,13 +168,17 @@ def test_a_writer_failing_anywhere_leaves_no_torn_file(fault, nth, stored_before
     assert "unreadable" not in caplog.text  # never half an index
     assert set(index) <= set(earlier + names)
     got = _loads_exactly(reader, index)
-    assert all(got[n] == _payload(n) for n in earlier + completed), "a store that had returned is missing or torn"
+    assert all(got[n] == _payload(n) for n in earlier + completed), (
+        "a store that had returned is missing or torn"
+    )
     for name in names:  # the dead writer's locks are gone: a new writer completes the job
         if name not in index:
             assert reader.store(name, _save(name), _claim(name))
     assert _loads_exactly(reader, earlier + names) == {n: _payload(n) for n in earlier + names}
     owned = {e["file"] for e in reader.read_index().values()}
-    assert {f for f in os.listdir(reader.artifact_dir) if not f.startswith(".tmp-")} == owned, "orphan artifacts"
+    assert {f for f in os.listdir(reader.artifact_dir) if not f.startswith(".tmp-")} == owned, (
+        "orphan artifacts"
+    )
 
 
 def test_a_store_whose_save_raises_changes_nothing(tmp_path):
@@ -217,14 +231,16 @@ def test_concurrent_writers_of_different_entries_lose_nothing(tmp_path, caplog):
     assert "unreadable" not in caplog.text
     index = reader.read_index()
     missing = sorted(set(names) - set(index))
-    assert not missing, f"{len(missing)} of {len(names)} entries lost by concurrent writers, e.g. {missing[:3]}"
+    assert not missing, (
+        f"{len(missing)} of {len(names)} entries lost by concurrent writers, e.g. {missing[:3]}"
+    )
     assert _loads_exactly(reader, names) == {n: _payload(n) for n in names}
 
 
-# ---- a write stopped by the kernel, a reader without the lock -------------------------------------------------
+# ---- a write stopped by the kernel, a reader without the lock ----------------------------------------------
 def _store_with_file_size_limit(root: str, names: list[str], limit: int) -> None:
-    """Child: store `names` while the kernel refuses to grow any file past `limit` bytes (RLIMIT_FSIZE: the write
-    fails part-way, or SIGXFSZ ends the process), whichever call writes."""
+    """Child: store `names` while the kernel refuses to grow any file past `limit` bytes (RLIMIT_FSIZE: the
+    write fails part-way, or SIGXFSZ ends the process), whichever call writes."""
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     cache = CompileCache(root, KEY)
     for name in names:
@@ -241,8 +257,9 @@ def _filled(root: str, entries: int) -> tuple[CompileCache, list[str]]:
 
 @pytest.mark.parametrize("cut", [0.0, 0.3, 0.7, 0.99])
 def test_a_writer_stopped_in_any_write_leaves_every_file_old_or_new(cut, tmp_path, caplog):
-    """The writer's index write is stopped by the kernel at a fraction `cut` of the index it replaces, whatever
-    function writes it: the index must still be the old one (every entry loads its bytes), never a torn file."""
+    """The writer's index write is stopped by the kernel at a fraction `cut` of the index it replaces,
+    whatever function writes it: the index must still be the old one (every entry loads its bytes), never a
+    torn file."""
     cache, earlier = _filled(str(tmp_path), 40)
     old_size = len(Path(cache.index_path).read_bytes())
     artifact = max(len(_payload(_name(1, i))) for i in range(3))

@@ -27,15 +27,16 @@ from hypothesis import strategies as st
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
 from pieceworks.cache import CLAIM_FIELDS, CompileCache, parse_index, serialize_index
-from pieceworks.harness import models
+from pieceworks.harness.models import toy as models
 
 inductor = pytest.mark.inductor
 
 
 def _compile_silly(cache_dir):
     torch._dynamo.reset()
-    config = CompilationConfig(splitting_ops=["silly::attention"], cache_dir=str(cache_dir),
-                               cudagraph_mode=CUDAGraphMode.NONE)
+    config = CompilationConfig(
+        splitting_ops=["silly::attention"], cache_dir=str(cache_dir), cudagraph_mode=CUDAGraphMode.NONE
+    )
     compiled = pieceworks.compile(models.SillyModel(), config)
     x = torch.randn(5, generator=torch.Generator().manual_seed(5))
     torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
@@ -61,12 +62,14 @@ def _tree(root):
 
 @contextlib.contextmanager
 def _writes_fail_under(root):
-    """Every write below `root` fails with EROFS (see the module docstring): opens for writing, creates, renames,
-    deletes. Reads, and shared locks on read-only descriptors, work."""
+    """Every write below `root` fails with EROFS (see the module docstring): opens for writing, creates,
+    renames, deletes. Reads, and shared locks on read-only descriptors, work."""
     root = os.path.abspath(root) + os.sep
 
     def under(path):
-        return isinstance(path, (str, bytes, os.PathLike)) and os.path.abspath(os.fsdecode(path)).startswith(root)
+        return isinstance(path, (str, bytes, os.PathLike)) and os.path.abspath(os.fsdecode(path)).startswith(
+            root
+        )
 
     def refuse(path):
         raise OSError(errno.EROFS, "Read-only file system (simulated)", os.fsdecode(path))
@@ -90,13 +93,20 @@ def _writes_fail_under(root):
                 if i < len(args) and under(args[i]):
                     refuse(args[i])
             return real(*args, **kwargs)
+
         return call
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(builtins, "open", fake_open)
         mp.setattr(os, "open", fake_os_open)
-        for name, at in [("mkdir", (0,)), ("replace", (0, 1)), ("rename", (0, 1)), ("unlink", (0,)), ("remove", (0,)),
-                         ("rmdir", (0,))]:
+        for name, at in [
+            ("mkdir", (0,)),
+            ("replace", (0, 1)),
+            ("rename", (0, 1)),
+            ("unlink", (0,)),
+            ("remove", (0,)),
+            ("rmdir", (0,)),
+        ]:
             mp.setattr(os, name, guard(getattr(os, name), *at))
         mp.setattr(shutil, "rmtree", guard(shutil.rmtree, 0))
         yield
@@ -117,7 +127,7 @@ def _copy(pristine, tmp_path):
     return tmp_path / "cache"
 
 
-# ---- unusable locations: one warning, run uncached ----------------------------------------------------------
+# ---- unusable locations: one warning, run uncached ---------------------------------------------------------
 def _unusable(tmp_path, kind):
     if kind == "regular_file":
         path = tmp_path / "cache"
@@ -137,14 +147,19 @@ def test_unusable_cache_directory_warns_once_and_runs_uncached(tmp_path, caplog,
     path = _unusable(tmp_path, kind)
     before = _tree(tmp_path)
     caplog.set_level("WARNING", logger="pieceworks")
-    with counters.expect(num_inductor_compiles=3, num_compiled_artifacts_saved=0, num_compiled_artifacts_loaded=0):
+    with counters.expect(
+        num_inductor_compiles=3, num_compiled_artifacts_saved=0, num_compiled_artifacts_loaded=0
+    ):
         compiled = _compile_silly(path)
-    assert compiled.runtime.graph.cache_dir is None
+    assert compiled.runtime.compiled.cache_dir is None
     warnings = [r.getMessage() for r in caplog.records if "unusable" in r.getMessage()]
     assert len(warnings) == 1, caplog.text
     assert str(path) in warnings[0] and "PIECEWORKS_DISABLE_CACHE" in warnings[0]
-    said = {"regular_file": f"({path} is a file, not a folder)", "below_a_file": f"({tmp_path / 'file'} is a file, "
-            "not a folder)", "procfs": "(no such file or directory)"}[kind]
+    said = {
+        "regular_file": f"({path} is a file, not a folder)",
+        "below_a_file": f"({tmp_path / 'file'} is a file, not a folder)",
+        "procfs": "(no such file or directory)",
+    }[kind]
     assert said in warnings[0], warnings[0]
     assert _tree(tmp_path) == before  # the user's file is untouched
     caplog.clear()
@@ -152,7 +167,7 @@ def test_unusable_cache_directory_warns_once_and_runs_uncached(tmp_path, caplog,
     assert "unusable" not in caplog.text
 
 
-# ---- read-only: load what is valid, compile the rest in memory, warn once -----------------------------------
+# ---- read-only: load what is valid, compile the rest in memory, warn once ----------------------------------
 @inductor
 def test_read_only_cache_loads_what_is_valid_and_compiles_the_rest_in_memory(pristine, tmp_path, caplog):
     root = _copy(pristine, tmp_path)
@@ -165,13 +180,19 @@ def test_read_only_cache_loads_what_is_valid_and_compiles_the_rest_in_memory(pri
     before = _tree(root)
     caplog.set_level("WARNING", logger="pieceworks")
     with _writes_fail_under(root):
-        with counters.expect(num_compiled_artifacts_loaded=2, num_inductor_compiles=1, num_compiled_artifacts_saved=0,
-                             num_cache_artifacts_rejected=0):
+        with counters.expect(
+            num_compiled_artifacts_loaded=2,
+            num_inductor_compiles=1,
+            num_compiled_artifacts_saved=0,
+            num_cache_artifacts_rejected=0,
+        ):
             compiled = _compile_silly(root)
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-        assert len(warnings) == 1 and str(root) in warnings[0] and "PIECEWORKS_DISABLE_CACHE" in warnings[0], warnings
+        assert (
+            len(warnings) == 1 and str(root) in warnings[0] and "PIECEWORKS_DISABLE_CACHE" in warnings[0]
+        ), warnings
         assert "cannot be written" in warnings[0] and "read-only file system" in warnings[0]
-        assert compiled.runtime.graph.cache_dir == key_dir
+        assert compiled.runtime.compiled.cache_dir == key_dir
         caplog.clear()
         with counters.expect(num_compiled_artifacts_loaded=2, num_inductor_compiles=1):
             _compile_silly(root)
@@ -179,7 +200,7 @@ def test_read_only_cache_loads_what_is_valid_and_compiles_the_rest_in_memory(pri
     assert _tree(root) == before
 
 
-# ---- wrong types inside the key directory: corrupt, reported, replaced, recompiled --------------------------
+# ---- wrong types inside the key directory: corrupt, reported, replaced, recompiled -------------------------
 def _break(key_dir, what):
     path = os.path.join(key_dir, what)
     if what in ("artifacts", "locks"):
@@ -193,13 +214,18 @@ def _break(key_dir, what):
 
 
 @inductor
-@pytest.mark.parametrize("what, recompiled", [("index.json", 3), ("index.lock", 0), ("artifacts", 3), ("locks", 0)])
+@pytest.mark.parametrize(
+    "what, recompiled", [("index.json", 3), ("index.lock", 0), ("artifacts", 3), ("locks", 0)]
+)
 def test_wrong_type_inside_the_key_directory_is_replaced(pristine, tmp_path, caplog, what, recompiled):
     root = _copy(pristine, tmp_path)
     path = _break(_key_dir(root), what)
     caplog.set_level("WARNING", logger="pieceworks")
-    with counters.expect(num_inductor_compiles=recompiled, num_compiled_artifacts_loaded=3 - recompiled,
-                         num_compiled_artifacts_saved=recompiled):
+    with counters.expect(
+        num_inductor_compiles=recompiled,
+        num_compiled_artifacts_loaded=3 - recompiled,
+        num_compiled_artifacts_saved=recompiled,
+    ):
         _compile_silly(root)
     assert path in caplog.text and "corrupt" in caplog.text
     assert os.path.isdir(path) == (what in ("artifacts", "locks"))
@@ -207,7 +233,7 @@ def test_wrong_type_inside_the_key_directory_is_replaced(pristine, tmp_path, cap
         _compile_silly(root)
 
 
-# ---- index entries swapped under a valid digest ----------------------------------------------------------------
+# ---- index entries swapped under a valid digest ------------------------------------------------------------
 @inductor
 @pytest.mark.parametrize("swap", ["whole_entries", "files_only"])
 def test_swapped_index_entries_are_corrupt_not_a_crash(pristine, tmp_path, caplog, swap):
@@ -224,10 +250,14 @@ def test_swapped_index_entries_are_corrupt_not_a_crash(pristine, tmp_path, caplo
         entries[b].update(moved)
     open(index_path, "wb").write(serialize_index(entries))
     caplog.set_level("WARNING", logger="pieceworks")
-    with counters.expect(num_cache_artifacts_rejected=2, num_compiled_artifacts_loaded=1, num_inductor_compiles=2):
+    with counters.expect(
+        num_cache_artifacts_rejected=2, num_compiled_artifacts_loaded=1, num_inductor_compiles=2
+    ):
         _compile_silly(root)
     assert ("another piece" if swap == "whole_entries" else "swapped") in caplog.text
-    with counters.expect(num_cache_artifacts_rejected=0, num_compiled_artifacts_loaded=3, num_inductor_compiles=0):
+    with counters.expect(
+        num_cache_artifacts_rejected=0, num_compiled_artifacts_loaded=3, num_inductor_compiles=0
+    ):
         _compile_silly(root)
 
 
@@ -237,8 +267,8 @@ def _claim(i):
 
 @given(n=st.integers(2, 6), data=st.data())
 def test_entries_moved_between_names_never_load_for_the_wrong_piece(n, data, tmp_path_factory):
-    """Store n entries, then rewrite the index (valid digest) with entries moved between names, whole or only their
-    file fields: each name loads its own payload or nothing, never another's."""
+    """Store n entries, then rewrite the index (valid digest) with entries moved between names, whole or only
+    their file fields: each name loads its own payload or nothing, never another's."""
     cache = CompileCache(str(tmp_path_factory.mktemp("moved")), "key")
     names = [f"range:1-8192|{_claim(i)['graph']}" for i in range(n)]
     for i, name in enumerate(names):
@@ -251,7 +281,10 @@ def test_entries_moved_between_names_never_load_for_the_wrong_piece(n, data, tmp
         if whole:
             moved[names[i]] = dict(entries[names[j]])
         else:
-            moved[names[i]] = {**entries[names[i]], **{k: entries[names[j]][k] for k in ("file", "sha256", "bytes")}}
+            moved[names[i]] = {
+                **entries[names[i]],
+                **{k: entries[names[j]][k] for k in ("file", "sha256", "bytes")},
+            }
     open(cache.index_path, "wb").write(serialize_index(moved))
     for i, name in enumerate(names):
         got = cache.load(name, lambda p: open(p, "rb").read(), _claim(i))[0]

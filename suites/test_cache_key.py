@@ -3,8 +3,8 @@
 Every factor that changes compiled code moves the key: the inputs' dtype, strides and device, the torch build
 (version, git hash, CUDA), Triton, Python, the GPU, the effective global Inductor and functorch configuration,
 and the config's code fields. Nothing per run moves it: the cache folder, Inductor's cache folder, the working
-directory, Inductor's debug-trace output and compile threads, capture settings. Equal factors give equal keys in
-another process with another working directory, temporary folder and hash seed.
+directory, Inductor's debug-trace output and compile threads, capture settings. Equal factors give equal keys
+in another process with another working directory, temporary folder and hash seed.
 
 Factors outside the graph are changed at their source (the attribute, module or function torch reports them
 from), so the property tests that the key reads them, not that a dict is hashed.
@@ -27,16 +27,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pieceworks import CompilationConfig
+from pieceworks.harness.testing import strategies as S
 from pieceworks.key import cache_factors, cache_key
 from pieceworks.split import split_graph
-from pieceworks.harness import strategies as S
 from suites.helpers import dynamo_graph
 
 SPLIT = ["silly::attention", "silly::pair"]
 
 
 def _bool_keys(module) -> list[str]:
-    return sorted(k for k, v in module.save_config_portable().items() if isinstance(v, bool) and not k.isupper())
+    return sorted(
+        k for k, v in module.save_config_portable().items() if isinstance(v, bool) and not k.isupper()
+    )
 
 
 INDUCTOR_KEYS = _bool_keys(torch._inductor.config)
@@ -44,7 +46,8 @@ FUNCTORCH_KEYS = _bool_keys(torch._functorch.config)
 
 
 def _trace(program, dtype=torch.float32, layout="contiguous", device="cpu"):
-    """Dynamo's graph of `program` plus `sin(x)` as an output, so that the graph reads `x` whatever the program."""
+    """Dynamo's graph of `program` plus `sin(x)` as an output, so that the graph reads `x` whatever the
+    program."""
     module = S.ProgramModule(S.with_extra_output(program)).to(dtype)
     x, y = (t.to(dtype) for t in S.program_inputs(3))
     if layout == "transposed":  # same values, column-major strides
@@ -56,7 +59,8 @@ def _trace(program, dtype=torch.float32, layout="contiguous", device="cpu"):
 
 
 def _key(traced, **config) -> str:
-    """The key the backend computes for this graph: split, then the factors of the split graph and its pieces."""
+    """The key the backend computes for this graph: split, then the factors of the split graph and its
+    pieces."""
     gm, fakes = traced
     config = CompilationConfig(**{"splitting_ops": SPLIT, **config})
     split_gm, pieces = split_graph(gm, config.splitting_ops)
@@ -73,10 +77,12 @@ def _fake_triton(version):
 
 @contextlib.contextmanager
 def _fake_gpu(name):
-    with mock.patch.object(torch.cuda, "is_available", lambda: True), \
-            mock.patch.object(torch.cuda, "current_device", lambda: 0), \
-            mock.patch.object(torch.cuda, "get_device_name", lambda i=None: name), \
-            mock.patch.object(torch.cuda, "get_device_capability", lambda i=None: (9, 0)):
+    with (
+        mock.patch.object(torch.cuda, "is_available", lambda: True),
+        mock.patch.object(torch.cuda, "current_device", lambda: 0),
+        mock.patch.object(torch.cuda, "get_device_name", lambda i=None: name),
+        mock.patch.object(torch.cuda, "get_device_capability", lambda i=None: (9, 0)),
+    ):
         yield
 
 
@@ -98,26 +104,44 @@ ENVIRONMENT = {  # factor -> a context in which it differs
     "Python version": lambda: mock.patch.object(platform, "python_version", lambda: "3.99.0"),
     "GPU": lambda: _fake_gpu("Some Other GPU"),
 }
-CONFIG = [{"splitting_ops": ["silly::attention"]}, {"compile_ranges": [4]}, {"compile_sizes": [2]},
-          {"max_num_batched_tokens": 1024}, {"compiler": "eager"}, {"inductor_compile_config": {"max_autotune": True}}]
-PER_RUN_CONFIG = [{"cache_dir": "/elsewhere"}, {"cudagraph_mode": "FULL"}, {"cudagraph_capture_sizes": [1, 2]},
-                  {"cache_enabled": False}, {"cudagraph_num_warmups": 3}, {"lazy_capture": True}]
+CONFIG = [
+    {"splitting_ops": ["silly::attention"]},
+    {"compile_ranges": [4]},
+    {"compile_sizes": [2]},
+    {"max_num_batched_tokens": 1024},
+    {"compiler": "eager"},
+    {"inductor_compile_config": {"max_autotune": True}},
+]
+PER_RUN_CONFIG = [
+    {"cache_dir": "/elsewhere"},
+    {"cudagraph_mode": "FULL"},
+    {"cudagraph_capture_sizes": [1, 2]},
+    {"cache_enabled": False},
+    {"cudagraph_num_warmups": 3},
+    {"lazy_capture": True},
+]
 
 
 def _per_run(tmp):
     return {
         "working directory": lambda: _chdir(tmp),
         "TORCHINDUCTOR_CACHE_DIR": lambda: mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": tmp}),
-        "Inductor trace output": lambda: torch._inductor.config.patch({"trace.enabled": True, "trace.debug_dir": tmp}),
+        "Inductor trace output": lambda: torch._inductor.config.patch(
+            {"trace.enabled": True, "trace.debug_dir": tmp}
+        ),
         "compile threads": lambda: torch._inductor.config.patch(compile_threads=1),
     }
 
 
 @settings(max_examples=5)
-@given(program=S.programs(max_len=5), inductor_key=st.sampled_from(INDUCTOR_KEYS),
-       functorch_key=st.sampled_from(FUNCTORCH_KEYS))
-def test_every_code_factor_moves_the_key_and_nothing_per_run_does(program, inductor_key, functorch_key,
-                                                                  tmp_path_factory):
+@given(
+    program=S.programs(max_len=5),
+    inductor_key=st.sampled_from(INDUCTOR_KEYS),
+    functorch_key=st.sampled_from(FUNCTORCH_KEYS),
+)
+def test_every_code_factor_moves_the_key_and_nothing_per_run_does(
+    program, inductor_key, functorch_key, tmp_path_factory
+):
     traced = _trace(program)
     base = _key(traced)
     assert _key(traced) == base
@@ -159,25 +183,36 @@ for line in sys.stdin:  # a request per line: programs; a reply per line: the ke
         with torch.no_grad():
             out.append([_key(_trace(program)), _key(_trace(program, dtype=torch.float64))])
     print("keys: " + json.dumps(out), flush=True)
-"""
+"""  # noqa: E501 - the child script's own comments: the string is kept as it is
 
 
 @pytest.fixture(scope="module", autouse=True)
 def keys_in_another_process(early_processes, tmp_path_factory):
-    """Another interpreter, with another working directory, temporary folder and hash seed and no Inductor cache
-    folder set, that computes the keys of the programs sent to it (`keys(programs)`). One for every example of the
-    module, started before its first test (it takes seconds to import torch), and only when the pytest run includes
-    the test that asks it."""
+    """Another interpreter, with another working directory, temporary folder and hash seed and no Inductor
+    cache folder set, that computes the keys of the programs sent to it (`keys(programs)`). One for every
+    example of the module, started before its first test (it takes seconds to import torch), and only when the
+    pytest run includes the test that asks it."""
     if not early_processes.selected(test_equal_factors_give_equal_keys_in_another_process):
         yield None
         return
     elsewhere = tmp_path_factory.mktemp("child")
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
-    env.update(PYTHONHASHSEED="random", TMPDIR=str(elsewhere), TORCHINDUCTOR_COMPILE_THREADS="1",
-               PIECEWORKS_CACHE_DIR=str(elsewhere / "pieceworks-cache"))
+    env.update(
+        PYTHONHASHSEED="random",
+        TMPDIR=str(elsewhere),
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+        PIECEWORKS_CACHE_DIR=str(elsewhere / "pieceworks-cache"),
+    )
     with open(elsewhere / "stderr", "w+") as err:
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, os.path.dirname(__file__)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=elsewhere)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, os.path.dirname(__file__)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+            cwd=elsewhere,
+        )
 
         def keys(programs):
             try:
@@ -187,9 +222,11 @@ def keys_in_another_process(early_processes, tmp_path_factory):
                 pass  # it ended: said below
             for line in proc.stdout:
                 if line.startswith("keys: "):
-                    return json.loads(line[len("keys: "):])
+                    return json.loads(line[len("keys: ") :])
             err.seek(0)
-            raise AssertionError(f"the other process ended (exit status {proc.wait()}):\n{err.read()[-3000:]}")
+            raise AssertionError(
+                f"the other process ended (exit status {proc.wait()}):\n{err.read()[-3000:]}"
+            )
 
         yield keys
         try:

@@ -1,9 +1,9 @@
 """Property 7: a stateful test of the compile cache.
 
-Rules: compile (cold or warm, cache on or off), damage an artifact, delete an artifact, damage or delete the index,
-and a concurrent writer re-storing entries from another thread while a compile runs. Invariants, after every step:
-the model's last result was right (`torch.testing.assert_close` with float32 tolerances, on inputs seeded by
-hypothesis), and no entry loads unless its bytes are the ones the index vouches for.
+Rules: compile (cold or warm, cache on or off), damage an artifact, delete an artifact, damage or delete the
+index, and a concurrent writer re-storing entries from another thread while a compile runs. Invariants, after
+every step: the model's last result was right (`torch.testing.assert_close` with float32 tolerances, on inputs
+seeded by hypothesis), and no entry loads unless its bytes are the ones the index vouches for.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode
 from pieceworks.cache import CLAIM_FIELDS, CompileCache
-from pieceworks.harness import models
-from pieceworks.harness import strategies as S
+from pieceworks.harness.models import toy as models
+from pieceworks.harness.testing import strategies as S
 
 pytestmark = pytest.mark.inductor
 
@@ -54,8 +54,12 @@ class CacheMachine(RuleBasedStateMachine):
 
     def _compile_and_check(self, seed: int) -> None:
         torch._dynamo.reset()
-        config = CompilationConfig(splitting_ops=["silly::attention"], cache_dir=self.root,
-                                   cache_enabled=self.enabled, cudagraph_mode=CUDAGraphMode.NONE)
+        config = CompilationConfig(
+            splitting_ops=["silly::attention"],
+            cache_dir=self.root,
+            cache_enabled=self.enabled,
+            cudagraph_mode=CUDAGraphMode.NONE,
+        )
         compiled = pieceworks.compile(models.SillyModel(), config)
         x = torch.randn(6, generator=torch.Generator().manual_seed(seed))
         try:
@@ -63,8 +67,8 @@ class CacheMachine(RuleBasedStateMachine):
             self.result_error = None
         except AssertionError as exc:
             self.result_error = f"input {x.tolist()}: {exc}"
-        if compiled.runtime.graph.cache_dir is not None:
-            self.cache_dir = compiled.runtime.graph.cache_dir
+        if compiled.runtime.compiled.cache_dir is not None:
+            self.cache_dir = compiled.runtime.compiled.cache_dir
 
     @rule(seed=st.integers(0, 2**32 - 1))
     def compile(self, seed) -> None:
@@ -140,5 +144,7 @@ class CacheMachine(RuleBasedStateMachine):
                 assert hashlib.sha256(data).hexdigest() == entry["sha256"] and len(data) == entry["bytes"]
 
 
-CacheMachine.TestCase.settings = settings(max_examples=max(8, settings.default.max_examples // 10), stateful_step_count=6)
+CacheMachine.TestCase.settings = settings(
+    max_examples=max(8, settings.default.max_examples // 10), stateful_step_count=6
+)
 test_cache_state_machine = CacheMachine.TestCase

@@ -1,13 +1,13 @@
 """Calls as users make them, outputs as libraries return them.
 
 - Keyword arguments are served: a call is put in the first call's order (positional, then keywords); a call of
-  another form is bound by `forward`'s signature, defaults included (a parameter the first call left out must keep
-  its default); every argument is checked as a positional one is, and an `InputError` names it by its keyword.
-  After the first call no form enters Dynamo.
-- Outputs in namedtuples, dataclasses and mappings (a `ModelOutput`-like dataclass whose set fields are its items)
-  are served by the compiled graph alone: their types, `None` and constant fields are reproduced, and padded rows
-  are cut where the trace has the batch. An output the graph cannot produce (an object) is said at WARNING once,
-  with the reason and the fix, and served through Dynamo.
+  another form is bound by `forward`'s signature, defaults included (a parameter the first call left out must
+  keep its default); every argument is checked as a positional one is, and an `InputError` names it by its
+  keyword. After the first call no form enters Dynamo.
+- Outputs in namedtuples, dataclasses and mappings (a `ModelOutput`-like dataclass whose set fields are its
+  items) are served by the compiled graph alone: their types, `None` and constant fields are reproduced, and
+  padded rows are cut where the trace has the batch. An output the graph cannot produce (an object) is said at
+  WARNING once, with the reason and the fix, and served through Dynamo.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch.nn as nn
 
 import pieceworks
 from pieceworks import CompilationConfig, InputError, counters
-from pieceworks.harness import models
+from pieceworks.harness.models import toy as models
 from pieceworks.padding import unpad
 
 CONFIG = CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_mode="NONE")
@@ -36,8 +36,9 @@ class Keyed(nn.Module):
         super().__init__()
         self.linear = nn.Linear(4, 4)
 
-    def forward(self, x: torch.Tensor, scale: float = 2.0, *, shift: torch.Tensor | None = None,
-                mode: str = "add") -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, scale: float = 2.0, *, shift: torch.Tensor | None = None, mode: str = "add"
+    ) -> torch.Tensor:
         h = self.linear(x)
         out = torch.empty_like(h)
         torch.ops.silly.attention(h, h, h, out)
@@ -57,23 +58,41 @@ def test_keyword_calls_are_served_in_any_form_without_dynamo():
     torch.testing.assert_close(compiled(x=x, shift=s), model(x=x, shift=s))
     torch._dynamo.reset()  # nothing below may enter Dynamo
     with counters.expect(num_dynamo_traces=0, num_graphs_seen=0, num_backend_compilations=0):
-        for batch, call in [(5, lambda x, s: compiled(shift=s, x=x)), (1, lambda x, s: compiled(x, shift=s)),
-                            (7, lambda x, s: compiled(x, 2.0, shift=s)), (2, lambda x, s: compiled(x, shift=s,
-                                                                                                  mode="add"))]:
+        for batch, call in [
+            (5, lambda x, s: compiled(shift=s, x=x)),
+            (1, lambda x, s: compiled(x, shift=s)),
+            (7, lambda x, s: compiled(x, 2.0, shift=s)),
+            (2, lambda x, s: compiled(x, shift=s, mode="add")),
+        ]:
             x, s = _inputs(batch, seed=batch)
             torch.testing.assert_close(call(x, s), model(x, shift=s))
 
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda c, x, s: c(x=x, shift=s, mode="neg"), "argument mode is 'neg', but the model was compiled with its "
-                                                  "default 'add': the first call left it out. Fix:"),
-    (lambda c, x, s: c(x=x, shift=s, scale=2), "argument scale is 2, but the model was compiled with its default 2.0"),
-    (lambda c, x, s: c(x=x, shift=s.double()), "argument shift is Tensor(shape=(3, 4), dtype=torch.float64"),
-    (lambda c, x, s: c(x=x), "argument shift is None (NoneType), but the model was compiled for dtype=torch.float32"),
-    (lambda c, x, s: c(shift=s), "missing a required argument: 'x'"),
-    (lambda c, x, s: c(x=x, shift=s, bogus=1), "got an unexpected keyword argument 'bogus'"),
-    (lambda c, x, s: c(x=x, shift=s[:2]), "disagree on the batch size (dim 0): {'shift': 2, 'x': 3}"),
-])
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda c, x, s: c(x=x, shift=s, mode="neg"),
+            "argument mode is 'neg', but the model was compiled with its "
+            "default 'add': the first call left it out. Fix:",
+        ),
+        (
+            lambda c, x, s: c(x=x, shift=s, scale=2),
+            "argument scale is 2, but the model was compiled with its default 2.0",
+        ),
+        (
+            lambda c, x, s: c(x=x, shift=s.double()),
+            "argument shift is Tensor(shape=(3, 4), dtype=torch.float64",
+        ),
+        (
+            lambda c, x, s: c(x=x),
+            "argument shift is None (NoneType), but the model was compiled for dtype=torch.float32",
+        ),
+        (lambda c, x, s: c(shift=s), "missing a required argument: 'x'"),
+        (lambda c, x, s: c(x=x, shift=s, bogus=1), "got an unexpected keyword argument 'bogus'"),
+        (lambda c, x, s: c(x=x, shift=s[:2]), "disagree on the batch size (dim 0): {'shift': 2, 'x': 3}"),
+    ],
+)
 def test_a_keyword_call_that_does_not_fit_is_an_input_error_naming_the_argument(call, message):
     torch.manual_seed(0)
     x, s = _inputs(3)
@@ -91,11 +110,13 @@ def test_a_positional_first_call_serves_keyword_calls_and_checks_their_defaults(
     compiled(x)
     for call in (lambda: compiled(x=x), lambda: compiled(x, 2.0), lambda: compiled(x, mode="add")):
         torch.testing.assert_close(call(), model(x))
-    with pytest.raises(InputError, match=r"argument scale is 3\.0, but the model was compiled with its default 2\.0"):
+    with pytest.raises(
+        InputError, match=r"argument scale is 3\.0, but the model was compiled with its default 2\.0"
+    ):
         compiled(x, 3.0)
 
 
-# ---- outputs ------------------------------------------------------------------------------------------------------
+# ---- outputs -----------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Fields(collections.OrderedDict):
     """Like transformers' `ModelOutput`: a dataclass whose fields that are set are also its items."""
@@ -178,8 +199,8 @@ def test_mapping_dataclass_and_namedtuple_outputs_are_served_by_the_graph_alone(
 
 @pytest.mark.parametrize("kind", ["mapping", "dataclass", "nested"])
 def test_padded_rows_are_cut_in_every_container_where_the_trace_has_the_batch(kind):
-    """At padded size n = 4, `unpad` with the marks taken from the trace cuts each batch-sized output back to the
-    batch and leaves the [4] weights whole: the result is eager's at the batch (rows are independent)."""
+    """At padded size n = 4, `unpad` with the marks taken from the trace cuts each batch-sized output back to
+    the batch and leaves the [4] weights whole: the result is eager's at the batch (rows are independent)."""
     torch.manual_seed(0)
     model = Structured(kind)
     compiled = pieceworks.compile(model, CONFIG)
@@ -208,6 +229,11 @@ def test_an_output_the_graph_cannot_produce_is_said_at_warning_once_with_the_fix
         out, holder = compiled(x)
         torch.testing.assert_close(out, 3 * x)
         assert isinstance(holder, Holder)
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "Dynamo" in r.getMessage()]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "Dynamo" in r.getMessage()
+    ]
     assert len(warnings) == 1 and compiled.binder is None, warnings
-    assert "not graph outputs (Holder). Fix: return tensors the model computes, None and constants" in warnings[0]
+    assert (
+        "not graph outputs (Holder). Fix: return tensors the model computes, None and constants"
+        in warnings[0]
+    )

@@ -1,6 +1,7 @@
-"""`breakdown._call_profile`: what a compiled call adds over its plan run, from cProfile, on plain callables
-(no GPU): a function only the call runs is named with its own time per call; what both run is subtracted. The
-profiler reads a counting clock that only the functions below advance, so the expected times are exact."""
+"""`side_by_side._call_profile`: what a compiled call adds over its plan run, from cProfile, on plain
+callables (no GPU): a function only the call runs is named with its own time per call; what both run is
+subtracted. The profiler reads a counting clock that only the functions below advance, so the expected times
+are exact."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import cProfile
 
 import pytest
 
-from pieceworks.harness import breakdown
+from pieceworks.harness.measure import side_by_side
 
 CLOCK = [0]  # in µs: advanced only by the "work" below, read by the profiler
 
@@ -33,7 +34,7 @@ def test_the_call_profile_names_what_only_the_call_runs(monkeypatch):
         _checks_only_the_call_makes()
         plan()
 
-    found = breakdown._call_profile(1, call, plan, calls=20)
+    found = side_by_side._call_profile(1, call, plan, calls=20)
     assert found["batch"] == 1 and found["calls"] == 20
     added = {a["function"]: a for a in found["added"]}
     checks = [a for f, a in added.items() if "_checks_only_the_call_makes" in f]
@@ -44,7 +45,7 @@ def test_the_call_profile_names_what_only_the_call_runs(monkeypatch):
     assert spin["us_per_call"] == pytest.approx(10)
 
 
-# ---- the side-by-side run's builds and rows, on a CPU: CUDA events replaced by a clock the callables advance ----
+# ---- the side-by-side run's builds and rows, on a CPU: CUDA events replaced by a clock the callables advance
 def _fake_cuda_events(monkeypatch, clock: list[float]) -> None:
     import torch
 
@@ -55,7 +56,7 @@ def _fake_cuda_events(monkeypatch, clock: list[float]) -> None:
         def record(self) -> None:
             self.at = clock[0]
 
-        def elapsed_time(self, end: "Event") -> float:
+        def elapsed_time(self, end: Event) -> float:
             return end.at - self.at
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
@@ -65,25 +66,28 @@ def _fake_cuda_events(monkeypatch, clock: list[float]) -> None:
 def test_builds_record_what_was_built_skipped_or_failed_and_build_reduce_overhead_last(capsys):
     import torch
 
-    from pieceworks.harness import models
+    from pieceworks.harness.models import toy as models
 
     report = {"skipped": {}, "errors": {}, "build_s": {}}
     config = models.ToyLlamaConfig(hidden_size=16, mlp_size=32, vocab_size=16, num_layers=2)
     make = lambda b: models.toy_llama_inputs(b, config, seed=b)  # noqa: E731
-    built = breakdown._build_all(models.ToyLlama(config), make, [1, 8], ["reduce-overhead", "eager", "no-such"],
-                                 report)
+    built = side_by_side._build_all(
+        models.ToyLlama(config), make, [1, 8], ["reduce-overhead", "eager", "no-such"], report
+    )
     assert list(built) == ["eager"] and set(report["build_s"]) == {"eager"}
     assert set(report["errors"]) == {"build no-such"} and "no-such" in report["errors"]["build no-such"]
     if not torch.cuda.is_available():
         assert "CUDA" in report["skipped"]["reduce-overhead"]
     printed = capsys.readouterr().out
-    assert printed.index("build eager") < printed.index("build no-such") < printed.index("build reduce-overhead")
+    assert (
+        printed.index("build eager") < printed.index("build no-such") < printed.index("build reduce-overhead")
+    )
 
 
 def test_a_row_checks_each_variant_times_the_rest_side_by_side_and_leaves_out_what_fails(monkeypatch):
     import torch
 
-    from pieceworks.harness.implementations import Built
+    from pieceworks.harness.adapters import Built
 
     clock = [0.0]
 
@@ -100,7 +104,7 @@ def test_a_row_checks_each_variant_times_the_rest_side_by_side_and_leaves_out_wh
     _fake_cuda_events(monkeypatch, clock)
     built = {"FULL": costing(1.0, 0.0), "meta-pcg": Built(broken), "reduce-overhead": costing(2.0, 1.0)}
     report = {"errors": {}}
-    row, timed = breakdown._row(built, lambda x: x * 2, (torch.ones(4),), 4, 10, report)
+    row, timed = side_by_side._row(built, lambda x: x * 2, (torch.ones(4),), 4, 10, report)
     assert list(timed) == ["FULL", "reduce-overhead"] and list(report["errors"]) == ["meta-pcg batch 4"]
     assert row["us"]["FULL"]["median_us"] == 1000.0 and row["us"]["reduce-overhead"]["median_us"] == 2000.0
     assert row["us"]["FULL"]["max_abs_error_vs_eager"] == 0.0

@@ -1,7 +1,8 @@
-"""A failed capture leaves the process healthy: every way a capture can fail (a host sync that invalidates the stream
-capture, an exception inside it, out of memory in the pool, an interrupt) is served without the graph or raised, the
-model can then be freed, and another model captures and replays. Each case runs in a process of its own: an abort
-(the caching allocator's `captures_underway.empty()` assert when memory is next freed) fails the test."""
+"""A failed capture leaves the process healthy: every way a capture can fail (a host sync that invalidates the
+stream capture, an exception inside it, out of memory in the pool, an interrupt) is served without the graph
+or raised, the model can then be freed, and another model captures and replays. Each case runs in a process of
+its own: an abort (the caching allocator's `captures_underway.empty()` assert when memory is next freed) fails
+the test."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ _lib.define("op(Tensor x, Tensor(a!) out, int how) -> ()")
 
 
 def _op(x: torch.Tensor, out: torch.Tensor, how: int) -> None:
-    """`out = 2 x`; while a CUDA graph captures it, fails the way `FAILURES[how]` names (a host sync always)."""
+    """`out = 2 x`; while a CUDA graph captures it, fails the way `FAILURES[how]` names (a host sync
+    always)."""
     failure = FAILURES[how]
     if failure == "host_sync":
         float(x.sum())  # reads a value back to the host: a capture around it is invalidated
@@ -57,16 +59,21 @@ def _served_right(compiled, model) -> bool:
 
 
 def capture_fails(failure: str, mode: str) -> dict:
-    """A model whose splitting op fails its capture as `failure` says, compiled in `mode` and captured, its calls
-    checked, then freed; then a healthy model captured, its calls checked. Run by `run_case` in its own process."""
+    """A model whose splitting op fails its capture as `failure` says, compiled in `mode` and captured, its
+    calls checked, then freed; then a healthy model captured, its calls checked. Run by `run_case` in its own
+    process."""
     import pieceworks
     from pieceworks import CompilationConfig
 
     def compiled_of(how: int):
         torch.manual_seed(0)
         model = _Model(how).cuda()
-        config = CompilationConfig(splitting_ops=["pwfail::op"], cudagraph_mode=mode, compiler="eager",
-                                   cudagraph_capture_sizes=[1, 4, 8])
+        config = CompilationConfig(
+            splitting_ops=["pwfail::op"],
+            cudagraph_mode=mode,
+            compiler="eager",
+            cudagraph_capture_sizes=[1, 4, 8],
+        )
         compiled = pieceworks.compile(model, config)
         compiled(torch.randn(3, 64, device="cuda"))
         return compiled, model
@@ -83,7 +90,8 @@ def capture_fails(failure: str, mode: str) -> dict:
         del compiled, model
         gc.collect()
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()  # frees what the failed capture's model held: where the allocator used to abort
+        # frees what the failed capture's model held: where the allocator used to abort
+        torch.cuda.empty_cache()
         compiled, model = compiled_of(FAILURES.index("none"))
         result["second_graphs"] = compiled.capture()["graphs"]
         result["second_served_right"] = _served_right(compiled, model)
@@ -92,11 +100,15 @@ def capture_fails(failure: str, mode: str) -> dict:
 
 @pytest.mark.parametrize("failure", FAILURES[:-1])
 def test_a_failed_full_capture_leaves_the_process_healthy(cuda, failure):
-    from pieceworks.harness.scenario import run_case
+    from pieceworks.harness.testing.scenario import run_case
 
-    result = run_case("suites.test_capture_failures_gpu:capture_fails", {"failure": failure, "mode": "FULL"}, timeout=240)
+    result = run_case(
+        "suites.test_capture_failures_gpu:capture_fails", {"failure": failure, "mode": "FULL"}, timeout=240
+    )
     assert result["first_served_right"] and result["second_served_right"], result
-    assert result["second_graphs"] == 3, result  # one FULL graph per size: the allocator routes and frees as usual
+    assert result["second_graphs"] == 3, (
+        result
+    )  # one FULL graph per size: the allocator routes and frees as usual
     if failure == "interrupt":
         assert result["capture"] == "interrupted"
     else:  # served without the FULL graph, with the reason
@@ -105,8 +117,13 @@ def test_a_failed_full_capture_leaves_the_process_healthy(cuda, failure):
 
 def test_a_piecewise_capture_around_a_host_sync_in_a_splitting_op_needs_no_fallback(cuda):
     """The splitting op runs eagerly between PIECEWISE graphs: its host sync breaks nothing."""
-    from pieceworks.harness.scenario import run_case
+    from pieceworks.harness.testing.scenario import run_case
 
-    result = run_case("suites.test_capture_failures_gpu:capture_fails", {"failure": "host_sync", "mode": "PIECEWISE"}, timeout=240)
-    assert result["first_served_right"] and result["second_served_right"] and result["second_graphs"] == 6, result
-
+    result = run_case(
+        "suites.test_capture_failures_gpu:capture_fails",
+        {"failure": "host_sync", "mode": "PIECEWISE"},
+        timeout=240,
+    )
+    assert result["first_served_right"] and result["second_served_right"] and result["second_graphs"] == 6, (
+        result
+    )

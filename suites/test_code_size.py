@@ -1,5 +1,5 @@
-"""The reference core's size (`suites/benchmarks/code_size.py`), which the benchmarks track per commit: code lines
-leave out blank lines, comments and docstrings, and count every line of a statement."""
+"""The reference core's size (`suites/benchmarks/code_size.py`), which the benchmarks track per commit: code
+lines leave out blank lines, comments and docstrings, and count every line of a statement."""
 
 from __future__ import annotations
 
@@ -56,6 +56,10 @@ def test_the_installed_core_is_reference():
 
 def test_no_line_of_the_core_is_longer_than_110_characters():
     folder = Path(pieceworks.__file__).parent
-    long = [f"{path.name}:{n} ({len(line)})" for path in sorted(folder.glob("*.py"))
-            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if len(line) > 110]
+    long = [
+        f"{path.name}:{n} ({len(line)})"
+        for path in sorted(folder.glob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if len(line) > 110
+    ]
     assert not long, f"lines over 110 characters: {', '.join(long)}"

@@ -1,4 +1,5 @@
-"""pieceworks.compile end to end on CPU: counters, no recompiles, dispatch, shared pieces, errors, backends."""
+"""pieceworks.compile end to end on CPU: counters, no recompiles, dispatch, shared pieces, errors,
+backends."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
-from pieceworks.harness import models
+from pieceworks.harness.models import toy as models
 
 
 def eager_config(**kwargs):
@@ -16,9 +17,16 @@ def eager_config(**kwargs):
 
 def test_silly_model_counters_and_closed_form():
     compiled = pieceworks.compile(models.SillyModel(), eager_config())
-    with counters.expect(num_graphs_seen=1, num_piecewise_graphs_seen=5, num_piecewise_capturable_graphs_seen=3,
-                         num_backend_compilations=3, num_eager_compiles=3, num_inductor_compiles=0,
-                         num_models_seen=0, num_cudagraph_captured=0):
+    with counters.expect(
+        num_graphs_seen=1,
+        num_piecewise_graphs_seen=5,
+        num_piecewise_capturable_graphs_seen=3,
+        num_backend_compilations=3,
+        num_eager_compiles=3,
+        num_inductor_compiles=0,
+        num_models_seen=0,
+        num_cudagraph_captured=0,
+    ):
         out = compiled(torch.zeros(8))
     assert torch.equal(out, torch.full((8,), 19.0))
 
@@ -39,11 +47,15 @@ def test_toy_llama_pieces_and_identical_layers_compile_once():
     compiled = pieceworks.compile(model, eager_config(compile_ranges=[16]))
     ids, pos = models.toy_llama_inputs(9)
     # first piece, 11 identical middle pieces, last piece: 3 distinct, each for 2 ranges
-    with counters.expect(num_piecewise_graphs_seen=2 * layers + 1, num_piecewise_capturable_graphs_seen=layers + 1,
-                         num_eager_compiles=3 * 2, num_shared_piece_compiles=(layers + 1 - 3) * 2):
+    with counters.expect(
+        num_piecewise_graphs_seen=2 * layers + 1,
+        num_piecewise_capturable_graphs_seen=layers + 1,
+        num_eager_compiles=3 * 2,
+        num_shared_piece_compiles=(layers + 1 - 3) * 2,
+    ):
         out = compiled(ids, pos)
     torch.testing.assert_close(out, model(ids, pos))
-    middle = [p for p in compiled.runtime.graph.pieces if not p.is_splitting_graph][1:-1]
+    middle = [p for p in compiled.runtime.compiled.pieces if not p.is_splitting_graph][1:-1]
     assert all(p.runnables[(1, 16)] is middle[0].runnables[(1, 16)] for p in middle)
 
 
@@ -51,7 +63,9 @@ def test_tractable_toy_llama_matches_closed_form():
     compiled = pieceworks.compile(models.tractable_toy_llama(), eager_config())
     for batch in [1, 5, 300]:
         ids, pos = models.toy_llama_inputs(batch, seed=batch)
-        torch.testing.assert_close(compiled(ids, pos).double(), models.tractable_expected(pos), rtol=1e-6, atol=0)
+        torch.testing.assert_close(
+            compiled(ids, pos).double(), models.tractable_expected(pos), rtol=1e-6, atol=0
+        )
 
 
 def test_dispatch_exact_size_then_range():
@@ -59,9 +73,18 @@ def test_dispatch_exact_size_then_range():
     compiled = pieceworks.compile(models.SillyModel(), config)
     with counters.expect(num_eager_compiles=3 * (3 + 2)):
         compiled(torch.randn(3))
-    for piece in (p for p in compiled.runtime.graph.pieces if not p.is_splitting_graph):
-        expected = {1: (1, 8), 4: 4, 5: (1, 8), 8: (1, 8), 9: (9, 64), 16: 16, 17: (9, 64), 65: (65, 256),
-                    256: (65, 256)}
+    for piece in (p for p in compiled.runtime.compiled.pieces if not p.is_splitting_graph):
+        expected = {
+            1: (1, 8),
+            4: 4,
+            5: (1, 8),
+            8: (1, 8),
+            9: (9, 64),
+            16: 16,
+            17: (9, 64),
+            65: (65, 256),
+            256: (65, 256),
+        }
         for batch, target in expected.items():
             assert piece.runnable(batch) is piece.runnables[target], (batch, target)
     x = torch.randn(16)
@@ -77,7 +100,10 @@ def test_input_errors_are_clear():
     compiled(torch.randn(4))
     with pytest.raises(pieceworks.InputError, match="dtype=torch.float32"):
         compiled(torch.randn(4, dtype=torch.float64))
-    with pytest.raises(pieceworks.InputError, match="compiled for 1 arguments, called with 2 arguments: too many positional arguments"):
+    with pytest.raises(
+        pieceworks.InputError,
+        match="compiled for 1 arguments, called with 2 arguments: too many positional arguments",
+    ):
         compiled(torch.randn(4), torch.randn(4))
     model = models.ToyLlama(models.ToyLlamaConfig(num_layers=1))
     llama = pieceworks.compile(model, eager_config())
@@ -91,7 +117,7 @@ def test_two_models_of_one_class_keep_their_own_compiled_code():
     b = pieceworks.compile(models.SillyModel(), CompilationConfig(splitting_ops=[], compiler="eager"))
     a(torch.randn(4))
     b(torch.randn(4))
-    assert len(a.runtime.graph.pieces) == 5 and len(b.runtime.graph.pieces) == 1
+    assert len(a.runtime.compiled.pieces) == 5 and len(b.runtime.compiled.pieces) == 1
     x = torch.randn(6)
     torch.testing.assert_close(b(x), models.silly_model_expected(x))
 
@@ -99,27 +125,35 @@ def test_two_models_of_one_class_keep_their_own_compiled_code():
 def test_registered_backend_and_backend_object():
     model = models.SillyModel()
     with counters.expect(num_piecewise_graphs_seen=5):
-        fn = torch.compile(model, backend="pieceworks", fullgraph=True,
-                           options={"splitting_ops": ["silly::attention"], "compiler": "eager"})
+        fn = torch.compile(
+            model,
+            backend="pieceworks",
+            fullgraph=True,
+            options={"splitting_ops": ["silly::attention"], "compiler": "eager"},
+        )
         x = torch.randn(4)
         torch.testing.assert_close(fn(x), models.silly_model_expected(x))
     torch._dynamo.reset()
     backend = pieceworks.Backend(eager_config(cudagraph_mode=CUDAGraphMode.NONE))
     fn = torch.compile(model, backend=backend, fullgraph=True)
     fn(torch.randn(4))
-    assert len(backend.runtimes) == 1 and len(backend.runtimes[0].graph.pieces) == 5
+    assert len(backend.runtimes) == 1 and len(backend.runtimes[0].compiled.pieces) == 5
 
 
 @pytest.mark.parametrize("recipe", [True, False])
 def test_torch_compile_traces_once_for_every_batch_size_with_the_recipe(recipe):
     """docs/your-model.md's recipe for `torch.compile(model, backend="pieceworks")`: dim 0 of the first call's
-    tensors marked dynamic and torch's 0/1 size specialisation off while it traces (`backed_size_oblivious`): one
-    Dynamo graph serves batches 1, 2, 7 and 100, each piece compiled once. Without it, a first call of batch 1 bakes
-    that size in, and batch 2 traces and compiles a second, dynamic graph."""
+    tensors marked dynamic and torch's 0/1 size specialisation off while it traces (`backed_size_oblivious`):
+    one Dynamo graph serves batches 1, 2, 7 and 100, each piece compiled once. Without it, a first call of
+    batch 1 bakes that size in, and batch 2 traces and compiles a second, dynamic graph."""
     torch.manual_seed(0)
     model = models.ToyLlama(models.ToyLlamaConfig(num_layers=2))
-    fn = torch.compile(model, backend="pieceworks", fullgraph=True,
-                       options={"splitting_ops": models.SPLITTING_OPS, "compiler": "eager", "cudagraph_mode": "NONE"})
+    fn = torch.compile(
+        model,
+        backend="pieceworks",
+        fullgraph=True,
+        options={"splitting_ops": models.SPLITTING_OPS, "compiler": "eager", "cudagraph_mode": "NONE"},
+    )
     graphs, compiles = (1, 3) if recipe else (2, 6)  # 3 distinct pieces, one compile range
     with counters.expect(num_graphs_seen=graphs, num_eager_compiles=compiles):
         for batch in (1, 2, 7, 100):
@@ -142,7 +176,7 @@ def test_the_runtime_says_where_its_build_took_its_time():
     start = time.perf_counter()
     compiled(*models.toy_llama_inputs(3))
     first_call = time.perf_counter() - start
-    seconds = compiled.runtime.graph.build_seconds
+    seconds = compiled.runtime.compiled.build_seconds
     assert set(seconds) == {"split", "pieces", "load", "compile", "backend"}
     assert 0 < seconds["split"] and 0 < seconds["pieces"] and seconds["load"] == 0  # eager: no cache
     assert seconds["load"] + seconds["compile"] <= seconds["pieces"]
@@ -159,7 +193,8 @@ def test_compile_logs_each_phase(caplog):
 
 
 def test_after_the_first_call_no_call_enters_dynamo():
-    """The compiled graph is called directly: a Dynamo reset (which drops every compiled frame) changes nothing."""
+    """The compiled graph is called directly: a Dynamo reset (which drops every compiled frame) changes
+    nothing."""
     compiled = pieceworks.compile(models.SillyModel(), eager_config())
     compiled(torch.randn(4))
     assert compiled.binder is not None
@@ -180,10 +215,15 @@ def test_unprovable_binding_calls_through_dynamo_and_a_retrace_is_refused(caplog
     compiled = pieceworks.compile(ReturnsItsInput(), eager_config())
     compiled(torch.randn(4))
     assert compiled.binder is None
-    (warning,) = [r.getMessage() for r in caplog.records  # once, with why and the fix
-                  if r.levelname == "WARNING" and "Dynamo" in r.getMessage()]
+    (warning,) = [
+        r.getMessage()
+        for r in caplog.records  # once, with why and the fix
+        if r.levelname == "WARNING" and "Dynamo" in r.getMessage()
+    ]
     assert "every call of this model goes through Dynamo" in warning
-    assert "the model's output holds values that are not graph outputs (Tensor). Fix: return tensors" in warning
+    assert (
+        "the model's output holds values that are not graph outputs (Tensor). Fix: return tensors" in warning
+    )
     x = torch.randn(3)
     doubled, same = compiled(x)
     assert same is x and torch.equal(doubled, x * 2)

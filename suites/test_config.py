@@ -9,7 +9,7 @@ import torch
 
 import pieceworks
 from pieceworks import CompilationConfig, ConfigError, CUDAGraphMode
-from pieceworks.harness import models
+from pieceworks.harness.models import toy as models
 from pieceworks.progress import progress
 
 
@@ -23,10 +23,17 @@ from pieceworks.progress import progress
         ({"compile_ranges": [8, 8]}, "compile_ranges", "strictly increasing"),
         ({"compile_ranges": [0, 8]}, "compile_ranges", "positive"),
         ({"compile_ranges": [-4]}, "compile_ranges", "positive"),
-        ({"compile_ranges": [100], "max_num_batched_tokens": 64}, "compile_ranges", "above max_num_batched_tokens"),
+        (
+            {"compile_ranges": [100], "max_num_batched_tokens": 64},
+            "compile_ranges",
+            "above max_num_batched_tokens",
+        ),
         ({"compile_sizes": [4, 10_000]}, "compile_sizes", "outside every compile range"),
-        ({"cudagraph_capture_sizes": [1, 1024], "max_num_batched_tokens": 512}, "cudagraph_capture_sizes",
-         "above the largest compile range"),
+        (
+            {"cudagraph_capture_sizes": [1, 1024], "max_num_batched_tokens": 512},
+            "cudagraph_capture_sizes",
+            "above the largest compile range",
+        ),
         ({"cudagraph_capture_sizes": [1.5]}, "cudagraph_capture_sizes", "list of int"),
         ({"compile_sizes": "4"}, "compile_sizes", "list of int"),
         ({"compile_sizes": [True]}, "compile_sizes", "list of int"),
@@ -34,18 +41,38 @@ from pieceworks.progress import progress
         ({"compiler": "tvm"}, "compiler", '"inductor" or "eager"'),
         ({"cudagraph_num_warmups": -1}, "cudagraph_num_warmups", ">= 0"),
         ({"inductor_compile_config": {"max_autotune": object()}}, "inductor_compile_config", "JSON"),
-        ({"inductor_compile_config": {"max_autotun": True}}, "inductor_compile_config",
-         "'max_autotun' is not an Inductor config option. Fix: use one of ['max_autotune'"),
+        (
+            {"inductor_compile_config": {"max_autotun": True}},
+            "inductor_compile_config",
+            "'max_autotun' is not an Inductor config option. Fix: use one of ['max_autotune'",
+        ),
         ({"cudagraph_capture_sizes": []}, "cudagraph_capture_sizes", "cudagraph_mode=PIECEWISE"),
-        ({"cudagraph_capture_sizes": [], "cudagraph_mode": "FULL"}, "cudagraph_capture_sizes", "cudagraph_mode=FULL"),
-        ({"compile_sizes": ["capture_sizes"]}, "compile_sizes", '"cudagraph_capture_sizes" for every capture size'),
+        (
+            {"cudagraph_capture_sizes": [], "cudagraph_mode": "FULL"},
+            "cudagraph_capture_sizes",
+            "cudagraph_mode=FULL",
+        ),
+        (
+            {"compile_sizes": ["capture_sizes"]},
+            "compile_sizes",
+            '"cudagraph_capture_sizes" for every capture size',
+        ),
         ({"cache_enabled": "yes"}, "cache_enabled", "bool"),
-        ({"inductor_compile_config": {"max_autotune": "yes"}}, "inductor_compile_config",
-         "'max_autotune' takes bool, not 'yes' (str). Fix: pass a bool, e.g. its default False"),
-        ({"inductor_compile_config": {"compile_threads": "4"}}, "inductor_compile_config",
-         "'compile_threads' takes int | None, not '4' (str)"),
-        ({"inductor_compile_config": {"max_autotune_gemm_backends": ["ATEN"]}}, "inductor_compile_config",
-         "'max_autotune_gemm_backends' takes str, not ['ATEN'] (list)"),
+        (
+            {"inductor_compile_config": {"max_autotune": "yes"}},
+            "inductor_compile_config",
+            "'max_autotune' takes bool, not 'yes' (str). Fix: pass a bool, e.g. its default False",
+        ),
+        (
+            {"inductor_compile_config": {"compile_threads": "4"}},
+            "inductor_compile_config",
+            "'compile_threads' takes int | None, not '4' (str)",
+        ),
+        (
+            {"inductor_compile_config": {"max_autotune_gemm_backends": ["ATEN"]}},
+            "inductor_compile_config",
+            "'max_autotune_gemm_backends' takes str, not ['ATEN'] (list)",
+        ),
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens", "positive"),
     ],
 )
@@ -71,10 +98,19 @@ def test_default_capture_sizes_are_vllms_51():
     assert CompilationConfig(max_num_batched_tokens=64).cudagraph_capture_sizes[-1] == 64
 
 
-@pytest.mark.parametrize("limit, tail", [(257, [248, 256, 257]), (100, [88, 96, 100]), (3, [1, 2, 3]),
-                                         (300, [272, 288, 300]), (4096, [480, 496, 512])])
+@pytest.mark.parametrize(
+    "limit, tail",
+    [
+        (257, [248, 256, 257]),
+        (100, [88, 96, 100]),
+        (3, [1, 2, 3]),
+        (300, [272, 288, 300]),
+        (4096, [480, 496, 512]),
+    ],
+)
 def test_default_capture_sizes_end_at_an_off_stride_token_limit(limit, tail):
-    """The largest batch the config allows (up to 512) has a graph, as in vLLM: 257 tokens -> ..., 256, 257."""
+    """The largest batch the config allows (up to 512) has a graph, as in vLLM: 257 tokens -> ..., 256,
+    257."""
     sizes = CompilationConfig(max_num_batched_tokens=limit).cudagraph_capture_sizes
     assert sizes[-3:] == tail
     assert sizes == sorted(set(sizes))
@@ -88,24 +124,36 @@ def test_compile_sizes_shorthand_expands_to_the_capture_sizes():
     config = CompilationConfig(compile_sizes=["cudagraph_capture_sizes"], cudagraph_capture_sizes=[8, 1, 4])
     assert config.compile_sizes == [1, 4, 8]
     mixed = CompilationConfig(compile_sizes=[3, "cudagraph_capture_sizes"], max_num_batched_tokens=100)
-    assert mixed.compile_sizes == sorted({3, *mixed.cudagraph_capture_sizes}) and mixed.compile_sizes[-1] == 100
+    assert (
+        mixed.compile_sizes == sorted({3, *mixed.cudagraph_capture_sizes}) and mixed.compile_sizes[-1] == 100
+    )
     assert config.compute_hash() == CompilationConfig(compile_sizes=[1, 4, 8]).compute_hash()
 
 
 def test_inductor_config_keys_are_checked_at_construction():
-    assert CompilationConfig(inductor_compile_config={"max_autotune": False, "triton.cudagraphs": False,
-                                                      "compile_threads": 1, "max_autotune_gemm_backends": "ATEN",
-                                                      "realize_opcount_threshold": 30})
-    with pytest.raises(ConfigError, match=r"'triton\.cudagrafs' is not an Inductor config option.*triton\.cudagraphs"):
+    assert CompilationConfig(
+        inductor_compile_config={
+            "max_autotune": False,
+            "triton.cudagraphs": False,
+            "compile_threads": 1,
+            "max_autotune_gemm_backends": "ATEN",
+            "realize_opcount_threshold": 30,
+        }
+    )
+    with pytest.raises(
+        ConfigError, match=r"'triton\.cudagrafs' is not an Inductor config option.*triton\.cudagraphs"
+    ):
         CompilationConfig(inductor_compile_config={"triton.cudagrafs": False})
 
 
 def test_a_compiled_config_is_frozen_and_the_model_keeps_its_own_copy():
-    """Editing a config after compile() raises instead of changing a compiled model half-way; in-place edits of
-    its lists reach no model (the compiled model works from a copy)."""
+    """Editing a config after compile() raises instead of changing a compiled model half-way; in-place edits
+    of its lists reach no model (the compiled model works from a copy)."""
     config = CompilationConfig(splitting_ops=list(models.SPLITTING_OPS), compiler="eager")
     compiled = pieceworks.compile(models.SillyModel(), config)
-    with pytest.raises(ConfigError, match=r"CompilationConfig\.compile_sizes: .*frozen.*dataclasses\.replace"):
+    with pytest.raises(
+        ConfigError, match=r"CompilationConfig\.compile_sizes: .*frozen.*dataclasses\.replace"
+    ):
         config.compile_sizes = [4]
     with pytest.raises(ConfigError, match="frozen"):
         compiled.config.max_num_batched_tokens = 4
@@ -113,7 +161,7 @@ def test_a_compiled_config_is_frozen_and_the_model_keeps_its_own_copy():
     assert compiled.config.splitting_ops == models.SPLITTING_OPS
     x = torch.randn(5)
     torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
-    assert len(compiled.runtime.graph.pieces) == 5  # split as configured at compile(), not as edited later
+    assert len(compiled.runtime.compiled.pieces) == 5  # split as configured at compile(), not as edited later
     again = dataclasses.replace(config, splitting_ops=["silly::attention"], compile_sizes=[4])
     assert again.compile_sizes == [4]
     again.max_num_batched_tokens = 4096  # a new config is not frozen until it is compiled
@@ -124,8 +172,12 @@ def test_mode_accepts_names_and_has_vllm_values():
     assert [m.value for m in CUDAGraphMode] == [0, 1, 2, 3, 4]
     M = CUDAGraphMode  # vLLM's pairs (mode of uniform decode batches, mode of mixed ones)
     assert {m: (m.decode_mode, m.mixed_mode) for m in M} == {
-        M.NONE: (M.NONE, M.NONE), M.PIECEWISE: (M.PIECEWISE, M.PIECEWISE), M.FULL: (M.FULL, M.FULL),
-        M.FULL_DECODE_ONLY: (M.FULL, M.NONE), M.FULL_AND_PIECEWISE: (M.FULL, M.PIECEWISE)}
+        M.NONE: (M.NONE, M.NONE),
+        M.PIECEWISE: (M.PIECEWISE, M.PIECEWISE),
+        M.FULL: (M.FULL, M.FULL),
+        M.FULL_DECODE_ONLY: (M.FULL, M.NONE),
+        M.FULL_AND_PIECEWISE: (M.FULL, M.PIECEWISE),
+    }
 
 
 def test_hash_covers_code_factors_and_nothing_else(tmp_path):
@@ -142,8 +194,12 @@ def test_hash_covers_code_factors_and_nothing_else(tmp_path):
     for extra in changed:
         other = CompilationConfig(**{"splitting_ops": ["silly::attention"], **extra})
         assert other.compute_hash() != base.compute_hash(), extra
-    unchanged = [{"cache_dir": str(tmp_path)}, {"cudagraph_mode": "NONE"}, {"cache_enabled": False},
-                 {"cudagraph_capture_sizes": [1, 2]}]
+    unchanged = [
+        {"cache_dir": str(tmp_path)},
+        {"cudagraph_mode": "NONE"},
+        {"cache_enabled": False},
+        {"cudagraph_capture_sizes": [1, 2]},
+    ]
     for extra in unchanged:
         other = CompilationConfig(**{"splitting_ops": ["silly::attention"], **extra})
         assert other.compute_hash() == base.compute_hash(), extra
@@ -162,8 +218,18 @@ def test_cache_dir_and_disable_switch(monkeypatch, tmp_path):
     assert not CompilationConfig(compiler="eager").cache_active()
 
 
-BOOLEANS = {"1": True, "true": True, "TRUE": True, " yes ": True, "On": True,
-            "0": False, "false": False, "No": False, "off": False, "": False}
+BOOLEANS = {
+    "1": True,
+    "true": True,
+    "TRUE": True,
+    " yes ": True,
+    "On": True,
+    "0": False,
+    "false": False,
+    "No": False,
+    "off": False,
+    "": False,
+}
 
 
 @pytest.mark.parametrize("value", list(BOOLEANS))
@@ -175,12 +241,15 @@ def test_the_disable_switch_takes_the_usual_spellings(value, monkeypatch):
 @pytest.mark.parametrize("variable", ["PIECEWORKS_DISABLE_CACHE", "PIECEWORKS_PROGRESS"])
 def test_a_boolean_variable_of_another_spelling_is_a_config_error_naming_it(variable, monkeypatch):
     monkeypatch.setenv(variable, "maybe")
-    with pytest.raises(ConfigError, match=rf"\${variable}='maybe' is not a boolean\. Fix: set it to 1, true, yes or "):
+    with pytest.raises(
+        ConfigError, match=rf"\${variable}='maybe' is not a boolean\. Fix: set it to 1, true, yes or "
+    ):
         CompilationConfig().cache_active() if variable == "PIECEWORKS_DISABLE_CACHE" else progress([1], "x")
 
 
 def test_a_cache_folder_with_a_tilde_is_under_the_home_folder(monkeypatch, tmp_path):
-    """Shells expand `~` only at the start of an unquoted word: `PIECEWORKS_CACHE_DIR='~/x'` reaches us as is."""
+    """Shells expand `~` only at the start of an unquoted word: `PIECEWORKS_CACHE_DIR='~/x'` reaches us as
+    is."""
     monkeypatch.setenv("HOME", str(tmp_path))
     assert CompilationConfig(cache_dir="~/given").resolved_cache_dir() == str(tmp_path / "given")
     monkeypatch.setenv("PIECEWORKS_CACHE_DIR", "~/from-env")

@@ -1,7 +1,7 @@
 """The conformance suite's new adapters and tools, on a CPU: the vLLM adapter's contract against a fake `vllm`
 (vLLM is not installable on the GPU image), user adapters by file path, dict outputs cut back, the HF Llama's
-splitting op and row independence, the plugin's failure examples and one-line verdicts, why a property does not
-apply, and the table from a results document."""
+splitting op and row independence, the plugin's failure examples and one-line verdicts, why a property does
+not apply, and the table from a results document."""
 
 from __future__ import annotations
 
@@ -14,14 +14,17 @@ import types
 import pytest
 import torch
 
-from pieceworks.conformance.plugin import failure_example, first_line
 from pieceworks.conformance import table as conformance_table
-from pieceworks.harness import implementations, models
-from pieceworks.harness.implementations import VLLM, _cut, resolve
+from pieceworks.conformance.plugin import failure_example, first_line
+from pieceworks.core import unpad as _cut
+from pieceworks.harness import adapters
+from pieceworks.harness.adapters import VLLM, resolve
+from pieceworks.harness.models import toy as models
 
 
 def _fake_vllm(monkeypatch) -> list:
-    """Install a fake `vllm` with the API the adapter uses; returns the log of what the adapter did with it."""
+    """Install a fake `vllm` with the API the adapter uses; returns the log of what the adapter did with
+    it."""
     log: list = []
     current: dict = {}
 
@@ -53,7 +56,9 @@ def _fake_vllm(monkeypatch) -> list:
 
     @contextlib.contextmanager
     def set_forward_context(attn_metadata, vllm_config, cudagraph_runtime_mode=None, batch_descriptor=None):
-        current.update(mode=cudagraph_runtime_mode.name, tokens=batch_descriptor and batch_descriptor.num_tokens)
+        current.update(
+            mode=cudagraph_runtime_mode.name, tokens=batch_descriptor and batch_descriptor.num_tokens
+        )
         yield
         current.clear()
 
@@ -71,12 +76,24 @@ def _fake_vllm(monkeypatch) -> list:
 
         return wrap
 
-    modules = {name: types.ModuleType(name) for name in
-               ["vllm", "vllm.compilation", "vllm.compilation.decorators", "vllm.config", "vllm.forward_context"]}
+    modules = {
+        name: types.ModuleType(name)
+        for name in [
+            "vllm",
+            "vllm.compilation",
+            "vllm.compilation.decorators",
+            "vllm.config",
+            "vllm.forward_context",
+        ]
+    }
     modules["vllm.compilation.decorators"].support_torch_compile = support_torch_compile
-    for name, value in dict(CompilationConfig=CompilationConfig, CompilationMode=CompilationMode,
-                            CUDAGraphMode=CUDAGraphMode, VllmConfig=VllmConfig,
-                            set_current_vllm_config=set_current_vllm_config).items():
+    for name, value in dict(
+        CompilationConfig=CompilationConfig,
+        CompilationMode=CompilationMode,
+        CUDAGraphMode=CUDAGraphMode,
+        VllmConfig=VllmConfig,
+        set_current_vllm_config=set_current_vllm_config,
+    ).items():
         setattr(modules["vllm.config"], name, value)
     modules["vllm.forward_context"].BatchDescriptor = BatchDescriptor
     modules["vllm.forward_context"].set_forward_context = set_forward_context
@@ -98,7 +115,11 @@ def test_vllm_adapter_drives_vllm_as_its_model_runner_does(monkeypatch):
     assert ("dynamic_arg_dims", {"a0": 0, "a1": 0}) in log
     assert built.capture_order == [8, 4, 1]
     assert [entry for entry in log if isinstance(entry[0], str) and entry[0] in ("NONE", "PIECEWISE")] == [
-        ("NONE", None, 8), ("PIECEWISE", 8, 8), ("PIECEWISE", 4, 4), ("PIECEWISE", 1, 1)]
+        ("NONE", None, 8),
+        ("PIECEWISE", 8, 8),
+        ("PIECEWISE", 4, 4),
+        ("PIECEWISE", 1, 1),
+    ]
     del log[:]
     with torch.no_grad():
         for batch in [3, 11, 1]:
@@ -111,11 +132,11 @@ def test_vllm_unavailable_reason_says_why(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     reason = VLLM().unavailable_reason()
     assert "vllm is not importable" in reason and "without network access" in reason
-    assert implementations.IMPLEMENTATIONS["vllm"].capabilities.padding
+    assert adapters.IMPLEMENTATIONS["vllm"].capabilities.padding
 
 
 def test_new_adapters_are_registered_with_their_contracts():
-    registry = implementations.IMPLEMENTATIONS
+    registry = adapters.IMPLEMENTATIONS
     for name in ["dynamo-cudagraphs", "make-graphed-callables", "vllm"]:
         assert registry[name].capabilities.needs_cuda and registry[name].capabilities.cuda_graphs
     assert "instead of padding" in registry["dynamo-cudagraphs"].contracts["padding"]
@@ -125,8 +146,9 @@ def test_new_adapters_are_registered_with_their_contracts():
 
 def test_an_adapter_by_file_path(tmp_path):
     path = tmp_path / "adapter_by_path.py"
-    path.write_text("from pieceworks.harness.implementations import Eager\n"
-                    "class Mine(Eager):\n    name = 'mine-by-path'\n")
+    path.write_text(
+        "from pieceworks.harness.adapters import Eager\nclass Mine(Eager):\n    name = 'mine-by-path'\n"
+    )
     impl = resolve(f"{path}:Mine")
     assert impl.name == "mine-by-path" and resolve(f"{path}:Mine").__class__ is impl.__class__  # loaded once
     with pytest.raises(ImportError, match="no file"):
@@ -139,7 +161,7 @@ def test_dict_outputs_are_cut_back():
 
 
 def test_hf_llama_calls_its_splitting_op_and_keeps_rows_independent():
-    from pieceworks.harness import hf_llama as hf
+    from pieceworks.harness.models import hf_llama as hf
 
     if hf.unavailable_reason():
         pytest.skip(hf.unavailable_reason())
@@ -158,31 +180,61 @@ def test_hf_llama_calls_its_splitting_op_and_keeps_rows_independent():
 
 
 def test_failure_example_keeps_the_falsifying_example_and_the_message():
-    text = "\n".join(["def test(...):", "E   AssertionError: call 1 (batch 5): shape (8,), eager's (5,)",
-                      "E   Falsifying example: test_x(", "E       served=Built(fn=<function>,", "E   owner=None),",
-                      "E       sequence=[8, 5],", "E   )",
-                      "E   You can reproduce this example by temporarily adding @reproduce_failure('6', b'AX')"])
+    text = "\n".join(
+        [
+            "def test(...):",
+            "E   AssertionError: call 1 (batch 5): shape (8,), eager's (5,)",
+            "E   Falsifying example: test_x(",
+            "E       served=Built(fn=<function>,",
+            "E   owner=None),",
+            "E       sequence=[8, 5],",
+            "E   )",
+            "E   You can reproduce this example by temporarily adding @reproduce_failure('6', b'AX')",
+        ]
+    )
     example = failure_example(text, skip=("served",))
-    assert example.splitlines() == ["AssertionError: call 1 (batch 5): shape (8,), eager's (5,)",
-                                    "Falsifying example: test_x(", "    sequence=[8, 5],", ")",
-                                    "E   You can reproduce this example by temporarily adding @reproduce_failure('6', b'AX')"]
+    assert example.splitlines() == [
+        "AssertionError: call 1 (batch 5): shape (8,), eager's (5,)",
+        "Falsifying example: test_x(",
+        "    sequence=[8, 5],",
+        ")",
+        "E   You can reproduce this example by temporarily adding @reproduce_failure('6', b'AX')",
+    ]
 
 
 def test_failure_example_joins_an_argument_printed_over_several_lines():
-    text = "\n".join(["E   Failing explicit example: test_x(", "E       sequence=[1,", "E        2,", "E        3],",
-                      "E   )"])
-    assert failure_example(text).splitlines() == ["Failing explicit example: test_x(", "    sequence=[1, 2, 3],", ")"]
+    text = "\n".join(
+        [
+            "E   Failing explicit example: test_x(",
+            "E       sequence=[1,",
+            "E        2,",
+            "E        3],",
+            "E   )",
+        ]
+    )
+    assert failure_example(text).splitlines() == [
+        "Failing explicit example: test_x(",
+        "    sequence=[1, 2, 3],",
+        ")",
+    ]
 
 
 def _failed(message: str, text: str = "") -> types.SimpleNamespace:
-    return types.SimpleNamespace(longrepr=types.SimpleNamespace(reprcrash=types.SimpleNamespace(message=message)),
-                                 longreprtext=text)
+    return types.SimpleNamespace(
+        longrepr=types.SimpleNamespace(reprcrash=types.SimpleNamespace(message=message)), longreprtext=text
+    )
 
 
 def test_the_verdict_is_the_first_line_of_the_assertion_not_hypothesis_report():
-    assert first_line(_failed("AssertionError: batches [1, 2, 3]: call 2 (batch 3): rows [2] of 3 differ\nTensor-likes"
-                              )) == "batches [1, 2, 3]: call 2 (batch 3): rows [2] of 3 differ"
-    group = 'AssertionError("batches [2, 2]: call 1 (batch 2): rows [0] of 2 differ\\nTensor-likes are not close!'
+    assert (
+        first_line(
+            _failed("AssertionError: batches [1, 2, 3]: call 2 (batch 3): rows [2] of 3 differ\nTensor-likes")
+        )
+        == "batches [1, 2, 3]: call 2 (batch 3): rows [2] of 3 differ"
+    )
+    group = (
+        'AssertionError("batches [2, 2]: call 1 (batch 2): rows [0] of 2 differ\\nTensor-likes are not close!'
+    )
     assert first_line(_failed(group)) == "batches [2, 2]: call 1 (batch 2): rows [0] of 2 differ"
     assert first_line(_failed("RuntimeError: boom\nmore")) == "RuntimeError: boom"
     text = "def test():\nE   ValueError: bad input\nE   Falsifying example: t(\nE   )"
@@ -194,7 +246,7 @@ def test_a_property_says_why_it_does_not_apply():
     from pieceworks.conformance.cases import CASES
     from pieceworks.conformance.padded_runner import PaddedRunner
 
-    registry = implementations.IMPLEMENTATIONS
+    registry = adapters.IMPLEMENTATIONS
     runner, silly, writer = PaddedRunner(), CASES["silly"], CASES["silly-inplace"]
 
     def why(impl, case, prop, device="cpu"):
@@ -202,9 +254,12 @@ def test_a_property_says_why_it_does_not_apply():
 
     assert why(runner, silly, "moved-inputs-never-stale") is None  # padding will do: no CUDA graph needed
     assert why(registry["eager"], silly, "moved-inputs-never-stale") == (
-        "eager: runs the model eagerly: no CUDA graphs (the reference the others are compared with)")
+        "eager: runs the model eagerly: no CUDA graphs (the reference the others are compared with)"
+    )
     assert why(runner, writer, "argument-writes-reach-the-caller") is None
-    assert "silly model writes none of its arguments" in why(runner, silly, "argument-writes-reach-the-caller")
+    assert "silly model writes none of its arguments" in why(
+        runner, silly, "argument-writes-reach-the-caller"
+    )
     for name in ("make-graphed-callables", "meta-pcg", "vllm"):
         assert "never back" in why(registry[name], writer, "argument-writes-reach-the-caller", "cuda")
     assert "CUDA caching allocator" in why(registry["pieceworks-piecewise"], silly, "replays-grow-no-memory")
@@ -216,14 +271,30 @@ def test_a_property_says_why_it_does_not_apply():
 
 def test_the_table_shows_outcomes_reasons_and_failures():
     def result(impl, prop, outcome, reason=None, example=None):
-        return {"impl": impl, "model": "silly", "property": prop, "outcome": outcome, "reason": reason,
-                "example": example, "seconds": 0.1, "nodeid": f"x::{impl}-{prop}"}
+        return {
+            "impl": impl,
+            "model": "silly",
+            "property": prop,
+            "outcome": outcome,
+            "reason": reason,
+            "example": example,
+            "seconds": 0.1,
+            "nodeid": f"x::{impl}-{prop}",
+        }
 
-    document = {"created": "T", "argv": ["pytest"], "meta": {"properties": {"p1": "", "p2": ""}, "gpu": "H100"},
-                "results": [result("a", "p1", "pass"), result("a", "p2", "n/a", "a: records per size"),
-                            result("b", "p1", "fail", "call: shape", "Falsifying example: t(sequence=[5])"),
-                            result("b", "p2", "n/a", "a: records per size"),
-                            result("c", "p1", "unavailable", "needs vllm"), result("c", "p2", "unavailable", "needs vllm")]}
+    document = {
+        "created": "T",
+        "argv": ["pytest"],
+        "meta": {"properties": {"p1": "", "p2": ""}, "gpu": "H100"},
+        "results": [
+            result("a", "p1", "pass"),
+            result("a", "p2", "n/a", "a: records per size"),
+            result("b", "p1", "fail", "call: shape", "Falsifying example: t(sequence=[5])"),
+            result("b", "p2", "n/a", "a: records per size"),
+            result("c", "p1", "unavailable", "needs vllm"),
+            result("c", "p2", "unavailable", "needs vllm"),
+        ],
+    }
     text = conformance_table.render(document)
     assert "| a | pass | n/a [1] |" in text and "| b | **FAIL** | n/a [1] |" in text
     assert "| c | unavailable [2] |" in text and "1. a: records per size" in text and "2. needs vllm" in text
@@ -237,10 +308,12 @@ def test_the_default_selection_is_every_implementation_on_the_three_default_mode
 
     default = subjects.select([], [])
     assert [m for m in dict.fromkeys(s.case.name for s in default)] == list(subjects.DEFAULT_MODELS)
-    assert {s.impl.name for s in default} == set(implementations.IMPLEMENTATIONS)
-    assert len(default) == len(subjects.DEFAULT_MODELS) * len(implementations.IMPLEMENTATIONS)
+    assert {s.impl.name for s in default} == set(adapters.IMPLEMENTATIONS)
+    assert len(default) == len(subjects.DEFAULT_MODELS) * len(adapters.IMPLEMENTATIONS)
     assert [m for m in dict.fromkeys(s.case.name for s in subjects.select(["eager"], ["all"]))] == list(CASES)
-    assert {s.case.name for s in subjects.select(["eager"], ["toy-llama-tractable"])} == {"toy-llama-tractable"}
+    assert {s.case.name for s in subjects.select(["eager"], ["toy-llama-tractable"])} == {
+        "toy-llama-tractable"
+    }
     with pytest.raises(ValueError, match="unknown conformance model.*'toy'"):
         subjects.select(["eager"], ["toy"])
     with pytest.raises(ValueError, match="unknown conformance model.*'toy'"):

@@ -1,7 +1,7 @@
 """docs/conformance.md describes the conformance suite as it is: its CPU adapter block is the source of
-`pieceworks.conformance.padded_runner` (test_conformance_suite.py runs the block copied from the page), its property
-table lists every property, every option of the plugin is on the page, and any totals it quotes ("132 pass") are
-those of the committed table it links to."""
+`pieceworks.conformance.padded_runner` (test_conformance_suite.py runs the block copied from the page), its
+property table lists every property, every option of the plugin is on the page, and any totals it quotes ("132
+pass") are those of the committed table it links to."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_every_property_is_in_the_table_of_properties():
 
 
 def test_every_option_of_the_plugin_is_on_the_page():
-    options = re.findall(r'addoption\("(--[\w-]+)"', Path(plugin.__file__).read_text())
+    options = re.findall(r'addoption\(\s*"(--[\w-]+)"', Path(plugin.__file__).read_text())
     assert len(options) >= 6 and not [name for name in options if name not in PAGE]
 
 

@@ -1,8 +1,9 @@
-"""The conformance suite's plan (pieceworks.conformance.plan), without building anything: a seed draws the same
-capture sizes every time and different seeds draw different ones; the sweep serves every batch up to just above the
-largest size, both ways, each capture size twice in a row; drawn sequences reach repeats, both orders, capture sizes,
-their neighbours and the largest batch; `serve` runs the sweep, then drawn sequences (the same for the same seed),
-and a failure names the batches served up to the failing call, shrunk where a drawn sequence found it."""
+"""The conformance suite's plan (pieceworks.conformance.plan), without building anything: a seed draws the
+same capture sizes every time and different seeds draw different ones; the sweep serves every batch up to just
+above the largest size, both ways, each capture size twice in a row; drawn sequences reach repeats, both
+orders, capture sizes, their neighbours and the largest batch; `serve` runs the sweep, then drawn sequences
+(the same for the same seed), and a failure names the batches served up to the failing call, shrunk where a
+drawn sequence found it."""
 
 from __future__ import annotations
 
@@ -56,8 +57,12 @@ BOUNDARIES = {
 @pytest.mark.parametrize("boundary", list(BOUNDARIES))
 def test_drawn_sequences_reach(boundary):
     strategy = Plan(0, (3, 8)).sequences()
-    find(strategy, BOUNDARIES[boundary], random=random.Random(0),
-         settings=settings(max_examples=2000, database=None, deadline=None, phases=[Phase.generate]))
+    find(
+        strategy,
+        BOUNDARIES[boundary],
+        random=random.Random(0),
+        settings=settings(max_examples=2000, database=None, deadline=None, phases=[Phase.generate]),
+    )
 
 
 def test_a_failure_names_the_batches_served_up_to_the_failing_call():
@@ -66,7 +71,10 @@ def test_a_failure_names_the_batches_served_up_to_the_failing_call():
 
     with pytest.raises(AssertionError) as caught:
         serve(Plan(0, (3, 8)), step, "test_probe")
-    assert str(caught.value).splitlines()[0] == "batches [1, 2, 3]: call 2 (batch 3): output: rows [2] of 3 differ"
+    assert (
+        str(caught.value).splitlines()[0]
+        == "batches [1, 2, 3]: call 2 (batch 3): output: rows [2] of 3 differ"
+    )
 
 
 def _served(plan: Plan) -> list[list[int]]:
@@ -91,5 +99,7 @@ def test_a_failure_only_drawn_sequences_meet_is_shrunk_to_one_call():
     def step(i, batch):  # the sweep starts at batch 1; drawn sequences start anywhere
         assert i > 0 or batch == 1, "a first call above batch 1"
 
-    with pytest.raises(AssertionError, match=r"^batches \[3\]: call 0 \(batch 3\): a first call above batch 1"):
+    with pytest.raises(
+        AssertionError, match=r"^batches \[3\]: call 0 \(batch 3\): a first call above batch 1"
+    ):
         serve(Plan(0, (3, 8)), step, "test_probe")

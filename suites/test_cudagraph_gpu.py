@@ -10,11 +10,11 @@ import torch.nn as nn
 
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, counters
+from pieceworks.core import FullReplay, ReplayPlan
 from pieceworks.cudagraph import ReplayAddressError
-from pieceworks.plan import FullGraph, ReplayPlan
+from pieceworks.harness.models import toy as models
+from pieceworks.harness.testing.checked import CheckedModel, OutputOverwrittenError
 from pieceworks.runtime import CUDAGraphMissingError, Phase
-from pieceworks.harness import models
-from pieceworks.harness.checked import CheckedModel, OutputOverwrittenError
 
 # Pool sharing (one pool for all sizes vs one each, and vs the largest alone) is in test_pool_gpu.py.
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
@@ -39,8 +39,14 @@ def _make(name):
 
 
 def _compiled(model, inputs, mode, cache, compiler="inductor", **kwargs):
-    config = CompilationConfig(splitting_ops=models.SPLITTING_OPS, cudagraph_mode=mode, compiler=compiler,
-                               cudagraph_capture_sizes=kwargs.pop("sizes", SIZES), cache_dir=cache, **kwargs)
+    config = CompilationConfig(
+        splitting_ops=models.SPLITTING_OPS,
+        cudagraph_mode=mode,
+        compiler=compiler,
+        cudagraph_capture_sizes=kwargs.pop("sizes", SIZES),
+        cache_dir=cache,
+        **kwargs,
+    )
     compiled = pieceworks.compile(model, config)
     compiled(*inputs(3))
     return compiled
@@ -67,9 +73,12 @@ def test_replay_equals_no_graph_run_and_eager(name, mode, shared_cache):
 def test_counters_count_graphs_per_piece_and_size(shared_cache):
     model, inputs = _make("toy_llama")
     layers = model.config.num_layers
-    for mode, per_size in [(CUDAGraphMode.PIECEWISE, layers + 1), (CUDAGraphMode.FULL, 1),
-                           (CUDAGraphMode.FULL_DECODE_ONLY, 1),  # uniform decode only
-                           (CUDAGraphMode.FULL_AND_PIECEWISE, 1 + layers + 1)]:  # a full graph and a plan per size
+    for mode, per_size in [
+        (CUDAGraphMode.PIECEWISE, layers + 1),
+        (CUDAGraphMode.FULL, 1),
+        (CUDAGraphMode.FULL_DECODE_ONLY, 1),  # uniform decode only
+        (CUDAGraphMode.FULL_AND_PIECEWISE, 1 + layers + 1),
+    ]:  # a full graph and a plan per size
         compiled = _compiled(model, inputs, mode, shared_cache)
         with counters.expect(num_cudagraph_captured=per_size * len(SIZES)):
             report = compiled.capture()
@@ -78,18 +87,24 @@ def test_counters_count_graphs_per_piece_and_size(shared_cache):
 
 @pytest.mark.parametrize("mode", [CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY])
 def test_each_kind_of_batch_replays_what_its_mode_gives_it(shared_cache, mode):
-    """Uniform decode calls (inside `uniform_decode()`) replay the size's FULL graph; mixed calls its PIECEWISE plan
-    (FULL_AND_PIECEWISE) or no graph at all, unpadded (FULL_DECODE_ONLY); both like eager."""
+    """Uniform decode calls (inside `uniform_decode()`) replay the size's FULL graph; mixed calls its
+    PIECEWISE plan (FULL_AND_PIECEWISE) or no graph at all, unpadded (FULL_DECODE_ONLY); both like eager."""
     model, inputs = _make("toy_llama")
     compiled = _compiled(model, inputs, mode, shared_cache)
     compiled.capture()
     runtime, served = compiled.runtime, []
     for n in SIZES:
         full, mixed = runtime.replay_for(n, True), runtime.replay_for(n, False)
-        assert isinstance(full, FullGraph)
-        assert isinstance(mixed, ReplayPlan) and not isinstance(mixed, FullGraph) if mode.has_piecewise else mixed is None
+        assert isinstance(full, FullReplay)
+        assert (
+            isinstance(mixed, ReplayPlan) and not isinstance(mixed, FullReplay)
+            if mode.has_piecewise
+            else mixed is None
+        )
         for replay in {full, mixed} - {None}:
-            replay.run = (lambda run, kind: lambda *a: served.append(kind) or run(*a))(replay.run, type(replay).__name__)
+            replay.run = (lambda run, kind: lambda *a: served.append(kind) or run(*a))(
+                replay.run, type(replay).__name__
+            )
     for batch in BATCHES:
         args = inputs(batch)
         expected = model(*args)
@@ -99,8 +114,17 @@ def test_each_kind_of_batch_replays_what_its_mode_gives_it(shared_cache, mode):
                 got = compiled(*args)
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
             graph = batch <= max(SIZES)
-            want = ["FullGraph"] if graph and uniform else ["ReplayPlan"] if graph and mode.has_piecewise else []
+            want = (
+                ["FullReplay"]
+                if graph and uniform
+                else ["ReplayPlan"]
+                if graph and mode.has_piecewise
+                else []
+            )
             assert served == want, f"batch {batch}, uniform decode {uniform}: served by {served}, not {want}"
+            padded, replay = compiled.route(batch, uniform)  # the rule tools ask: what this call ran
+            assert served == ([type(replay).__name__] if replay is not None else []), (batch, uniform)
+            assert (padded is None) == (not want), (batch, uniform, padded)
 
 
 def test_capture_phase_closes(shared_cache, caplog):
@@ -114,26 +138,43 @@ def test_capture_phase_closes(shared_cache, caplog):
         for batch in BATCHES:
             x = inputs(batch)[0]
             torch.testing.assert_close(compiled(x), models.silly_model_expected(x))
-    assert sorted(runtime.captured_sizes) == SIZES and list(runtime.captured_sizes) == sorted(SIZES, reverse=True)
-    assert all(isinstance(runtime.replay_for(n), ReplayPlan) and not isinstance(runtime.replay_for(n), FullGraph)
-               for n in SIZES)
+    assert sorted(runtime.captured_sizes) == SIZES and list(runtime.captured_sizes) == sorted(
+        SIZES, reverse=True
+    )
+    assert all(
+        isinstance(runtime.replay_for(n, False), ReplayPlan)
+        and not isinstance(runtime.replay_for(n, False), FullReplay)
+        for n in SIZES
+    )
 
 
 def test_raw_backend_after_capture_raises_or_runs_without_graph(shared_cache):
     model, _ = _make("silly")
     for policy in ["raise", "eager"]:
         torch._dynamo.reset()
-        config = CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_capture_sizes=SIZES,
-                                   on_missing_graph=policy)
+        config = CompilationConfig(
+            splitting_ops=models.SPLITTING_OPS,
+            compiler="eager",
+            cudagraph_capture_sizes=SIZES,
+            on_missing_graph=policy,
+        )
         backend = pieceworks.Backend(config)
-        fn = torch.compile(model, backend=backend, fullgraph=True, dynamic=False,
-                           options={"guard_filter_fn": lambda entries: [False] * len(entries)})
+        fn = torch.compile(
+            model,
+            backend=backend,
+            fullgraph=True,
+            dynamic=False,
+            options={"guard_filter_fn": lambda entries: [False] * len(entries)},
+        )
         static = torch.randn(32, device="cuda")
         first = static[:5].clone()
         torch._dynamo.mark_dynamic(first, 0)
         fn(first)
         runtime = backend.runtimes[0]
-        runtime.capture(lambda n: fn(static[:n]), SIZES)
+        with runtime.capture_phase(SIZES) as phase:
+            for n, uniform in phase.plan:
+                with pieceworks.uniform_decode(uniform):
+                    fn(static[:n])
         torch.testing.assert_close(fn(static[:8]), models.silly_model_expected(static[:8]))
         if policy == "raise":
             with pytest.raises(CUDAGraphMissingError, match="batch size 3 has no CUDA graph"):
@@ -161,7 +202,9 @@ def test_debug_mode_checks_parameters_too(shared_cache):
                 with pytest.raises(ReplayAddressError, match="down_proj"):
                     compiled(*models.toy_llama_inputs(3, model.config, "cuda"))
             else:
-                compiled(*models.toy_llama_inputs(3, model.config, "cuda"))  # the cheap check skips parameters
+                compiled(
+                    *models.toy_llama_inputs(3, model.config, "cuda")
+                )  # the cheap check skips parameters
         finally:
             weight.data = old
 
@@ -190,8 +233,10 @@ def test_uncapturable_piece_runs_without_graph(shared_cache, caplog):
 
     caplog.set_level("WARNING", logger="pieceworks")
     model = MutatesSplitOutput()
-    compiled = pieceworks.compile(model, CompilationConfig(
-        splitting_ops=["silly::pair"], compiler="eager", cudagraph_capture_sizes=SIZES))
+    compiled = pieceworks.compile(
+        model,
+        CompilationConfig(splitting_ops=["silly::pair"], compiler="eager", cudagraph_capture_sizes=SIZES),
+    )
     with counters.expect(num_cudagraph_uncapturable=1):
         compiled(torch.randn(3, device="cuda"))
     with counters.expect(num_cudagraph_captured=len(SIZES)):  # the first piece only
@@ -237,8 +282,8 @@ def test_outputs_are_valid_until_the_next_replay_and_checked_mode_says_so(shared
 
 
 def test_graphs_survive_reduce_overhead_recording_in_the_same_process(shared_cache):
-    """torch.compile(mode="reduce-overhead") clears cuBLAS workspaces and empties the cache at each recording; our
-    captured GEMMs keep using the capture stream's workspace, which must not be freed under them."""
+    """torch.compile(mode="reduce-overhead") clears cuBLAS workspaces and empties the cache at each recording;
+    our captured GEMMs keep using the capture stream's workspace, which must not be freed under them."""
     model, inputs = _make("toy_llama")
     compiled = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache, compiler="eager")
     compiled.capture()
@@ -265,14 +310,16 @@ class FreshSplitOutputs(nn.Module):
 
 def test_fresh_splitting_outputs_are_copied_to_the_captured_address(shared_cache):
     model = FreshSplitOutputs()
-    compiled = pieceworks.compile(model, CompilationConfig(
-        splitting_ops=["silly::pair"], compiler="eager", cudagraph_capture_sizes=SIZES))
+    compiled = pieceworks.compile(
+        model,
+        CompilationConfig(splitting_ops=["silly::pair"], compiler="eager", cudagraph_capture_sizes=SIZES),
+    )
     compiled(torch.randn(3, device="cuda"))
     with counters.expect(num_cudagraph_captured=2 * len(SIZES), num_cudagraph_uncapturable=0):
         compiled.capture()
-    plan = compiled.runtime.replay_for(8)
-    assert isinstance(plan, ReplayPlan) and not isinstance(plan, FullGraph)
-    assert len(plan.graphs) == 2 and len(plan.kept) == 2
+    plan = compiled.runtime.replay_for(8, False)
+    assert isinstance(plan, ReplayPlan) and not isinstance(plan, FullReplay)
+    assert len(plan.cuda_graphs) == 2 and len(plan.kept) == 2
     for batch in [1, 5, 8, 8, 32, 3]:
         x = torch.randn(batch, device="cuda")
         torch.testing.assert_close(compiled(x), model(x))
@@ -280,13 +327,14 @@ def test_fresh_splitting_outputs_are_copied_to_the_captured_address(shared_cache
 
 def test_serving_calls_the_graph_directly_and_the_tracing_call_captures_nothing(shared_cache):
     model, inputs = _make("toy_llama")
-    config = CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_capture_sizes=SIZES,
-                               lazy_capture=True)
+    config = CompilationConfig(
+        splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_capture_sizes=SIZES, lazy_capture=True
+    )
     compiled = pieceworks.compile(model, config)
     captured = counters.num_cudagraph_captured
-    # The first call (batch >= 2) traces on the caller's own tensors and returns that run's result: it runs the
-    # model once and captures nothing. The next call of a capture size captures it lazily, from the static buffers:
-    # every graph it makes belongs to that size's plan, and the plan reads the static buffers.
+    # The first call (batch >= 2) traces on the caller's own tensors and returns that run's result: it runs
+    # the model once and captures nothing. The next call of a capture size captures it lazily, from the static
+    # buffers: every graph it makes belongs to that size's plan, and the plan reads the static buffers.
     args = inputs(3)
     torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
     runtime = compiled.runtime
@@ -294,8 +342,8 @@ def test_serving_calls_the_graph_directly_and_the_tracing_call_captures_nothing(
     assert runtime.captured_sizes == () and counters.num_cudagraph_captured == captured
     torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
     assert runtime.captured_sizes == (4,)
-    plan = runtime.replay_for(4)
-    assert counters.num_cudagraph_captured - captured == len(plan.graphs)
+    plan = runtime.replay_for(4, False)
+    assert counters.num_cudagraph_captured - captured == len(plan.cuda_graphs)
     flat = compiled.graph_inputs(4)
     assert plan.all_checks and all(flat[i].data_ptr() == address for i, address, *_ in plan.all_checks)
     torch._dynamo.reset()  # no later call enters Dynamo

@@ -26,15 +26,13 @@ def test_batch_outside_ranges_names_batch_and_ranges():
 
 def test_padding_picks_smallest_captured_size_at_least_batch():
     sizes = [1, 2, 4, 8, 16]
-    assert [padded_size(sizes, b) for b in range(1, 18)] == (
-        [1, 2, 4, 4, 8, 8, 8, 8] + [16] * 8 + [None]
-    )
+    assert [padded_size(sizes, b) for b in range(1, 18)] == ([1, 2, 4, 4, 8, 8, 8, 8] + [16] * 8 + [None])
 
 
 def test_static_inputs_hold_each_call_in_place_and_keep_earlier_rows_as_padding():
-    """`StaticInputs.load` over a sequence of batch sizes (each seen more than once): the first `batch` rows of every
-    tensor buffer are the call's, the rows after them are what an earlier call (or the first) left there, the views
-    of a padded size always sit at the buffers' addresses, and plain values pass through."""
+    """`StaticInputs.load` over a sequence of batch sizes (each seen more than once): the first `batch` rows
+    of every tensor buffer are the call's, the rows after them are what an earlier call (or the first) left
+    there, the views of a padded size always sit at the buffers' addresses, and plain values pass through."""
     import random
 
     import torch

@@ -1,9 +1,10 @@
 """The benchmark gate (`python -m pieceworks.gate`) on result sets derived from a real asv result file.
 
-Every case starts from SOURCE, a result set written by asv 0.6 itself, copies it as base, edits a copy into head
-(one benchmark slower, a pool bigger, a result null or gone, ...) in asv's own format, and checks the verdicts,
-the table and the exit status. Items are picked by the metric their threshold rule assigns, so SOURCE can be
-any asv results folder: point it at the committed H100 results (results/asv) and every case still applies.
+Every case starts from SOURCE, a result set written by asv 0.6 itself, copies it as base, edits a copy into
+head (one benchmark slower, a pool bigger, a result null or gone, ...) in asv's own format, and checks the
+verdicts, the table and the exit status. Items are picked by the metric their threshold rule assigns, so
+SOURCE can be any asv results folder: point it at the committed H100 results (results/asv) and every case
+still applies.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from pieceworks.gate import compare, exit_status, load_result_set, load_thresholds
-from pieceworks.gate.thresholds import DEFAULT_PATH
 from pieceworks.gate.results import result_files
+from pieceworks.gate.thresholds import DEFAULT_PATH
 from pieceworks.gate.verdicts import iqr_spread
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,11 +29,17 @@ H100 = REPO / "suites" / "data" / "report_sample" / "asv"  # H100 runs of severa
 
 
 def _fullest_h100_file() -> Path:
-    """The committed H100 asv result file with the most latency benchmarks: the run of the whole suite (a later run
-    of a few benchmarks, the Llama models' say, has other spreads: none of its items may be too noisy to judge)."""
+    """The committed H100 asv result file with the most latency benchmarks: the run of the whole suite (a
+    later run of a few benchmarks, the Llama models' say, has other spreads: none of its items may be too
+    noisy to judge)."""
     files = result_files(str(H100 / "nvidia-h100-80gb-hbm3"))
-    return Path(max(files, key=lambda f: sum(n.startswith("latency.") for n in json.loads(Path(f).read_text())[
-        "results"])))
+    return Path(
+        max(
+            files,
+            key=lambda f: sum(n.startswith("latency.") for n in json.loads(Path(f).read_text())["results"]),
+        )
+    )
+
 
 THRESHOLDS = load_thresholds(DEFAULT_PATH)
 UNJUDGED = {"ok", "skipped", "info", "control"}  # verdicts of items nothing happened to
@@ -60,14 +67,17 @@ def _params(results, name: str, combo: tuple) -> dict[str, str]:
 
 
 class Sets:
-    """Base = SOURCE's result file as is; head = an edited copy. Both written in asv's layout under tmp_path."""
+    """Base = SOURCE's result file as is; head = an edited copy. Both written in asv's layout under
+    tmp_path."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp = tmp_path
         self.file = _source_file()
         self.base = json.loads(self.file.read_text())
         self.head = copy.deepcopy(self.base)
-        meta_file = next((d / "benchmarks.json" for d in self.file.parents if (d / "benchmarks.json").is_file()), None)
+        meta_file = next(
+            (d / "benchmarks.json" for d in self.file.parents if (d / "benchmarks.json").is_file()), None
+        )
         self.meta = json.loads(meta_file.read_text()) if meta_file else {}
         self.cols = self.base["result_columns"]
 
@@ -92,7 +102,7 @@ class Sets:
             return name, [k for k in keys if k[0] == name].index(key)
         pytest.skip(f"{SOURCE} has no measured {metric} item" + (" with a small spread" if quiet else ""))
 
-    # --- editing head (or base) in asv's format ---------------------------------------------------------------
+    # --- editing head (or base) in asv's format -------------------------------------------------------------
     def _row(self, data: dict, name: str) -> list:
         row = data["results"][name]
         row.extend([None] * (len(self.cols) - len(row)))  # asv drops trailing empty columns
@@ -109,7 +119,9 @@ class Sets:
             row[col] = [None] * n
         row[col][i] = value
         for column in ("stats_q_25", "stats_q_75", "stats_ci_99_a", "stats_ci_99_b"):
-            if row[self.cols.index(column)] is not None:  # keep asv's statistics consistent with the new value
+            if (
+                row[self.cols.index(column)] is not None
+            ):  # keep asv's statistics consistent with the new value
                 row[self.cols.index(column)][i] = None
 
     def scale(self, name: str, i: int, factor: float) -> None:
@@ -132,7 +144,7 @@ class Sets:
             n *= len(p)
         return [None] * n
 
-    # --- writing and running ----------------------------------------------------------------------------------
+    # --- writing and running --------------------------------------------------------------------------------
     def write(self, side: str, data: dict, filename: str | None = None) -> Path:
         root = self.tmp / side
         machine = root / data["params"]["machine"]
@@ -189,9 +201,9 @@ COMMITTED = sorted(p for p in H100.glob("*/*.json") if p.name != "machine.json")
 
 @pytest.mark.parametrize("run", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.name.split('-')[0]}")
 def test_every_committed_run_passes_against_itself(run, capsys):
-    """Identical inputs exit 0 with every ratio 1.0: no 'too noisy' (a change of nothing is inside any threshold),
-    no 'no rule', no regression, whatever the spread the run measured. The gate's `main` in this process (its
-    command line in a process of its own: test_command_line_table_markdown_and_exit_status)."""
+    """Identical inputs exit 0 with every ratio 1.0: no 'too noisy' (a change of nothing is inside any
+    threshold), no 'no rule', no regression, whatever the spread the run measured. The gate's `main` in this
+    process (its command line in a process of its own: test_command_line_table_markdown_and_exit_status)."""
     from pieceworks.gate.__main__ import main
 
     status = main(["--base", str(run), "--head", str(run)])
@@ -201,12 +213,15 @@ def test_every_committed_run_passes_against_itself(run, capsys):
 
 
 def test_every_benchmark_the_suites_produce_has_a_rule():
-    """A benchmark no rule fits makes every gate run incomplete: each one in the committed asv metadata (and the
-    sample set's) is judged or declared shown-not-judged."""
+    """A benchmark no rule fits makes every gate run incomplete: each one in the committed asv metadata (and
+    the sample set's) is judged or declared shown-not-judged."""
     for meta_file in (H100 / "benchmarks.json", SOURCE / "benchmarks.json"):
         meta = json.loads(meta_file.read_text())
-        missing = [name for name, info in meta.items() if name != "version"
-                   and THRESHOLDS.rule_for(name, info.get("unit")) is None]
+        missing = [
+            name
+            for name, info in meta.items()
+            if name != "version" and THRESHOLDS.rule_for(name, info.get("unit")) is None
+        ]
         assert not missing, f"{meta_file}: no rule in {DEFAULT_PATH} for {missing}"
 
 
@@ -245,7 +260,9 @@ def test_noise_guard_widens_the_threshold_to_the_measured_spread(sets):
     name, i = sets.pick("latency")
     sets.scale(name, i, 1.15)
     rows, status = sets.run()
-    assert status == 1 and _row(rows, sets, name, i).verdict == "regression"  # quiet measurements: 15% is real
+    assert (
+        status == 1 and _row(rows, sets, name, i).verdict == "regression"
+    )  # quiet measurements: 15% is real
 
     sets.spread(sets.base, name, i, 0.10)  # +-10% interquartile range in both: 15% is inside 2 x 10%
     sets.spread(sets.head, name, i, 0.10)
@@ -277,12 +294,18 @@ def test_noise_guard_reads_the_iqr_reported_beside_a_median(sets):
     """A latency median whose class also reports its IQR (rule iqr_from): a wide IQR widens the threshold."""
     measured = load_result_set(str(sets.file))
     rule = next((r for r in THRESHOLDS.rules if r.metric == "latency" and r.iqr_from), None)
-    pairs = [(name, [k for k in measured.items if k[0] == name].index((name, combo)))
-             for (name, combo), item in measured.items.items()
-             if rule and THRESHOLDS.rule_for(name, measured.unit(name)) is rule and isinstance(item.value, float)
-             and isinstance(measured.items.get((name.rsplit(".", 1)[0] + "." + rule.iqr_from, combo), item).value, float)
-             and (name.rsplit(".", 1)[0] + "." + rule.iqr_from, combo) in measured.items
-             and not THRESHOLDS.controls.covers(_params(measured, name, combo))]
+    pairs = [
+        (name, [k for k in measured.items if k[0] == name].index((name, combo)))
+        for (name, combo), item in measured.items.items()
+        if rule
+        and THRESHOLDS.rule_for(name, measured.unit(name)) is rule
+        and isinstance(item.value, float)
+        and isinstance(
+            measured.items.get((name.rsplit(".", 1)[0] + "." + rule.iqr_from, combo), item).value, float
+        )
+        and (name.rsplit(".", 1)[0] + "." + rule.iqr_from, combo) in measured.items
+        and not THRESHOLDS.controls.covers(_params(measured, name, combo))
+    ]
     if not pairs:
         pytest.skip(f"{SOURCE} has no latency median with an IQR benchmark beside it")
     name, i = pairs[0]
@@ -296,8 +319,10 @@ def test_noise_guard_reads_the_iqr_reported_beside_a_median(sets):
 
 
 def test_a_change_too_noisy_to_judge_is_incomplete(sets):
-    """A spread that would allow more than max_noise cannot judge a change beyond the rule's 10%: 'too noisy', exit
-    2. The same spread around an unchanged value, or one inside 10%, passes: noise never fails a change of nothing."""
+    """A spread that would allow more than max_noise cannot judge a change beyond the rule's 10%: 'too noisy',
+    exit
+    2. The same spread around an unchanged value, or one inside 10%, passes: noise never fails a change of
+      nothing."""
     name, i = sets.pick("latency")
     sets.spread(sets.head, name, i, 0.30)  # allows 60%, more than max_noise 50%
     rows, status = sets.run()
@@ -334,7 +359,10 @@ def test_missing_benchmark_or_parameter_is_incomplete(sets):
     params[-1] = kept
     rows, status = sets.run()
     assert status == 2
-    assert sum(v == "missing" for v in _verdicts(rows, name).values()) == len(sets.base["results"][name][0]) // width
+    assert (
+        sum(v == "missing" for v in _verdicts(rows, name).values())
+        == len(sets.base["results"][name][0]) // width
+    )
 
 
 def test_failed_benchmark_is_incomplete(sets):
@@ -345,14 +373,16 @@ def test_failed_benchmark_is_incomplete(sets):
 
     sets.head = copy.deepcopy(sets.base)
     other, _ = sets.pick("memory")
-    sets.head["results"][other][sets.cols.index("result")] = None  # asv: a single null = every combination failed
+    sets.head["results"][other][sets.cols.index("result")] = (
+        None  # asv: a single null = every combination failed
+    )
     rows, status = sets.run()
     assert status == 2 and set(_verdicts(rows, other).values()) == {"failed"}
 
 
 def test_a_benchmark_that_failed_in_some_rounds_is_incomplete(sets):
-    """Head ran in two rounds (two result files of one commit); the benchmark crashed in one: not judged on the round
-    that ran."""
+    """Head ran in two rounds (two result files of one commit); the benchmark crashed in one: not judged on
+    the round that ran."""
     name, i = sets.pick("latency")
     crashed = copy.deepcopy(sets.head)
     sets.set(name, i, None, data=crashed)
@@ -363,13 +393,18 @@ def test_a_benchmark_that_failed_in_some_rounds_is_incomplete(sets):
 
 
 def test_trace_count_any_increase_fails(sets):
-    """Dynamo traces of a start (compile.CompileStart.track_dynamo_traces): a warm start that traces once, or a cold
-    start that traces twice, has regressed; nothing tolerates one extra trace."""
+    """Dynamo traces of a start (compile.CompileStart.track_dynamo_traces): a warm start that traces once, or
+    a cold start that traces twice, has regressed; nothing tolerates one extra trace."""
     name = "compile.CompileStart.track_dynamo_traces"
-    sets.meta[name] = {**sets.meta.get("compile.CompileStart.track_inductor_compiles", {}), "name": name,
-                       "unit": "traces"}
+    sets.meta[name] = {
+        **sets.meta.get("compile.CompileStart.track_inductor_compiles", {}),
+        "name": name,
+        "unit": "traces",
+    }
     if THRESHOLDS.rule_for(name, "traces").metric != "trace count":
-        pytest.fail(f"{name} is judged by rule {THRESHOLDS.rule_for(name, 'traces').metric!r}, not 'trace count'")
+        pytest.fail(
+            f"{name} is judged by rule {THRESHOLDS.rule_for(name, 'traces').metric!r}, not 'trace count'"
+        )
     row = copy.deepcopy(sets.base["results"]["compile.CompileStart.track_inductor_compiles"])
     row[sets.cols.index("result")] = [1, 0, 0]  # cold, warm, warm on a new host
     sets.base["results"][name] = row
@@ -409,8 +444,12 @@ def test_new_benchmark_in_head_is_shown_not_gated(sets):
 
 def test_compile_count_any_increase_fails(sets):
     col = sets.cols.index("result")
-    counts = [(n, j) for n, row in sets.base["results"].items() for j, v in enumerate(row[col] or [])
-              if v == 0 and THRESHOLDS.rule_for(n, sets.meta.get(n, {}).get("unit")).metric == "compile count"]
+    counts = [
+        (n, j)
+        for n, row in sets.base["results"].items()
+        for j, v in enumerate(row[col] or [])
+        if v == 0 and THRESHOLDS.rule_for(n, sets.meta.get(n, {}).get("unit")).metric == "compile count"
+    ]
     if not counts:
         pytest.skip(f"{SOURCE} has no compile count of 0 (a warm start)")
     name, i = counts[0]
@@ -438,8 +477,13 @@ def test_a_benchmark_no_rule_fits_is_incomplete(sets):
 
 
 def _gate(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "pieceworks.gate", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pieceworks.gate", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def test_command_line_table_markdown_and_exit_status(sets, tmp_path):
@@ -458,7 +502,9 @@ def test_command_line_table_markdown_and_exit_status(sets, tmp_path):
 
 
 def test_unusable_input_exits_3_naming_the_problem(sets, tmp_path, capfd):
-    from pieceworks.gate.__main__ import main  # in-process: a subprocess per case would import torch each time
+    from pieceworks.gate.__main__ import (
+        main,
+    )  # in-process: a subprocess per case would import torch each time
 
     def gate(*args):
         status = main([str(a) for a in args])
@@ -486,16 +532,17 @@ def test_unusable_input_exits_3_naming_the_problem(sets, tmp_path, capfd):
     assert exc.value.code == 3
 
 
-# ---- drift: implementations whose code no change here touches (thresholds' "controls") --------------------------
+# ---- drift: implementations whose code no change here touches (thresholds' "controls") ---------------------
 def _h100_latency_set(tmp_path: Path, scale, unruled: bool = False) -> tuple:
     """The committed H100 run of the whole suite as base, and a head whose latency medians are scaled by
-    `scale(implementation)` (or `scale(implementation, batch)` where it takes two arguments); `unruled`: both also
-    hold a benchmark no rule fits (an incomplete comparison, whatever the run's spreads)."""
+    `scale(implementation)` (or `scale(implementation, batch)` where it takes two arguments); `unruled`: both
+    also hold a benchmark no rule fits (an incomplete comparison, whatever the run's spreads)."""
     source = _fullest_h100_file()
     base = json.loads(source.read_text())
     if unruled:
         base["results"]["probe.Unruled.track_value"] = copy.deepcopy(
-            base["results"]["code_size.ReferenceCore.track_lines"])
+            base["results"]["code_size.ReferenceCore.track_lines"]
+        )
     head = copy.deepcopy(base)
     cols = base["result_columns"]
     for name, row in head["results"].items():
@@ -508,7 +555,7 @@ def _h100_latency_set(tmp_path: Path, scale, unruled: bool = False) -> tuple:
         for i, value in enumerate(row[cols.index("result")]):
             if _is_number(value):
                 where = (impls[i // per_impl], batches[i % per_impl])
-                row[cols.index("result")][i] = value * scale(*where[:scale.__code__.co_argcount])
+                row[cols.index("result")][i] = value * scale(*where[: scale.__code__.co_argcount])
     sides = []
     for side, data in (("base", base), ("head", head)):
         folder = tmp_path / side / data["params"]["machine"]
@@ -517,19 +564,24 @@ def _h100_latency_set(tmp_path: Path, scale, unruled: bool = False) -> tuple:
         (folder / source.name).write_text(json.dumps(data))
         sides.append(load_result_set(str(folder)))
     rows = compare(*sides, THRESHOLDS)
-    latency = [r for r in rows if r.benchmark.startswith("latency.") and r.benchmark.endswith("track_median_us")]
+    latency = [
+        r for r in rows if r.benchmark.startswith("latency.") and r.benchmark.endswith("track_median_us")
+    ]
     return latency, exit_status(rows)
 
 
 def _is_control(row) -> bool:
-    return "implementation='" in row.params and row.params.split("implementation='")[1].split("'")[0] in \
-        THRESHOLDS.controls.values
+    return (
+        "implementation='" in row.params
+        and row.params.split("implementation='")[1].split("'")[0] in THRESHOLDS.controls.values
+    )
 
 
 def test_drift_of_the_environment_is_incomplete_not_a_regression(tmp_path):
-    """Everything 30% slower, unchanged code included (another load, a slower clock): exit 2, every judged latency
-    item whose own threshold is under 30% 'environment drift' naming the controls' move (drift is judged per batch
-    size: where the controls' noise allows +30%, so does ours, and such items pass), none a regression."""
+    """Everything 30% slower, unchanged code included (another load, a slower clock): exit 2, every judged
+    latency item whose own threshold is under 30% 'environment drift' naming the controls' move (drift is
+    judged per batch size: where the controls' noise allows +30%, so does ours, and such items pass), none a
+    regression."""
     rows, status = _h100_latency_set(tmp_path, lambda impl: 1.3)
     judged = [r for r in rows if not _is_control(r) and r.verdict != "too noisy"]
     assert status == 2 and judged and "regression" not in {r.verdict for r in rows}
@@ -541,27 +593,36 @@ def test_drift_of_the_environment_is_incomplete_not_a_regression(tmp_path):
 
 @pytest.mark.parametrize("factor", [1.3, 1.5])
 def test_a_regression_of_ours_with_steady_controls_fails(tmp_path, factor):
-    """pieceworks slower, the controls unchanged: regressions, exit 1, even beside an item the gate cannot judge (a
-    regression is never hidden behind 'incomplete')."""
-    rows, status = _h100_latency_set(tmp_path, lambda impl: factor if impl.startswith("pieceworks") else 1.0, True)
-    ours = [r for r in rows if "pieceworks" in r.params and r.threshold is not None and r.threshold < factor - 1]
-    assert ours and {r.verdict for r in ours} == {"regression"}  # (a noise-widened threshold above it lets it pass)
+    """pieceworks slower, the controls unchanged: regressions, exit 1, even beside an item the gate cannot
+    judge (a regression is never hidden behind 'incomplete')."""
+    rows, status = _h100_latency_set(
+        tmp_path, lambda impl: factor if impl.startswith("pieceworks") else 1.0, True
+    )
+    ours = [
+        r for r in rows if "pieceworks" in r.params and r.threshold is not None and r.threshold < factor - 1
+    ]
+    assert ours and {r.verdict for r in ours} == {
+        "regression"
+    }  # (a noise-widened threshold above it lets it pass)
     assert "environment drift" not in {r.verdict for r in rows}
     assert status == 1
 
 
 def test_controls_that_moved_hide_no_improvement_or_regression(tmp_path):
-    """Controls 30% faster while ours stayed: the runs cannot be compared (drift), not an improvement of nothing or a
-    regression relative to the controls."""
+    """Controls 30% faster while ours stayed: the runs cannot be compared (drift), not an improvement of
+    nothing or a regression relative to the controls."""
     rows, status = _h100_latency_set(tmp_path, lambda impl: 1.0 if impl.startswith("pieceworks") else 0.7)
     ours = [r for r in rows if "pieceworks" in r.params and r.verdict != "too noisy"]
     assert status == 2 and {r.verdict for r in ours} == {"environment drift"}
 
 
 def test_a_slow_spell_on_one_batch_size_is_drift_there_not_a_regression(tmp_path):
-    """Everything at batch 1 1.6x slower, unchanged code included, the rest unchanged (a slow spell that fell on one
-    batch size of the run): batch 1's judged items are 'environment drift', the others untouched, no regression."""
+    """Everything at batch 1 1.6x slower, unchanged code included, the rest unchanged (a slow spell that fell
+    on one batch size of the run): batch 1's judged items are 'environment drift', the others untouched, no
+    regression."""
     rows, status = _h100_latency_set(tmp_path, lambda impl, batch: 1.6 if batch == "1" else 1.0)
-    at_one = [r for r in rows if r.params.endswith("batch=1") and not _is_control(r) and r.verdict != "too noisy"]
+    at_one = [
+        r for r in rows if r.params.endswith("batch=1") and not _is_control(r) and r.verdict != "too noisy"
+    ]
     assert at_one and {r.verdict for r in at_one} == {"environment drift"}, {r.verdict for r in at_one}
     assert "regression" not in {r.verdict for r in rows} and status == 2

@@ -1,13 +1,14 @@
-"""Hugging Face models as their users call them, and as engines serve them (harness/hf_llama.py).
+"""Hugging Face models as their users call them, and as engines serve them (harness/models/hf_llama.py).
 
-- A transformers Llama (the shipped tiny-llama config, random weights), its attention routed through a splitting op,
-  compiled and called with keywords as transformers models are (`model(input_ids=ids, use_cache=False)`), returns
-  a `CausalLMOutputWithPast` holding eager's logits, from the compiled graph alone. A second process warm-starts it
-  from its serving record with no trace and no compile; a changed config value traces again.
+- A transformers Llama (the shipped tiny-llama config, random weights), its attention routed through a
+  splitting op, compiled and called with keywords as transformers models are
+  (`model(input_ids=ids, use_cache=False)`), returns a `CausalLMOutputWithPast` holding eager's logits, from
+  the compiled graph alone. A second process warm-starts it from its serving record with no trace and no
+  compile; a changed config value traces again.
 - docs/your-model.md's example runs as written, and a second run of it neither traces nor compiles.
-- Each shipped tiny config (Llama, Qwen3, Gemma) builds as a paged model whose every layer calls the paged-attention
-  splitting op with its own KV cache (the model's buffers), and passes the conformance suite's CPU properties with
-  pieceworks (mode NONE, Inductor, its warm start included).
+- Each shipped tiny config (Llama, Qwen3, Gemma) builds as a paged model whose every layer calls the
+  paged-attention splitting op with its own KV cache (the model's buffers), and passes the conformance suite's
+  CPU properties with pieceworks (mode NONE, Inductor, its warm start included).
 Needs transformers (the `test` extra installs it); without it every test here is skipped, saying so.
 """
 
@@ -25,9 +26,9 @@ import torch
 
 import pieceworks
 from pieceworks import CompilationConfig, counters
-from pieceworks.harness import hf_llama as hf
-from pieceworks.harness import llama
-from pieceworks.harness.scenario import run_case
+from pieceworks.harness.models import hf_llama as hf
+from pieceworks.harness.models import llama
+from pieceworks.harness.testing.scenario import run_case
 
 pytestmark = pytest.mark.skipif(hf.unavailable_reason() is not None, reason=str(hf.unavailable_reason()))
 
@@ -36,59 +37,94 @@ TINY = ["tiny-llama", "tiny-qwen3", "tiny-gemma"]
 
 @pytest.fixture(scope="module", autouse=True)
 def conformance_run(early_processes, tmp_path_factory):
-    """The conformance suite on the shipped tiny configs, as a user runs it (`--conformance-model PATH`), started
-    before the module's first test: it runs beside them on the other core."""
+    """The conformance suite on the shipped tiny configs, as a user runs it (`--conformance-model PATH`),
+    started before the module's first test: it runs beside them on the other core."""
     folder = tmp_path_factory.mktemp("hf-conformance")
     models = [arg for name in TINY for arg in ("--conformance-model", str(hf.CONFIGS / f"{name}.json"))]
     early_processes.start(
         test_the_shipped_configs_pass_the_cpu_conformance_properties,
-        [sys.executable, "-m", "pytest", "-p", "pieceworks.conformance.plugin", "--pyargs", "pieceworks.conformance",
-         "-p", "no:cacheprovider", "-q", "--conformance-device", "cpu", *models, "--impl", "pieceworks-none",
-         "--conformance-json", str(folder / "run.json")],
-        env={**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"}, cwd=folder, timeout=500)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "pieceworks.conformance.plugin",
+            "--pyargs",
+            "pieceworks.conformance",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--conformance-device",
+            "cpu",
+            *models,
+            "--impl",
+            "pieceworks-none",
+            "--conformance-json",
+            str(folder / "run.json"),
+        ],
+        env={**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"},
+        cwd=folder,
+        timeout=500,
+    )
     example = folder / "your_model.py"
     example.write_text(_python_block_after("## A Hugging Face model in 20 lines"))
-    early_processes.start(test_the_docs_example_runs_as_written_and_warm_starts_in_a_second_run,
-                          ["sh", "-c", f'"{sys.executable}" "{example}" && "{sys.executable}" "{example}"'],
-                          cwd=folder, timeout=400)
+    early_processes.start(
+        test_the_docs_example_runs_as_written_and_warm_starts_in_a_second_run,
+        ["sh", "-c", f'"{sys.executable}" "{example}" && "{sys.executable}" "{example}"'],
+        cwd=folder,
+        timeout=400,
+    )
     return folder
 
 
 def _python_block_after(marker: str) -> str:
     text = (Path(__file__).resolve().parent.parent / "docs" / "your-model.md").read_text()
-    return re.search(r"```python\n(.*?)```", text[text.index(marker):], re.S).group(1)
+    return re.search(r"```python\n(.*?)```", text[text.index(marker) :], re.S).group(1)
 
 
 def test_the_docs_example_runs_as_written_and_warm_starts_in_a_second_run(early_processes):
-    """docs/your-model.md's 20 lines, run twice in one cache: the first run traces once and compiles 3 pieces, the
-    second neither traces nor compiles, as its last line's comment says."""
+    """docs/your-model.md's 20 lines, run twice in one cache: the first run traces once and compiles 3 pieces,
+    the second neither traces nor compiles, as its last line's comment says."""
     (proc,) = early_processes.results(test_the_docs_example_runs_as_written_and_warm_starts_in_a_second_run)
     assert proc.returncode == 0, proc.stderr[-4000:]
     promised = re.search(r"# (\d+ \d+); run again: (\d+ \d+)", _python_block_after("## A Hugging Face model"))
-    assert proc.stdout.split("\n")[:2] == [promised.group(1), promised.group(2)], (proc.stdout, proc.stderr[-2000:])
+    assert proc.stdout.split("\n")[:2] == [promised.group(1), promised.group(2)], (
+        proc.stdout,
+        proc.stderr[-2000:],
+    )
 
 
 def first_call(cache_dir: str, overrides: dict) -> dict:
-    """In a process of its own: the tiny Llama with `overrides`, compiled with the cache in `cache_dir`, called with
-    keywords; its first call's seconds, what it traced and compiled, and whether its logits are eager's."""
+    """In a process of its own: the tiny Llama with `overrides`, compiled with the cache in `cache_dir`,
+    called with keywords; its first call's seconds, what it traced and compiled, and whether its logits are
+    eager's."""
     model = hf.causal_lm(hf.CONFIGS / "tiny-llama.json", num_hidden_layers=1, **overrides)
-    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=hf.SPLITTING_OPS, cudagraph_mode="NONE",
-                                                           cache_dir=cache_dir))
+    compiled = pieceworks.compile(
+        model, CompilationConfig(splitting_ops=hf.SPLITTING_OPS, cudagraph_mode="NONE", cache_dir=cache_dir)
+    )
     (ids,) = hf.hf_llama_inputs(3, seed=1)
     with torch.no_grad():
         start = time.perf_counter()
         out = compiled(input_ids=ids, use_cache=False)
         seconds = time.perf_counter() - start
         same = torch.allclose(out.logits, model(input_ids=ids, use_cache=False).logits, atol=1e-5, rtol=1e-4)
-    return {"seconds": seconds, "traces": counters.num_dynamo_traces, "reused": counters.num_traces_reused,
-            "compiles": counters.num_inductor_compiles, "output": type(out).__name__, "same": same}
+    return {
+        "seconds": seconds,
+        "traces": counters.num_dynamo_traces,
+        "reused": counters.num_traces_reused,
+        "compiles": counters.num_inductor_compiles,
+        "output": type(out).__name__,
+        "same": same,
+    }
 
 
 @pytest.mark.inductor
 def test_a_transformers_llama_called_with_keywords_warm_starts_without_a_trace(tmp_path):
     model = hf.causal_lm(hf.CONFIGS / "tiny-llama.json", num_hidden_layers=1)
-    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=hf.SPLITTING_OPS, cudagraph_mode="NONE",
-                                                           cache_dir=str(tmp_path)))
+    compiled = pieceworks.compile(
+        model,
+        CompilationConfig(splitting_ops=hf.SPLITTING_OPS, cudagraph_mode="NONE", cache_dir=str(tmp_path)),
+    )
     start = time.perf_counter()
     with counters.expect(num_dynamo_traces=1, num_traces_reused=0):
         out = compiled(input_ids=hf.hf_llama_inputs(3, seed=1)[0], use_cache=False)
@@ -102,13 +138,29 @@ def test_a_transformers_llama_called_with_keywords_warm_starts_without_a_trace(t
         assert out.loss is None and out.past_key_values is None and out.logits.shape == (batch, hf.SEQ, 128)
         torch.testing.assert_close(out.logits, expected.logits)
     warm = run_case(f"{__file__}:first_call", {"cache_dir": str(tmp_path), "overrides": {}}, timeout=240)
-    assert warm == {**warm, "traces": 0, "reused": 1, "compiles": 0, "output": "CausalLMOutputWithPast",
-                    "same": True}, warm
-    changed = run_case(f"{__file__}:first_call", {"cache_dir": str(tmp_path), "overrides": {"rms_norm_eps": 1e-2}},
-                       timeout=240)
+    assert warm == {
+        **warm,
+        "traces": 0,
+        "reused": 1,
+        "compiles": 0,
+        "output": "CausalLMOutputWithPast",
+        "same": True,
+    }, warm
+    changed = run_case(
+        f"{__file__}:first_call",
+        {"cache_dir": str(tmp_path), "overrides": {"rms_norm_eps": 1e-2}},
+        timeout=240,
+    )
     assert changed == {**changed, "traces": 1, "reused": 0, "same": True}, changed
-    print(json.dumps({"cold_first_call_s": round(cold, 2), "warm_first_call_s": round(warm["seconds"], 2),
-                      "changed_config_first_call_s": round(changed["seconds"], 2)}))
+    print(
+        json.dumps(
+            {
+                "cold_first_call_s": round(cold, 2),
+                "warm_first_call_s": round(warm["seconds"], 2),
+                "changed_config_first_call_s": round(changed["seconds"], 2),
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -118,15 +170,23 @@ def test_each_shipped_config_builds_with_a_paged_kv_cache_per_layer_called_throu
     assert config.num_layers == 2 and len(model.layers) == 2
     names = {name for name, _ in model.named_buffers()}
     for i, cache in enumerate(model.layers):
-        assert {f"decoder.layers.{i}.self_attn.kv_cache.k_cache", f"decoder.layers.{i}.self_attn.kv_cache.v_cache"} \
-            <= names
-        assert cache.k_cache.shape == (config.num_blocks, config.block_size, config.num_kv_heads, config.head_dim)
-    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=config.splitting_ops, compiler="eager",
-                                                           cudagraph_mode="NONE"))
+        assert {
+            f"decoder.layers.{i}.self_attn.kv_cache.k_cache",
+            f"decoder.layers.{i}.self_attn.kv_cache.v_cache",
+        } <= names
+        assert cache.k_cache.shape == (
+            config.num_blocks,
+            config.block_size,
+            config.num_kv_heads,
+            config.head_dim,
+        )
+    compiled = pieceworks.compile(
+        model, CompilationConfig(splitting_ops=config.splitting_ops, compiler="eager", cudagraph_mode="NONE")
+    )
     with torch.no_grad():
         args = llama.decode_batch(model, 5)
         torch.testing.assert_close(compiled(*args), model(*args))
-        pieces = compiled.runtime.graph.pieces
+        pieces = compiled.runtime.compiled.pieces
         assert sum(p.is_splitting_graph for p in pieces) == 2 and len(pieces) == 5  # the op, once a layer
         written = [model.layers[i].k_cache[1:].abs().sum() for i in range(2)]  # block 0 is reserved
         assert all(w > 0 for w in written), "every layer writes its own cache"
@@ -136,34 +196,45 @@ def test_the_shipped_configs_pass_the_cpu_conformance_properties(early_processes
     (proc,) = early_processes.results(test_the_shipped_configs_pass_the_cpu_conformance_properties)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     results = json.loads((conformance_run / "run.json").read_text())["results"]
-    passed = {(r["impl"], os.path.basename(r["model"]), r["property"]) for r in results if r["outcome"] == "pass"}
+    passed = {
+        (r["impl"], os.path.basename(r["model"]), r["property"]) for r in results if r["outcome"] == "pass"
+    }
     for name in TINY:
         for prop in ("replay-matches-eager", "repeats-give-fresh-outputs", "warm-start-compiles-nothing"):
             assert ("pieceworks-none", f"{name}.json", prop) in passed, (name, prop, sorted(passed))
     assert {r["outcome"] for r in results} <= {"pass", "n/a"}
 
 
-def test_the_serving_benchmark_takes_a_config_json_and_runs_on_a_cpu_up_to_where_cuda_is_needed(monkeypatch,
-                                                                                                 tmp_path):
-    """`$PIECEWORKS_MODEL_CONFIG` names the model of `serving.ModelConfigUnified` (relative to the repository, as asv
-    runs benchmarks in other folders): it builds with the Llama presets' batch and cache sizes, and a compiled copy
-    serves a decode and a mixed step as eager does; the class itself needs CUDA, and says so."""
-    from pieceworks.harness import serving
+def test_the_serving_benchmark_takes_a_config_json_and_runs_on_a_cpu_up_to_where_cuda_is_needed(
+    monkeypatch, tmp_path
+):
+    """`$PIECEWORKS_MODEL_CONFIG` names the model of `serving.ModelConfigUnified` (relative to the repository,
+    as asv runs benchmarks in other folders): it builds with the Llama presets' batch and cache sizes, and a
+    compiled copy serves a decode and a mixed step as eager does; the class itself needs CUDA, and says so."""
+    from pieceworks.harness.models import serving
     from suites.benchmarks import serving as bench
 
     monkeypatch.delenv(bench.MODEL_CONFIG, raising=False)
-    with pytest.raises(LookupError, match=r"\$PIECEWORKS_MODEL_CONFIG is unset. Fix: set it to a Hugging Face"):
+    with pytest.raises(
+        LookupError, match=r"\$PIECEWORKS_MODEL_CONFIG is unset. Fix: set it to a Hugging Face"
+    ):
         bench.model_config()
-    monkeypatch.setenv(bench.MODEL_CONFIG, "harness/configs/tiny-qwen3.json")
+    monkeypatch.setenv(bench.MODEL_CONFIG, "harness/models/configs/tiny-qwen3.json")
     monkeypatch.chdir(tmp_path)
     path, name = bench.model_config()
     assert name == "hf_tiny_qwen3" and path == str(hf.CONFIGS / "tiny-qwen3.json")
     model = bench.serving_model(name, "varlen", device="cpu", dtype="float32")
     config = model.config
-    assert (config.splitting_ops, config.max_tokens, config.max_seqs, config.max_context, config.head_dim) == (
-        ["llama::paged_attention_varlen"], 512, 512, 2048, 32)
-    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=config.splitting_ops, compiler="eager",
-                                                           cudagraph_mode="NONE"))
+    assert (
+        config.splitting_ops,
+        config.max_tokens,
+        config.max_seqs,
+        config.max_context,
+        config.head_dim,
+    ) == (["llama::paged_attention_varlen"], 512, 512, 2048, 32)
+    compiled = pieceworks.compile(
+        model, CompilationConfig(splitting_ops=config.splitting_ops, compiler="eager", cudagraph_mode="NONE")
+    )
     with torch.no_grad():
         for step in (bench._decode_step(8, 1), bench._mixed_step(64, 1)):
             serving.KVBlocks(model, seed=0).cover(step)
@@ -174,7 +245,7 @@ def test_the_serving_benchmark_takes_a_config_json_and_runs_on_a_cpu_up_to_where
 
 
 def test_a_user_model_start_without_its_config_is_a_usage_error_naming_the_fix(capsys):
-    from pieceworks.harness import scenario
+    from pieceworks.harness.testing import scenario
 
     with pytest.raises(SystemExit) as stopped:
         scenario.main(["--model", "hf"])

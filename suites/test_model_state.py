@@ -1,8 +1,9 @@
-"""The model's Python state after the first call: whatever the user changes that the trace read is served by a new
-trace, logged once, never by the old one; a call with grad on and an input that requires grad is refused.
+"""The model's Python state after the first call: whatever the user changes that the trace read is served by a
+new trace, logged once, never by the old one; a call with grad on and an input that requires grad is refused.
 
 Every change here leaves parameters and buffers where they are (those are `StateReplacedError`:
-test_user_faults.py) and changes the eager model's output, so a stale trace differs from eager in every element.
+test_user_faults.py) and changes the eager model's output, so a stale trace differs from eager in every
+element.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.nn as nn
 
 import pieceworks
 from pieceworks import CompilationConfig, counters
-from pieceworks.harness import models  # noqa: F401 - registers silly::attention
+from pieceworks.harness.models import toy as models  # noqa: F401 - registers silly::attention
 
 
 class Norm(nn.Module):
@@ -64,8 +65,12 @@ class Stack(nn.Module):
 def _served(**config):
     torch.manual_seed(0)
     model = Stack()
-    compiled = pieceworks.compile(model, CompilationConfig(**{"splitting_ops": ["silly::attention"], "compiler":
-                                                              "eager", "cudagraph_mode": "NONE", **config}))
+    compiled = pieceworks.compile(
+        model,
+        CompilationConfig(
+            **{"splitting_ops": ["silly::attention"], "compiler": "eager", "cudagraph_mode": "NONE", **config}
+        ),
+    )
     x = torch.randn(5, 8)
     torch.testing.assert_close(compiled(x), model(x))
     return model, compiled, x
@@ -75,12 +80,22 @@ def _served(**config):
 CHANGES = {
     "attribute": (lambda m: setattr(m, "scale", 3.0), "scale was set"),
     "submodule attribute": (lambda m: setattr(m.layers[0].norm, "eps", 10.0), "layers.0.norm.eps was set"),
-    "attribute the trace bakes into a shape": (lambda m: setattr(m.layers[0], "heads", 2), "layers.0.heads was set"),
-    "forward hook on a submodule": (lambda m: m.layers[1].register_forward_hook(lambda mod, args, out: out * 10),
-                                    "a forward hook was registered on layers.1"),
-    "forward pre-hook on the root": (lambda m: m.register_forward_pre_hook(lambda mod, args: (args[0] * 3,)),
-                                     "a forward pre-hook was registered on the model"),
-    "forward replaced": (lambda m: setattr(m.layers[1], "forward", lambda x: x * 7), "layers.1.forward was set"),
+    "attribute the trace bakes into a shape": (
+        lambda m: setattr(m.layers[0], "heads", 2),
+        "layers.0.heads was set",
+    ),
+    "forward hook on a submodule": (
+        lambda m: m.layers[1].register_forward_hook(lambda mod, args, out: out * 10),
+        "a forward hook was registered on layers.1",
+    ),
+    "forward pre-hook on the root": (
+        lambda m: m.register_forward_pre_hook(lambda mod, args: (args[0] * 3,)),
+        "a forward pre-hook was registered on the model",
+    ),
+    "forward replaced": (
+        lambda m: setattr(m.layers[1], "forward", lambda x: x * 7),
+        "layers.1.forward was set",
+    ),
 }
 
 
@@ -104,8 +119,9 @@ def test_a_hook_the_trace_ran_that_is_removed_is_served_by_a_new_trace():
     torch.manual_seed(0)
     model = Stack()
     handle = model.layers[0].register_forward_hook(lambda mod, args, out: out * 10)
-    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=["silly::attention"], compiler="eager",
-                                                           cudagraph_mode="NONE"))
+    compiled = pieceworks.compile(
+        model, CompilationConfig(splitting_ops=["silly::attention"], compiler="eager", cudagraph_mode="NONE")
+    )
     x = torch.randn(4, 8)
     torch.testing.assert_close(compiled(x), model(x))
     handle.remove()
@@ -126,13 +142,15 @@ def test_a_replaced_parameter_still_raises_after_an_attribute_change():
     model, compiled, x = _served()
     model.scale = 3.0
     model.layers[0].proj.weight = nn.Parameter(torch.ones(8, 8))
-    with pytest.raises(pieceworks.StateReplacedError, match=r"^layers\.0\.proj\.weight of the compiled model"):
+    with pytest.raises(
+        pieceworks.StateReplacedError, match=r"^layers\.0\.proj\.weight of the compiled model"
+    ):
         compiled(x)
 
 
 class _GlobalTensorAndCounter(nn.Module):
-    """Reads a tensor that is neither an argument nor its state (calls go through Dynamo) and counts its calls in an
-    attribute (a side effect Dynamo's code repeats on every call)."""
+    """Reads a tensor that is neither an argument nor its state (calls go through Dynamo) and counts its calls
+    in an attribute (a side effect Dynamo's code repeats on every call)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -150,8 +168,9 @@ _OFFSET = torch.tensor(3.0)
 
 def test_calls_through_dynamo_that_set_attributes_trace_once():
     model = _GlobalTensorAndCounter()
-    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=["silly::attention"], compiler="eager",
-                                                           cudagraph_mode="NONE"))
+    compiled = pieceworks.compile(
+        model, CompilationConfig(splitting_ops=["silly::attention"], compiler="eager", cudagraph_mode="NONE")
+    )
     x = torch.randn(3, 4)
     with counters.expect(num_dynamo_traces=1):
         for _ in range(4):
@@ -164,14 +183,16 @@ def _hook(module, args, out):
 
 
 def test_global_module_forward_hooks_are_refused_naming_the_fix():
-    """A global forward hook runs on every nn.Module's call, the compiled model's own graph modules included: refused
-    at any call while one is registered, served again once it is removed."""
+    """A global forward hook runs on every nn.Module's call, the compiled model's own graph modules included:
+    refused at any call while one is registered, served again once it is removed."""
     register = torch.nn.modules.module.register_module_forward_hook
     handle = register(_hook)
     try:
         model, compiled = Stack(), None
-        compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=["silly::attention"], compiler="eager",
-                                                               cudagraph_mode="NONE"))
+        compiled = pieceworks.compile(
+            model,
+            CompilationConfig(splitting_ops=["silly::attention"], compiler="eager", cudagraph_mode="NONE"),
+        )
         with pytest.raises(pieceworks.GlobalHookError, match=r"register_module_forward_hook.*Fix: .*remove"):
             compiled(torch.randn(3, 8))
     finally:
@@ -189,7 +210,7 @@ def test_global_module_forward_hooks_are_refused_naming_the_fix():
 def test_a_watched_model_keeps_its_classes_for_pickle_and_copies_and_gets_them_back():
     model, compiled, x = _served()
     assert isinstance(model.layers[0], Layer) and type(model.layers[0]).__qualname__ == "Layer"
-    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):  # noqa: S301 - loads the bytes it just pickled from its own model
         assert type(copied) is Stack and type(copied.layers[0].norm) is Norm
         torch.testing.assert_close(copied(x), model(x))
     del compiled
@@ -202,7 +223,9 @@ def test_a_call_with_grad_on_and_an_input_that_requires_grad_is_refused_naming_t
     wants_grad = x.clone().requires_grad_()
     expected = model(x)  # grad off (the suites' default)
     with torch.enable_grad():
-        with pytest.raises(pieceworks.InputError, match=r"argument 0 requires grad.*Fix: .*torch\.no_grad\(\)"):
+        with pytest.raises(
+            pieceworks.InputError, match=r"argument 0 requires grad.*Fix: .*torch\.no_grad\(\)"
+        ):
             compiled(wants_grad)
         torch.testing.assert_close(compiled(x), expected)  # no argument requires grad: served
     torch.testing.assert_close(compiled(wants_grad), expected)  # grad off: served
@@ -222,8 +245,8 @@ class _Doubled(nn.Module):
 
 
 def test_torch_compile_of_the_same_model_traces_nothing_again():
-    """The benchmarks build torch.compile peers on the model pieceworks serves: the marker torch.compile sets on it
-    changes nothing the trace read."""
+    """The benchmarks build torch.compile peers on the model pieceworks serves: the marker torch.compile sets
+    on it changes nothing the trace read."""
     model, compiled, x = _served()
     torch.compile(model, backend="eager")
     model.compile(backend="eager")

@@ -1,16 +1,17 @@
 """Pool sharing, capture order and memory over time, through the implementation adapters.
 
-Written against `harness.implementations` (`Built.capture_order`, `Built.pool`), so that the conformance suite can run
-them for any implementation that claims `shared_pool`:
+Written against `harness.adapters` (`Built.capture_order`, `Built.pool`), so that the conformance suite can
+run them for any implementation that claims `shared_pool`:
 - the capture order is largest size first (smaller sizes then reuse the blocks the larger ones left free);
-- one pool for all sizes costs about what the largest size alone costs: pool bytes (the allocator's segments of the
-  graph pool) for all sizes <= 1.05 x the pool of the largest size alone, and less than one pool per size;
+- one pool for all sizes costs about what the largest size alone costs: pool bytes (the allocator's segments
+  of the graph pool) for all sizes <= 1.05 x the pool of the largest size alone, and less than one pool per
+  size;
 - thousands of replays of random sizes grow none of this process's own allocations (the pool, the allocator's
-  allocated and reserved bytes, its live blocks), while another process takes device memory meanwhile (device-wide
-  readings would call that growth), and give eager's results.
-And, through pieceworks itself: the pool estimate read before capture is close to the capture's pool, counts what the
-smaller sizes add to the largest one's pool, and frees its sample; compiled pieces warm up once per pool, FULL graphs
-at every size.
+  allocated and reserved bytes, its live blocks), while another process takes device memory meanwhile
+  (device-wide readings would call that growth), and give eager's results.
+And, through pieceworks itself: the pool estimate read before capture is close to the capture's pool, counts
+what the smaller sizes add to the largest one's pool, and frees its sample; compiled pieces warm up once per
+pool, FULL graphs at every size.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ import torch.nn as nn
 
 import pieceworks
 from pieceworks.cudagraph import CapturePool
-from pieceworks.harness import models
-from pieceworks.harness.implementations import Pieceworks
-from pieceworks.harness.memory import own_memory, pool_bytes
+from pieceworks.harness.adapters import Pieceworks
+from pieceworks.harness.measure.memory import own_memory, pool_bytes
+from pieceworks.harness.models import toy as models
 from pieceworks.runtime import Phase
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(150)]
@@ -38,8 +39,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(150)]
 SHARED_POOL = [Pieceworks("PIECEWISE", compiler="eager"), Pieceworks("FULL", compiler="eager")]
 IDS = [impl.name for impl in SHARED_POOL]
 
-# Wide enough that every size from 64 rows up allocates megabyte blocks: the pool of the largest size is hundreds of
-# MiB, and the one 2 MiB small-block segment that sizes 1 and 8 need stays far inside the 5% allowance.
+# Wide enough that every size from 64 rows up allocates megabyte blocks: the pool of the largest size is
+# hundreds of MiB, and the one 2 MiB small-block segment that sizes 1 and 8 need stays far inside the 5%
+# allowance.
 WIDE = models.ToyLlamaConfig(hidden_size=4096, mlp_size=8192, vocab_size=128, num_layers=2)
 WIDE_SIZES = [1, 8, 64, 256, 512]
 SMALL = models.ToyLlamaConfig(num_layers=2)
@@ -85,12 +87,14 @@ def test_one_pool_for_all_sizes_costs_no_more_than_the_largest_alone(impl, wide_
     largest = pool_bytes(_build(impl, model, inputs, [max(WIDE_SIZES)]).pool)
     assert largest > 0, "capturing the largest size put nothing in its pool"
     assert shared <= 1.05 * largest, (
-        f"{impl.name}: one pool for sizes {WIDE_SIZES} holds {shared / 2**20:.1f} MiB, the largest size alone "
-        f"{largest / 2**20:.1f} MiB: smaller sizes should reuse the blocks the larger ones freed")
+        f"{impl.name}: one pool for sizes {WIDE_SIZES} holds {shared / 2**20:.1f} MiB, the largest size "
+        f"alone {largest / 2**20:.1f} MiB: smaller sizes should reuse the blocks the larger ones freed"
+    )
 
 
 def test_one_pool_for_all_sizes_is_smaller_than_one_pool_each(wide_model):
-    """Pool bytes (segments of each graph pool), not reserved deltas: those include each model's warm-up MemPool."""
+    """Pool bytes (segments of each graph pool), not reserved deltas: those include each model's warm-up
+    MemPool."""
     model, inputs = wide_model
     impl = SHARED_POOL[0]
     shared = pool_bytes(_build(impl, model, inputs, WIDE_SIZES).pool)
@@ -118,8 +122,9 @@ sys.stdin.read()
 @contextlib.contextmanager
 def _another_process_on_the_gpu() -> Iterator[str]:
     """Another process holding 256 MiB of device memory for the block; yields what it said."""
-    proc = subprocess.Popen([sys.executable, "-c", NEIGHBOUR], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", NEIGHBOUR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         yield proc.stdout.readline().strip()
     finally:
@@ -133,7 +138,8 @@ def _another_process_on_the_gpu() -> Iterator[str]:
 
 @pytest.mark.parametrize("impl", SHARED_POOL, ids=IDS)
 def test_thousands_of_replays_grow_no_memory(impl):
-    """This process's own allocations only: another process takes 256 MiB of the device while the replays run."""
+    """This process's own allocations only: another process takes 256 MiB of the device while the replays
+    run."""
     model, inputs = _toy(SMALL)
     top = max(SMALL_SIZES)
     built = _build(impl, model, inputs, SMALL_SIZES)
@@ -142,7 +148,8 @@ def test_thousands_of_replays_grow_no_memory(impl):
     stream = [rng.choice(batches) for _ in range(2000)]
     args = {b: inputs(b) for b in batches}
     expected = {b: model(*args[b]) for b in batches}
-    for batch in stream:  # warm: the allocator has served this very sequence once (sizes above the largest eagerly)
+    # warm: the allocator has served this very sequence once (sizes above the largest eagerly)
+    for batch in stream:
         out = built(*args[batch])
     del out
     gc.collect()
@@ -151,7 +158,9 @@ def test_thousands_of_replays_grow_no_memory(impl):
         for i, batch in enumerate(stream):
             out = built(*args[batch])
             if i % 50 == 0:
-                torch.testing.assert_close(out, expected[batch], rtol=1e-4, atol=1e-5, msg=f"call {i}, batch {batch}")
+                torch.testing.assert_close(
+                    out, expected[batch], rtol=1e-4, atol=1e-5, msg=f"call {i}, batch {batch}"
+                )
         del out
         gc.collect()
         after = own_memory(built.pool)
@@ -160,8 +169,15 @@ def test_thousands_of_replays_grow_no_memory(impl):
 
 def _compiled(model, inputs, mode, sizes):
     torch._dynamo.reset()
-    compiled = pieceworks.compile(model, pieceworks.CompilationConfig(
-        splitting_ops=models.SPLITTING_OPS, cudagraph_mode=mode, cudagraph_capture_sizes=sizes, compiler="eager"))
+    compiled = pieceworks.compile(
+        model,
+        pieceworks.CompilationConfig(
+            splitting_ops=models.SPLITTING_OPS,
+            cudagraph_mode=mode,
+            cudagraph_capture_sizes=sizes,
+            compiler="eager",
+        ),
+    )
     compiled(*inputs(3))
     return compiled
 
@@ -176,19 +192,23 @@ def test_the_pool_estimate_comes_before_capture_frees_its_sample_and_is_close(mo
     assert estimate["sampled_sizes"] == [512, 64, 1] and estimate["sizes"] == len(WIDE_SIZES)
     assert compiled.runtime.captured_sizes == () and compiled.runtime.phase is Phase.WAITING
     # what stays: the capture stream's warm-up MemPool (its cuBLAS workspace), far below the sample's pool
-    assert torch.cuda.memory_reserved() - reserved < 0.5 * estimate["largest_bytes"], "the sample pool was not freed"
+    assert torch.cuda.memory_reserved() - reserved < 0.5 * estimate["largest_bytes"], (
+        "the sample pool was not freed"
+    )
     compiled.capture()
     actual = pool_bytes(compiled.runtime.pool.handle)
     assert 0.8 * actual <= estimate["pool_bytes"] <= 1.25 * actual, (estimate, actual)
-    for batch in (1, 8, 300):  # fp32 GEMMs of 300 and 512 rows round differently: relative to the largest value
+    # fp32 GEMMs of 300 and 512 rows round differently: relative to the largest value
+    for batch in (1, 8, 300):
         out, want = compiled(*inputs(batch)), model(*inputs(batch))
         assert float((out - want).abs().max() / want.abs().max()) < 1e-5
 
 
 class _Widening(nn.Module):
-    """`relu(x @ w1) @ w2` in float32 with 1024 features: 2 MiB tensors at 512 rows, which the caching allocator serves
-    from large-block segments (requests above 1 MiB), and 256 KiB or less at 64 rows and below, served from small-block
-    segments (2 MiB each), which the largest size never asks for: the smaller sizes add to its pool."""
+    """`relu(x @ w1) @ w2` in float32 with 1024 features: 2 MiB tensors at 512 rows, which the caching
+    allocator serves from large-block segments (requests above 1 MiB), and 256 KiB or less at 64 rows and
+    below, served from small-block segments (2 MiB each), which the largest size never asks for: the smaller
+    sizes add to its pool."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -204,8 +224,8 @@ WIDENING_SIZES = [1, 8, 64, 512]
 
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL"])
 def test_the_pool_estimate_counts_what_smaller_sizes_add(mode):
-    """The estimate is nearer the capture's pool than the largest size's pool alone is: an estimate of the largest
-    size alone misses what the smaller sizes add."""
+    """The estimate is nearer the capture's pool than the largest size's pool alone is: an estimate of the
+    largest size alone misses what the smaller sizes add."""
     torch.manual_seed(0)
     model = _Widening().cuda()
 
@@ -223,11 +243,14 @@ def test_the_pool_estimate_counts_what_smaller_sizes_add(mode):
     compiled.capture()
     actual = pool_bytes(compiled.runtime.pool.handle)
     added = actual - largest
-    assert added >= 2 * 2**20, (f"the smaller sizes should add at least a 2 MiB small-block segment to the pool of "
-                                f"size {max(WIDENING_SIZES)} ({largest} bytes alone, {actual} with every size)")
+    assert added >= 2 * 2**20, (
+        f"the smaller sizes should add at least a 2 MiB small-block segment to the pool of "
+        f"size {max(WIDENING_SIZES)} ({largest} bytes alone, {actual} with every size)"
+    )
     assert abs(estimate["pool_bytes"] - actual) <= added / 2, (
-        f"estimate {estimate['pool_bytes']} bytes, captured {actual}, the largest size alone {largest}: the smaller "
-        f"sizes add {added} bytes, which the estimate must count")
+        f"estimate {estimate['pool_bytes']} bytes, captured {actual}, the largest size alone {largest}: the "
+        f"smaller sizes add {added} bytes, which the estimate must count"
+    )
     for batch in (1, 5, 64, 300):
         x = inputs(batch)
         torch.testing.assert_close(compiled(*x).clone(), model(*x), rtol=1e-4, atol=1e-4)
@@ -235,8 +258,9 @@ def test_the_pool_estimate_counts_what_smaller_sizes_add(mode):
 
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL"])
 def test_each_runnable_warms_up_once_per_size_full_graphs_at_every_size(mode, monkeypatch):
-    """Every size warms up (cuBLAS picks other kernels, and may allocate a workspace, for other shapes: inside a
-    capture that allocation would be pinned in the graph pool); identical pieces share their runnable's warm-up."""
+    """Every size warms up (cuBLAS picks other kernels, and may allocate a workspace, for other shapes: inside
+    a capture that allocation would be pinned in the graph pool); identical pieces share their runnable's
+    warm-up."""
     warmups = []
     capture = CapturePool.capture
 
@@ -249,7 +273,7 @@ def test_each_runnable_warms_up_once_per_size_full_graphs_at_every_size(mode, mo
     sizes = [1, 2, 4]
     compiled = _compiled(model, inputs, mode, sizes)
     compiled.capture()
-    pieces = [p for p in compiled.runtime.graph.pieces if not p.is_splitting_graph]
+    pieces = [p for p in compiled.runtime.compiled.pieces if not p.is_splitting_graph]
     distinct = len({p.runnable(4) for p in pieces})
     assert distinct < len(pieces), "the model should have identical pieces"
     if mode == "FULL":

@@ -1,9 +1,10 @@
 """The product's text is about the product: no account of how it was developed.
 
-README.md, docs/*.md, ci/README.md, results/README.md and the code and scripts of reference/, harness/, suites/ and
-ci/ must not speak of working sessions, lent or borrowed machines, device calls and their limits, issue numbers or
-design cards. Markdown pages must not cite commit hashes either, except in a results table (a row of README.md's or
-results/README.md's tables may name the commit a result was measured at). A failure names file:line and the words.
+README.md, docs/*.md, ci/README.md, results/README.md and the code and scripts of reference/, harness/,
+suites/ and ci/ must not speak of working sessions, lent or borrowed machines, device calls and their limits,
+issue numbers or design cards. Markdown pages must not cite commit hashes either, except in a results table (a
+row of README.md's or results/README.md's tables may name the commit a result was measured at). A failure
+names file:line and the words.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ PROCESS_WORDS = [
     r"\blease\b",
 ]
 _PROCESS = re.compile("|".join(f"(?:{p})" for p in PROCESS_WORDS), re.IGNORECASE)
-# A commit hash: 7 to 40 hex digits with at least one digit and one letter (so no plain number or word matches).
+# A commit hash: 7 to 40 hex digits with at least one digit and one letter (so no plain number or word
+# matches).
 _HASH = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
 _RESULTS_TABLES = {"README.md", "results/README.md"}  # their table rows may name the commit of a result
 
@@ -69,9 +71,24 @@ def test_the_code_speaks_of_the_product_only():
 
 
 def test_the_patterns_catch_what_they_are_for():
-    for text in ["in this session", "the lent H100", "issue 8", "issues 7.15", "Design card", "two device calls",
-                 "the session's budget", "a third session", "outlasts the lease"]:
+    for text in [
+        "in this session",
+        "the lent H100",
+        "issue 8",
+        "issues 7.15",
+        "Design card",
+        "two device calls",
+        "the session's budget",
+        "a third session",
+        "outlasts the lease",
+    ]:
         assert _PROCESS.search(text), text
-    for text in ["a lentil", "the session fixture", "an issue with the cache", "device time per call", "released"]:
+    for text in [
+        "a lentil",
+        "the session fixture",
+        "an issue with the cache",
+        "device time per call",
+        "released",
+    ]:
         assert not _PROCESS.search(text), text
     assert _HASH.search("at commit d6f3a65") and not _HASH.search("1440 MHz") and not _HASH.search("accede")

@@ -1,8 +1,10 @@
-"""Property-based suites (CPU): splitting semantics and structure, the cache index and key, dispatch and padding.
+"""Property-based suites (CPU): splitting semantics and structure, the cache index and key, dispatch and
+padding.
 
-Numbered as in the issue: 1 semantics, 2 structure, 3 index round trip and damage, 4 key, 5 dispatch and padding,
-10 argument checks. Property 7 (the cache state machine) is in test_cache_machine.py, property 6 (replay, GPU) in
-test_properties_gpu.py. Profiles: `--hypothesis-profile ci|dev|nightly` or PIECEWORKS_HYPOTHESIS_PROFILE.
+Numbered as in the issue: 1 semantics, 2 structure, 3 index round trip and damage, 4 key, 5 dispatch and
+padding, 10 argument checks. Property 7 (the cache state machine) is in test_cache_machine.py, property 6
+(replay, GPU) in test_properties_gpu.py. Profiles: `--hypothesis-profile ci|dev|nightly` or
+PIECEWORKS_HYPOTHESIS_PROFILE.
 """
 
 from __future__ import annotations
@@ -17,22 +19,30 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import pieceworks
-from pieceworks import CompilationConfig, CUDAGraphMode, counters
-from pieceworks.api import InputError
+from pieceworks import CompilationConfig, CUDAGraphMode, InputError, counters
 from pieceworks.cache import CacheIndexError, CompileCache, parse_index, serialize_index
-from pieceworks.key import cache_key
 from pieceworks.dispatch import BatchSizeError, compile_target, padded_size
+from pieceworks.harness.testing import strategies as S
+from pieceworks.key import cache_key
 from pieceworks.padding import unpad
-from pieceworks.harness import strategies as S
-from suites.helpers import SignatureModule, apply_mismatch, dynamo_graph, mismatches, signature_args, signatures
 from pieceworks.split import is_splitting_op, split_graph
+from suites.helpers import (
+    SignatureModule,
+    apply_mismatch,
+    dynamo_graph,
+    mismatches,
+    signature_args,
+    signatures,
+)
 
 SPLIT = ["silly::attention", "silly::pair"]
 
 
 def _compile(program, compiler="eager", **kwargs):
     torch._dynamo.reset()
-    config = CompilationConfig(splitting_ops=SPLIT, compiler=compiler, cudagraph_mode=CUDAGraphMode.NONE, **kwargs)
+    config = CompilationConfig(
+        splitting_ops=SPLIT, compiler=compiler, cudagraph_mode=CUDAGraphMode.NONE, **kwargs
+    )
     return pieceworks.compile(S.ProgramModule(program), config)
 
 
@@ -51,7 +61,7 @@ def _check_against_eager(compiled, module, batches):
         _same(compiled_in, eager_in)  # input mutations happened identically
 
 
-# ---- 1. splitting preserves semantics -----------------------------------------------------------------------
+# ---- 1. splitting preserves semantics ----------------------------------------------------------------------
 @given(program=S.programs(), batches=st.lists(st.integers(1, 40), min_size=1, max_size=3))
 def test_split_model_equals_original(program, batches):
     compiled = _compile(program)
@@ -62,7 +72,8 @@ def test_split_model_equals_original(program, batches):
 @settings(max_examples=3)
 @given(program=S.programs(max_len=6), batches=st.lists(st.integers(1, 40), min_size=1, max_size=2))
 # Found by the dev profile: pieces that return nothing and write nothing (the batch-size check alone before
-# silly::pair, the unread tanh of its outputs after it) leave Inductor no artifact to save: compiled on every start.
+# silly::pair, the unread tanh of its outputs after it) leave Inductor no artifact to save: compiled on every
+# start.
 @example(program=((("pair", 0),), (0,)), batches=[1])
 def test_split_model_through_inductor_equals_original_and_reloads(program, batches, tmp_path_factory):
     cache = str(tmp_path_factory.mktemp("cache"))
@@ -74,10 +85,13 @@ def test_split_model_through_inductor_equals_original_and_reloads(program, batch
     assert counters.num_inductor_compiles == compiles
 
 
-# ---- 2. split structure ---------------------------------------------------------------------------------------
+# ---- 2. split structure ------------------------------------------------------------------------------------
 def _ops(nodes):
-    return [(n.op, str(n.target)) for n in nodes
-            if n.op in ("call_function", "call_method") and n.target is not torch.ops.aten.sym_size.int]
+    return [
+        (n.op, str(n.target))
+        for n in nodes
+        if n.op in ("call_function", "call_method") and n.target is not torch.ops.aten.sym_size.int
+    ]
 
 
 @given(program=S.programs(max_len=12))
@@ -90,23 +104,24 @@ def test_split_structure(program):
     for before, after in zip(items, items[1:]):
         assert not (before.is_splitting_graph and after.is_splitting_graph), "consecutive splitting pieces"
     for item in items:
-        for placeholder in (n for n in item.graph.graph.nodes if n.op == "placeholder"):
+        for placeholder in (n for n in item.fx_graph.graph.nodes if n.op == "placeholder"):
             value = placeholder.meta.get("example_value")
             assert isinstance(value, (torch.Tensor, torch.SymInt, int)), (
-                f"{item.submod_name} receives {type(value).__name__} {placeholder.name}: only tensors and sizes "
-                f"may cross a piece boundary")
-        nodes = [n for n in item.graph.graph.nodes if n.op in ("call_function", "call_method")]
+                f"{item.submod_name} receives {type(value).__name__} {placeholder.name}: only tensors "
+                "and sizes may cross a piece boundary"
+            )
+        nodes = [n for n in item.fx_graph.graph.nodes if n.op in ("call_function", "call_method")]
         if item.is_splitting_graph:
             assert all(is_splitting_op(n, ops) or n.target.__name__ == "getitem" for n in nodes)
             assert any(is_splitting_op(n, ops) for n in nodes)
         else:
             assert not any(is_splitting_op(n, ops) for n in nodes)
-    pieces_in_order = [op for item in items for op in _ops(item.graph.graph.nodes)]
+    pieces_in_order = [op for item in items for op in _ops(item.fx_graph.graph.nodes)]
     assert pieces_in_order == _ops(gm.graph.nodes)  # every op once, in the original order
     split_gm.graph.lint()  # well formed: every value defined before use, so no cycle
 
 
-# ---- 3. cache index round trip and damage -------------------------------------------------------------------
+# ---- 3. cache index round trip and damage ------------------------------------------------------------------
 @given(entries=S.index_entries())
 def test_index_round_trip(entries):
     assert parse_index(serialize_index(entries)) == entries
@@ -143,12 +158,15 @@ def test_damaged_artifact_never_loads(payload, damage, tmp_path_factory):
     assert loaded == (payload if bad == payload else None)
 
 
-# ---- 4. cache key -------------------------------------------------------------------------------------------
+# ---- 4. cache key ------------------------------------------------------------------------------------------
 _digests = st.from_regex(r"[0-9a-f]{8}", fullmatch=True)
 
 
-@given(factors=st.fixed_dictionaries({"environment": _digests, "config": _digests, "graph": _digests}),
-       which=st.sampled_from(["environment", "config", "graph"]), new=_digests)
+@given(
+    factors=st.fixed_dictionaries({"environment": _digests, "config": _digests, "graph": _digests}),
+    which=st.sampled_from(["environment", "config", "graph"]),
+    new=_digests,
+)
 def test_changing_any_one_factor_changes_the_key(factors, which, new):
     assume(new != factors[which])
     assert cache_key(factors) == cache_key(dict(reversed(list(factors.items()))))
@@ -159,7 +177,7 @@ def test_changing_any_one_factor_changes_the_key(factors, which, new):
 # (all factors, one property).
 
 
-# ---- 5. dispatch and padding --------------------------------------------------------------------------------
+# ---- 5. dispatch and padding -------------------------------------------------------------------------------
 @given(sizes=S.capture_sizes(), batch=st.integers(1, 100))
 def test_padding_picks_the_smallest_captured_size_at_least_the_batch(sizes, batch):
     chosen = padded_size(sizes, batch)
@@ -171,7 +189,8 @@ _Wrapped = collections.namedtuple("_Wrapped", ["out", "weight"])
 
 
 class _WrappedStructure(torch.nn.Module):
-    """A `StructureModule`'s output and a [HIDDEN] weight, in a namedtuple (which Dynamo rebuilds outside the graph)."""
+    """A `StructureModule`'s output and a [HIDDEN] weight, in a namedtuple (which Dynamo rebuilds outside the
+    graph)."""
 
     def __init__(self, module):
         super().__init__()
@@ -181,12 +200,17 @@ class _WrappedStructure(torch.nn.Module):
         return _Wrapped(self.module(x, y), self.module.program.weight[0] * 1.0)
 
 
-@given(program=S.programs(max_len=4, splitting=("attention",), mutate_inputs=False),
-       structure=S.output_structures(dicts=True, unbatched=True), wrap=st.booleans(), batch=st.integers(1, S.HIDDEN))
+@given(
+    program=S.programs(max_len=4, splitting=("attention",), mutate_inputs=False),
+    structure=S.output_structures(dicts=True, unbatched=True),
+    wrap=st.booleans(),
+    batch=st.integers(1, S.HIDDEN),
+)
 def test_padded_outputs_are_cut_back_exactly_where_the_trace_has_the_batch(program, structure, wrap, batch):
-    """At padded size n = HIDDEN, `unpad` with the marks the runtime took from the trace cuts every output whose dim
-    0 is the batch (in tuples, lists, dicts, a namedtuple, which keeps its type) to the real rows, and leaves the
-    [HIDDEN] weights whole: the result equals eager at the real batch (rows are independent)."""
+    """At padded size n = HIDDEN, `unpad` with the marks the runtime took from the trace cuts every output
+    whose dim 0 is the batch (in tuples, lists, dicts, a namedtuple, which keeps its type) to the real rows,
+    and leaves the [HIDDEN] weights whole: the result equals eager at the real batch (rows are
+    independent)."""
     torch._dynamo.reset()
     module = S.StructureModule(program, structure)
     module = _WrappedStructure(module) if wrap else module
@@ -215,8 +239,11 @@ def _same_tree(got, expected):
             _same_tree(g, e)
 
 
-@given(ends=S.compile_ranges(), sizes=st.lists(st.integers(1, 512), max_size=4, unique=True),
-       batch=st.integers(1, 600))
+@given(
+    ends=S.compile_ranges(),
+    sizes=st.lists(st.integers(1, 512), max_size=4, unique=True),
+    batch=st.integers(1, 600),
+)
 def test_compile_dispatch_exact_size_then_range_else_clear_error(ends, sizes, batch):
     config = CompilationConfig(compile_ranges=ends, compile_sizes=sizes, max_num_batched_tokens=512)
     ranges = config.ranges()
@@ -235,17 +262,18 @@ def test_compile_dispatch_exact_size_then_range_else_clear_error(ends, sizes, ba
         assert lo <= batch <= hi and (lo, hi) in ranges
 
 
-
-# ---- 10. argument checks --------------------------------------------------------------------------------------
+# ---- 10. argument checks -----------------------------------------------------------------------------------
 @settings(max_examples=max(5, settings.default.max_examples // 2))
 @given(signature=signatures(), data=st.data())
 def test_any_argument_mismatch_is_an_input_error_naming_the_argument(signature, data):
     """Compiled for one call, a call differing only in batch size runs and equals eager; a call differing in
-    anything else (trailing sizes, rank, dtype, device, count, plain values, tensor vs value, disagreeing batch
-    sizes) raises InputError naming what differs. One compile, several mismatches."""
+    anything else (trailing sizes, rank, dtype, device, count, plain values, tensor vs value, disagreeing
+    batch sizes) raises InputError naming what differs. One compile, several mismatches."""
     torch._dynamo.reset()
     module = SignatureModule()
-    compiled = pieceworks.compile(module, CompilationConfig(compiler="eager", cudagraph_mode=CUDAGraphMode.NONE))
+    compiled = pieceworks.compile(
+        module, CompilationConfig(compiler="eager", cudagraph_mode=CUDAGraphMode.NONE)
+    )
     compiled(*signature_args(signature, 3))
     args = signature_args(signature, data.draw(st.integers(1, 9), label="batch"), seed=1)
     torch.testing.assert_close(compiled(*args), module(*args))
@@ -268,20 +296,26 @@ def test_any_argument_mismatch_is_an_input_error_naming_the_argument(signature, 
             assert f"argument {i} " in message, message
 
 
-@pytest.mark.parametrize(("compiled_with", "called_with"), [(2, 2.0), (2.0, 2), (1, True), (True, 1), (0, False)])
+@pytest.mark.parametrize(
+    ("compiled_with", "called_with"), [(2, 2.0), (2.0, 2), (1, True), (True, 1), (0, False)]
+)
 def test_a_plain_value_of_another_type_is_an_input_error(compiled_with, called_with):
-    """`2 == 2.0 == True` in Python, but the trace baked in the type: a model compiled with `2` and called with `2.0`
-    would return int64 where eager gives float32. The argument check compares type and value."""
+    """`2 == 2.0 == True` in Python, but the trace baked in the type: a model compiled with `2` and called
+    with `2.0` would return int64 where eager gives float32. The argument check compares type and value."""
     torch._dynamo.reset()
     module = SignatureModule()
-    compiled = pieceworks.compile(module, CompilationConfig(compiler="eager", cudagraph_mode=CUDAGraphMode.NONE))
+    compiled = pieceworks.compile(
+        module, CompilationConfig(compiler="eager", cudagraph_mode=CUDAGraphMode.NONE)
+    )
     x = torch.randn(3, 2)
     torch.testing.assert_close(compiled(x, compiled_with), module(x, compiled_with))
-    with pytest.raises(InputError, match=re.escape(f"argument 1 is {called_with!r} ({type(called_with).__name__})")):
+    with pytest.raises(
+        InputError, match=re.escape(f"argument 1 is {called_with!r} ({type(called_with).__name__})")
+    ):
         compiled(x, called_with)
 
 
-# ---- in-place writes (CPU part of the GPU suite's test_writes_gpu.py) ----------------------------------------------
+# ---- in-place writes (CPU part of the GPU suite's test_writes_gpu.py) --------------------------------------
 class _CountsCalls(torch.nn.Module):
     """Writes its buffer and its argument in place; the argument's write and the output read the buffer."""
 
@@ -297,14 +331,18 @@ class _CountsCalls(torch.nn.Module):
 
 @pytest.mark.parametrize("batch", [1, 2, 5])
 def test_first_call_writes_model_state_once(batch):
-    """The first call (which traces: on a 2-row copy at batch 1, on the call's own tensors above) writes the model's
-    state and its arguments once, like eager; so do later calls."""
+    """The first call (which traces: on a 2-row copy at batch 1, on the call's own tensors above) writes the
+    model's state and its arguments once, like eager; so do later calls."""
     torch._dynamo.reset()
     model, twin = _CountsCalls(), _CountsCalls()
-    compiled = pieceworks.compile(model, CompilationConfig(compiler="eager", cudagraph_mode=CUDAGraphMode.NONE))
+    compiled = pieceworks.compile(
+        model, CompilationConfig(compiler="eager", cudagraph_mode=CUDAGraphMode.NONE)
+    )
     for call, rows in enumerate([batch, batch + 1, 1]):
         x = torch.randn(rows, 3)
         x_eager = x.clone()
         torch.testing.assert_close(compiled(x), twin(x_eager))
-        assert int(model.calls) == call + 1, f"call {call} wrote the model's buffer {int(model.calls) - call} times"
+        assert int(model.calls) == call + 1, (
+            f"call {call} wrote the model's buffer {int(model.calls) - call} times"
+        )
         torch.testing.assert_close(x, x_eager)  # the argument written once, with the state of this call

@@ -16,15 +16,16 @@ import torch
 import torch.nn as nn
 
 import pieceworks
-from pieceworks import CompilationConfig, counters, record
-from pieceworks.harness import models  # noqa: F401 - registers silly::attention
+from pieceworks import CompilationConfig, counters
+from pieceworks.harness.models import toy as models  # noqa: F401 - registers silly::attention
+from pieceworks.model import record
 
 pytestmark = pytest.mark.inductor
 
 
 class Scaled(nn.Module):
-    """A parameter, a buffer, a plain attribute the trace bakes in, the splitting op, and an argument written in
-    place."""
+    """A parameter, a buffer, a plain attribute the trace bakes in, the splitting op, and an argument written
+    in place."""
 
     def __init__(self, scale: float = 2.0) -> None:
         super().__init__()
@@ -41,8 +42,17 @@ class Scaled(nn.Module):
 
 
 def _compile(model, cache_dir, **kwargs):
-    return pieceworks.compile(model, CompilationConfig(**{"splitting_ops": ["silly::attention"], "cudagraph_mode":
-                                                          "NONE", "cache_dir": str(cache_dir), **kwargs}))
+    return pieceworks.compile(
+        model,
+        CompilationConfig(
+            **{
+                "splitting_ops": ["silly::attention"],
+                "cudagraph_mode": "NONE",
+                "cache_dir": str(cache_dir),
+                **kwargs,
+            }
+        ),
+    )
 
 
 def _check(compiled, model, batches=(1, 5, 3), device="cpu"):
@@ -101,26 +111,41 @@ def test_a_damaged_record_is_reported_traced_and_replaced(cache_dir, caplog):
 
 def test_a_record_that_cannot_be_rebuilt_warns_once_and_traces(cache_dir, caplog, monkeypatch):
     load = record.load  # a record that passes the cache's checks but holds a graph this torch cannot read
-    monkeypatch.setattr(record, "load", lambda config, key, facts=None: (r := load(config, key, facts)) and
-                        r._replace(graph=b"\x80junk"))
+    monkeypatch.setattr(
+        record,
+        "load",
+        lambda config, key, facts=None: (r := load(config, key, facts)) and r._replace(graph=b"\x80junk"),
+    )
     caplog.set_level("WARNING", logger="pieceworks")
     model = Scaled()
     with counters.expect(num_dynamo_traces=1, num_traces_reused=0, num_inductor_compiles=0):
         compiled = _compile(model, cache_dir)
         _check(compiled, model)
     (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert warning.startswith("pieceworks: this model's serving record could not be used (") and \
-        warning.endswith("); tracing the model")
+    assert warning.startswith(
+        "pieceworks: this model's serving record could not be used ("
+    ) and warning.endswith("); tracing the model")
     assert compiled.runtime is not None and compiled.binder is not None
 
 
-# Each change to what the key covers, and where `record.first_change` finds it (what a warm start's miss logs).
-KEY_CHANGES = {"attribute": "modules.<root>.attributes.scale", "private attribute": "modules.<root>.attributes._scale",
-               "function attribute": "modules.<root>.attributes.act", "parameter removed": "state.linear.bias",
-               "parameter resized": "state.linear.weight.shape", "buffer resized": "state.shift.shape",
-               "strides": "state.linear.weight.strides", "dtype": "state.linear.weight.dtype", "submodule": "modules.extra",
-               "buffer": "state.extra", "call": "call[1]", "config": "config.compile_sizes",
-               "default dtype": "modes.default_dtype", "torch version": "environment.torch"}
+# Each change to what the key covers, and where `record.first_change` finds it (what a warm start's miss
+# logs).
+KEY_CHANGES = {
+    "attribute": "modules.<root>.attributes.scale",
+    "private attribute": "modules.<root>.attributes._scale",
+    "function attribute": "modules.<root>.attributes.act",
+    "parameter removed": "state.linear.bias",
+    "parameter resized": "state.linear.weight.shape",
+    "buffer resized": "state.shift.shape",
+    "strides": "state.linear.weight.strides",
+    "dtype": "state.linear.weight.dtype",
+    "submodule": "modules.extra",
+    "buffer": "state.extra",
+    "call": "call[1]",
+    "config": "config.compile_sizes",
+    "default dtype": "modes.default_dtype",
+    "torch version": "environment.torch",
+}
 
 
 @pytest.mark.parametrize("change", KEY_CHANGES)
@@ -128,7 +153,7 @@ def test_the_key_moves_with_what_changes_code_and_the_change_is_named(change, mo
     torch.manual_seed(0)
     base = Scaled()
     config = CompilationConfig(splitting_ops=["silly::attention"])
-    call = [pieceworks.api.signature(a) for a in (torch.zeros(2, 4), torch.zeros(2))]
+    call = [pieceworks.model.arguments.signature(a) for a in (torch.zeros(2, 4), torch.zeros(2))]
     key, before = record.model_key(base, call, config), record.model_facts(base, call, config)
     assert record.model_key(Scaled(), call, config) == key, "new weights of the same shapes moved the key"
     model = Scaled()
@@ -147,7 +172,8 @@ def test_the_key_moves_with_what_changes_code_and_the_change_is_named(change, mo
         monkeypatch.setattr(torch, "get_default_dtype", lambda: torch.float64)
     elif change == "parameter removed":
         model.linear = nn.Linear(4, 4, bias=False)
-    elif change == "parameter resized":  # the same name and module attributes (in/out_features), another shape
+    elif change == "parameter resized":
+        # the same name and module attributes (in/out_features), another shape
         model.linear.weight = nn.Parameter(torch.randn(8, 4))
     elif change == "buffer resized":
         model.shift = torch.ones(8)
@@ -158,7 +184,10 @@ def test_the_key_moves_with_what_changes_code_and_the_change_is_named(change, mo
     elif change == "buffer":
         model.register_buffer("extra", torch.zeros(1))
     elif change == "call":
-        call = [pieceworks.api.signature(a) for a in (torch.zeros(2, 4), torch.zeros(2, dtype=torch.int64))]
+        call = [
+            pieceworks.model.arguments.signature(a)
+            for a in (torch.zeros(2, 4), torch.zeros(2, dtype=torch.int64))
+        ]
     elif change == "config":
         config = CompilationConfig(splitting_ops=["silly::attention"], compile_sizes=[4])
     assert record.model_key(model, call, config) != key
@@ -166,9 +195,10 @@ def test_the_key_moves_with_what_changes_code_and_the_change_is_named(change, mo
 
 
 def test_the_key_moves_with_the_order_of_modules_and_tensors():
-    """Two models whose modules (or parameters) differ only in their order run differently: they never share a key."""
+    """Two models whose modules (or parameters) differ only in their order run differently: they never share a
+    key."""
     config = CompilationConfig(splitting_ops=["silly::attention"])
-    call = [pieceworks.api.signature(torch.zeros(2, 4))]
+    call = [pieceworks.model.arguments.signature(torch.zeros(2, 4))]
     ab = nn.Sequential(collections.OrderedDict(a=nn.ReLU(), b=nn.Tanh()))
     ba = nn.Sequential(collections.OrderedDict(b=nn.Tanh(), a=nn.ReLU()))
     assert record.model_key(ab, call, config) != record.model_key(ba, call, config)
@@ -184,8 +214,10 @@ def test_a_warm_start_that_traces_again_names_what_changed(tmp_path, caplog):
     model = Scaled(scale=3.0)
     with counters.expect(num_dynamo_traces=1, num_traces_reused=0):
         _check(_compile(model, tmp_path), model)
-    assert ("tracing the model: its serving record's key changed since the last record of Scaled was stored: "
-            "modules.<root>.attributes.scale was 2.0, is 3.0") in caplog.text
+    assert (
+        "tracing the model: its serving record's key changed since the last record of Scaled was stored: "
+        "modules.<root>.attributes.scale was 2.0, is 3.0"
+    ) in caplog.text
 
 
 def _gelu(x):
@@ -200,7 +232,7 @@ def _gelu_tanh(x):
 def test_what_the_key_cannot_cover_gets_no_record(what):
     model = Scaled()
     if what == "function model":
-        model = lambda x: x * 2  # noqa: E731
+        model = lambda x: x * 2  # noqa: E731 - the model under test is itself a lambda
     elif what == "forward hook":
         model.register_forward_hook(lambda module, args, out: out * 10)
     elif what == "partial":
@@ -210,7 +242,7 @@ def test_what_the_key_cannot_cover_gets_no_record(what):
         model.act = lambda x: x * factor
     else:
         namespace = {"nn": nn, "__name__": "notebook_cell"}
-        exec("class Cell(nn.Module):\n    def forward(self, x):\n        return x + 1\n", namespace)
+        exec("class Cell(nn.Module):\n    def forward(self, x):\n        return x + 1\n", namespace)  # noqa: S102 - a fixed class source of the test's own, run as a notebook cell runs
         model = namespace["Cell"]()
     assert record.model_key(model, [], CompilationConfig(splitting_ops=["silly::attention"])) is None
     functions = Scaled()
@@ -218,7 +250,7 @@ def test_what_the_key_cannot_cover_gets_no_record(what):
     assert record.model_key(functions, [], CompilationConfig(splitting_ops=["silly::attention"])) is not None
 
 
-SOURCE = '''
+SOURCE = """
 import torch
 import torch.nn as nn
 
@@ -228,7 +260,7 @@ class Edited(nn.Module):
         out = torch.empty_like(x)
         torch.ops.silly.attention(x, x, x, out)
         return out * FACTOR
-'''
+"""
 
 
 def _import(path, name, monkeypatch):
@@ -240,8 +272,8 @@ def _import(path, name, monkeypatch):
 
 
 def test_an_edited_source_file_is_traced_again(tmp_path, caplog, monkeypatch):
-    """The edit changes only the code: same class name, attributes and state, so only the traced files' digests
-    can tell the record is stale."""
+    """The edit changes only the code: same class name, attributes and state, so only the traced files'
+    digests can tell the record is stale."""
     path = tmp_path / "edited_model.py"
     x = torch.randn(3, 4)
     for factor, traces in ((2.0, 1), (2.0, 0), (5.0, 1)):
@@ -267,8 +299,8 @@ def test_the_same_class_from_another_file_is_traced(tmp_path, monkeypatch):
 
 
 def test_a_file_edited_after_its_import_gives_no_record(tmp_path, caplog, monkeypatch):
-    """The process runs the code it imported (2.0) while the file already says 5.0: a record of that trace would pair
-    the old graph with the new file's digest."""
+    """The process runs the code it imported (2.0) while the file already says 5.0: a record of that trace
+    would pair the old graph with the new file's digest."""
     path, x = tmp_path / "edited_model.py", torch.randn(3, 4)
     path.write_text(SOURCE.replace("FACTOR", "2.0"))
     model = _import(path, "edited_model", monkeypatch).Edited()
@@ -284,21 +316,23 @@ def test_a_file_edited_after_its_import_gives_no_record(tmp_path, caplog, monkey
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 def test_a_model_served_from_its_record_captures_and_replays_like_a_traced_one(tmp_path):
-    """CUDA graphs over a record: padded batches cut back by the record's output marks, written arguments copied
-    back, sizes above the largest run without graphs."""
+    """CUDA graphs over a record: padded batches cut back by the record's output marks, written arguments
+    copied back, sizes above the largest run without graphs."""
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Scaled()
     for traces in (1, 0):
         with counters.expect(num_dynamo_traces=traces, num_traces_reused=1 - traces):
-            compiled = _compile(model, tmp_path, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2, 4, 8])
+            compiled = _compile(
+                model, tmp_path, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2, 4, 8]
+            )
             _check(compiled, model, batches=(3,), device="cuda")
         compiled.capture()
         _check(compiled, model, batches=(1, 3, 5, 8, 11), device="cuda")
-        assert compiled.runtime.replay_for(8) is not None
+        assert compiled.runtime.replay_for(8, False) is not None
 
 
-OUTSIDE = '''
+OUTSIDE = """
 import os
 
 import torch
@@ -323,15 +357,21 @@ class ReadsOutside(nn.Module):
         out = torch.empty_like(x)
         torch.ops.silly.attention(x, x, x, out)
         return READ
-'''
-READS = {"module global": ("out * VALUE", "VALUE"), "closure": ("TIMES(out)", "TIMES.__closure__[0].cell_contents"),
-         "class attribute": ("out * self.SHIFT", "type(model).SHIFT")}
+"""
+READS = {
+    "module global": ("out * VALUE", "VALUE"),
+    "closure": ("TIMES(out)", "TIMES.__closure__[0].cell_contents"),
+    "class attribute": ("out * self.SHIFT", "type(model).SHIFT"),
+}
 
 
 @pytest.mark.parametrize("what", list(READS))
-def test_a_value_read_outside_the_model_that_changed_is_traced_again_naming_it(what, tmp_path, caplog, monkeypatch):
-    """A feature flag read from the environment at import, as engines do: the same file, class and attributes in every
-    process, another value. The record holds what the trace read outside the model (Dynamo's guards on it)."""
+def test_a_value_read_outside_the_model_that_changed_is_traced_again_naming_it(
+    what, tmp_path, caplog, monkeypatch
+):
+    """A feature flag read from the environment at import, as engines do: the same file, class and attributes
+    in every process, another value. The record holds what the trace read outside the model (Dynamo's guards
+    on it)."""
     read, name = READS[what]
     path, x = tmp_path / "reads_outside.py", torch.randn(3, 4)
     path.write_text(OUTSIDE.replace("READ", read))
@@ -346,25 +386,34 @@ def test_a_value_read_outside_the_model_that_changed_is_traced_again_naming_it(w
             assert f"{name} is 2.0, the record's trace read 1.0" in caplog.text, caplog.text
 
 
-@pytest.mark.parametrize("source", ["object.__getattribute__(model.linear, '__dict__')",
-                                    "getattr(model.linear, '__dict__')"])
+@pytest.mark.parametrize(
+    "source", ["object.__getattribute__(model.linear, '__dict__')", "getattr(model.linear, '__dict__')"]
+)
 def test_guard_sources_as_dynamo_writes_them_are_read_back(source):
-    """A guard's source in each form Dynamo writes for a read the trace made (a generic attribute read is how torch
-    2.11 reads a Hugging Face config's `__dict__`) is read back as a warm start will: the record keeps its value."""
-    model, guard = Scaled(), types.SimpleNamespace(name=source, guard_type="DICT_KEYS_MATCH", has_value=True,
-                                                   is_global=False)
-    assert record.outside_reads([guard], model, {}) == [(source, "DICT_KEYS_MATCH", sorted(vars(model.linear)))]
+    """A guard's source in each form Dynamo writes for a read the trace made (a generic attribute read is how
+    torch 2.11 reads a Hugging Face config's `__dict__`) is read back as a warm start will: the record keeps
+    its value."""
+    model, guard = (
+        Scaled(),
+        types.SimpleNamespace(name=source, guard_type="DICT_KEYS_MATCH", has_value=True, is_global=False),
+    )
+    assert record.outside_reads([guard], model, {}) == [
+        (source, "DICT_KEYS_MATCH", sorted(vars(model.linear)))
+    ]
 
 
 def test_a_module_dynamo_names_by_its_id_is_read_back_by_its_import():
     """Dynamo puts some modules it reads in the frame's globals under a name holding their id in this process
-    (`_<id>_c0`): the record names such a module by its import, which a warm start resolves; another value so named
-    gets no record (unless its guard is one the record skips); a user's global that only looks like such a name is
-    read as any global is."""
+    (`_<id>_c0`): the record names such a module by its import, which a warm start resolves; another value so
+    named gets no record (unless its guard is one the record skips); a user's global that only looks like such
+    a name is read as any global is."""
+
     def guard(name, kind="ID_MATCH"):
         return types.SimpleNamespace(name=name, guard_type=kind, has_value=True, is_global=True)
 
-    reads = record.outside_reads([guard(f"G['_{id(torch)}_c0'].Tensor")], Scaled(), {f"_{id(torch)}_c0": torch})
+    reads = record.outside_reads(
+        [guard(f"G['_{id(torch)}_c0'].Tensor")], Scaled(), {f"_{id(torch)}_c0": torch}
+    )
     assert [r[0] for r in reads] == ["G['__import_torch'].Tensor"]
     assert record.changed_read(reads, Scaled(), {}) is None  # another process: no such global
     value = types.SimpleNamespace(x=1)
@@ -372,8 +421,9 @@ def test_a_module_dynamo_names_by_its_id_is_read_back_by_its_import():
     with pytest.raises(record.Unkeyable, match="Dynamo names by its id"):
         record.outside_reads([guard(f"G['_{id(value)}_c0'].x")], Scaled(), by_id)
     assert record.outside_reads([guard(f"G['_{id(value)}_c0']", "TENSOR_MATCH")], Scaled(), by_id) == []
-    assert record.outside_reads([guard("G['scale_2_c1']", "EQUALS_MATCH")], Scaled(), {"scale_2_c1": 2.0}) == [
-        ("G['scale_2_c1']", "EQUALS_MATCH", 2.0)]
+    assert record.outside_reads(
+        [guard("G['scale_2_c1']", "EQUALS_MATCH")], Scaled(), {"scale_2_c1": 2.0}
+    ) == [("G['scale_2_c1']", "EQUALS_MATCH", 2.0)]
 
 
 def _shifted(shift):
@@ -382,6 +432,7 @@ def _shifted(shift):
             out = torch.empty_like(x)
             torch.ops.silly.attention(x, x, x, out)
             return out + shift
+
     return Shifted
 
 
@@ -393,11 +444,16 @@ def test_a_model_class_made_by_a_function_is_served_only_for_the_same_closure(tm
 
 
 def test_a_keyword_call_is_served_from_the_record_of_its_form(tmp_path):
-    """The call's keywords are part of the key: the same form warm-starts, another form traces (its own record)."""
+    """The call's keywords are part of the key: the same form warm-starts, another form traces (its own
+    record)."""
     torch.manual_seed(0)
     model = Scaled()
-    for traces, call in [(1, lambda c, x, seen: c(x=x, seen=seen)), (0, lambda c, x, seen: c(seen=seen, x=x)),
-                         (1, lambda c, x, seen: c(x, seen)), (0, lambda c, x, seen: c(x, seen))]:
+    for traces, call in [
+        (1, lambda c, x, seen: c(x=x, seen=seen)),
+        (0, lambda c, x, seen: c(seen=seen, x=x)),
+        (1, lambda c, x, seen: c(x, seen)),
+        (0, lambda c, x, seen: c(x, seen)),
+    ]:
         compiled, x = _compile(model, tmp_path), torch.randn(3, 4)
         seen, seen_eager = torch.zeros(3), torch.zeros(3)
         with counters.expect(num_dynamo_traces=traces, num_traces_reused=1 - traces), torch.no_grad():
@@ -405,11 +461,11 @@ def test_a_keyword_call_is_served_from_the_record_of_its_form(tmp_path):
         torch.testing.assert_close(seen, seen_eager)
 
 
-LIBRARY = '''
+LIBRARY = """
 def scaled(x):
     return x * 2.0
-'''
-USES_LIBRARY = '''
+"""
+USES_LIBRARY = """
 import torch
 import torch.nn as nn
 
@@ -421,7 +477,7 @@ class UsesLibrary(nn.Module):
         out = torch.empty_like(x)
         torch.ops.silly.attention(x, x, x, out)
         return pwlib.scaled(out)
-'''
+"""
 
 
 def _distribution(site, version: str) -> None:
@@ -431,8 +487,8 @@ def _distribution(site, version: str) -> None:
 
 
 def test_installed_library_code_is_keyed_by_its_distribution_version(tmp_path, caplog, monkeypatch):
-    """A library under site-packages is known by its distribution's version, not its files' bytes: the same version
-    warm-starts (an edit in place is not seen), another version traces again, naming both."""
+    """A library under site-packages is known by its distribution's version, not its files' bytes: the same
+    version warm-starts (an edit in place is not seen), another version traces again, naming both."""
     site = tmp_path / "lib" / "site-packages"
     (site / "pwlib").mkdir(parents=True)
     (site / "pwlib" / "__init__.py").write_text(LIBRARY)
@@ -440,12 +496,16 @@ def test_installed_library_code_is_keyed_by_its_distribution_version(tmp_path, c
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.delitem(sys.modules, "pwlib", raising=False)
     (tmp_path / "uses_library.py").write_text(USES_LIBRARY)
-    model, x = _import(tmp_path / "uses_library.py", "uses_library", monkeypatch).UsesLibrary(), torch.randn(3, 4)
+    model, x = (
+        _import(tmp_path / "uses_library.py", "uses_library", monkeypatch).UsesLibrary(),
+        torch.randn(3, 4),
+    )
     path = str(site / "pwlib" / "__init__.py")
     caplog.set_level("INFO", logger="pieceworks")
     for version, traces in (("1.0", 1), ("1.0", 0), ("1.1", 1), ("1.1", 0)):
         _distribution(site, version)
-        (site / "pwlib" / "__init__.py").write_text(LIBRARY + f"# {version}, {traces}\n")  # same version: not seen
+        # same version: not seen
+        (site / "pwlib" / "__init__.py").write_text(LIBRARY + f"# {version}, {traces}\n")
         caplog.clear()
         with counters.expect(num_dynamo_traces=traces, num_traces_reused=1 - traces):
             torch.testing.assert_close(_compile(model, tmp_path / "cache")(x), 6 * x)
@@ -480,8 +540,8 @@ class _Result:
 
 
 class FrozenAndGenerated(nn.Module):
-    """Its trace runs frozen standard-library code (Mapping.get, Mapping.__contains__) and a dataclass's generated
-    `__init__`, neither of which has a source file of its own."""
+    """Its trace runs frozen standard-library code (Mapping.get, Mapping.__contains__) and a dataclass's
+    generated `__init__`, neither of which has a source file of its own."""
 
     def forward(self, x):
         out = torch.empty_like(x)
@@ -499,5 +559,7 @@ def test_frozen_standard_library_and_generated_code_get_a_record(tmp_path):
         torch.testing.assert_close(out.hidden, 9 * x)
         assert out.note == "made in forward"
     config = _compile(FrozenAndGenerated(), tmp_path).config
-    files = record.load(config, record.model_key(FrozenAndGenerated(), [pieceworks.api.signature(x)], config)).files
+    files = record.load(
+        config, record.model_key(FrozenAndGenerated(), [pieceworks.model.arguments.signature(x)], config)
+    ).files
     assert files["<frozen _collections_abc>"].startswith("frozen _collections_abc, Python "), files

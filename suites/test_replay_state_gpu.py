@@ -1,10 +1,11 @@
 """Stateful replay: one compiled ToyLlama served like an engine serves it, every step vs eager.
 
-A hypothesis state machine: a model built in one of the graph modes with random capture sizes, captured up front
-or lazily; then any interleaving of calls of random sizes (captured, between captured sizes, above the largest),
-re-captures, in-place weight updates (new values loaded into the parameters the graphs read), and outputs kept as
-clones or as views. Invariants: every call equals eager; a kept view is intact until the next call; kept clones
-never change (no graph writes to memory it does not own). No shrinking on the GPU (`S.gpu_settings`).
+A hypothesis state machine: a model built in one of the graph modes with random capture sizes, captured up
+front or lazily; then any interleaving of calls of random sizes (captured, between captured sizes, above the
+largest), re-captures, in-place weight updates (new values loaded into the parameters the graphs read), and
+outputs kept as clones or as views. Invariants: every call equals eager; a kept view is intact until the next
+call; kept clones never change (no graph writes to memory it does not own). No shrinking on the GPU
+(`S.gpu_settings`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import pieceworks
 from pieceworks import CompilationConfig
-from pieceworks.harness import models
-from pieceworks.harness import strategies as S
+from pieceworks.harness.models import toy as models
+from pieceworks.harness.testing import strategies as S
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(150)]
 
@@ -30,16 +31,26 @@ def _inputs(batch: int, seed: int):
 
 
 class ServingMachine(RuleBasedStateMachine):
-    @initialize(mode=st.sampled_from(["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]),
-                sizes=S.capture_sizes(32, max_count=5), lazy=st.booleans())
+    @initialize(
+        mode=st.sampled_from(["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]),
+        sizes=S.capture_sizes(32, max_count=5),
+        lazy=st.booleans(),
+    )
     def build(self, mode, sizes, lazy):
         torch._dynamo.reset()
         torch.manual_seed(0)
         self.model = models.ToyLlama(CONFIG).cuda()
         self.lazy = lazy
-        self.compiled = pieceworks.compile(self.model, CompilationConfig(
-            splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_mode=mode, cudagraph_capture_sizes=sizes,
-            lazy_capture=lazy))
+        self.compiled = pieceworks.compile(
+            self.model,
+            CompilationConfig(
+                splitting_ops=models.SPLITTING_OPS,
+                compiler="eager",
+                cudagraph_mode=mode,
+                cudagraph_capture_sizes=sizes,
+                lazy_capture=lazy,
+            ),
+        )
         self.calls = 0
         self.compiled(*_inputs(3, seed=0))
         if not lazy:
@@ -49,7 +60,9 @@ class ServingMachine(RuleBasedStateMachine):
 
     def _check_view(self):
         if self.view is not None:
-            torch.testing.assert_close(*self.view, **TOLERANCE, msg="a kept output changed before the next call")
+            torch.testing.assert_close(
+                *self.view, **TOLERANCE, msg="a kept output changed before the next call"
+            )
             self.view = None
 
     @rule(batch=st.integers(1, 40), keep=st.sampled_from(["drop", "view", "clone"]))
@@ -75,7 +88,8 @@ class ServingMachine(RuleBasedStateMachine):
 
     @rule(which=st.integers(0, 63), seed=st.integers(0, 2**16))
     def load_weights(self, which, seed):
-        """Load new values into one parameter in place, as a weight update does: the graphs read its address."""
+        """Load new values into one parameter in place, as a weight update does: the graphs read its
+        address."""
         self._check_view()
         params = list(self.model.parameters())
         param = params[which % len(params)]
@@ -97,14 +111,21 @@ test_serving_any_sequence_matches_eager = ServingMachine.TestCase
 
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL"])
 def test_weights_loaded_in_place_reach_every_captured_size(mode):
-    """A weight update in place (new values written into the parameters) is read by every captured graph's next
-    replay: graphs read the parameters' own memory, never a copy taken at capture. The deterministic core of the
-    state machine's `load_weights` rule, which a short random run may not reach."""
+    """A weight update in place (new values written into the parameters) is read by every captured graph's
+    next replay: graphs read the parameters' own memory, never a copy taken at capture. The deterministic core
+    of the state machine's `load_weights` rule, which a short random run may not reach."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = models.ToyLlama(CONFIG).cuda()
-    compiled = pieceworks.compile(model, CompilationConfig(
-        splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_mode=mode, cudagraph_capture_sizes=[4, 8]))
+    compiled = pieceworks.compile(
+        model,
+        CompilationConfig(
+            splitting_ops=models.SPLITTING_OPS,
+            compiler="eager",
+            cudagraph_mode=mode,
+            cudagraph_capture_sizes=[4, 8],
+        ),
+    )
     compiled(*_inputs(3, seed=0))
     compiled.capture()
     assert sorted(compiled.runtime.captured_sizes) == [4, 8], "both sizes captured: the calls below replay"
@@ -114,5 +135,9 @@ def test_weights_loaded_in_place_reach_every_captured_size(mode):
             param.add_((torch.randn(param.shape, generator=generator) * 0.05).to(param.device))
         for batch in (3, 8):
             args = _inputs(batch, seed=10 * round_ + batch)
-            torch.testing.assert_close(compiled(*args), model(*args), **TOLERANCE,
-                                       msg=f"{mode}, weights set #{round_ + 1}, batch {batch}")
+            torch.testing.assert_close(
+                compiled(*args),
+                model(*args),
+                **TOLERANCE,
+                msg=f"{mode}, weights set #{round_ + 1}, batch {batch}",
+            )

@@ -1,9 +1,9 @@
 """The runtime on CPU: replay plans (with a simulated graph), address checks, and calls without Dynamo.
 
-A CUDA graph reads the input tensors it captured and writes the output tensors it captured. `SimulatedGraph` does
-exactly that on CPU (it re-runs the piece on the captured input objects and copies the results into the captured
-outputs), so the plan's bookkeeping (which values are constants, which are fresh per call, what is checked or
-copied) is tested here; the real graphs are tested in test_cudagraph_gpu.py.
+A CUDA graph reads the input tensors it captured and writes the output tensors it captured. `SimulatedGraph`
+does exactly that on CPU (it re-runs the piece on the captured input objects and copies the results into the
+captured outputs), so the plan's bookkeeping (which values are constants, which are fresh per call, what is
+checked or copied) is tested here; the real graphs are tested in test_cudagraph_gpu.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch.nn as nn
 import pieceworks
 from pieceworks import CompilationConfig, counters
 from pieceworks.cudagraph import ReplayAddressError
-from pieceworks.harness import models
+from pieceworks.harness.models import toy as models
 from pieceworks.plan import record_plan
 from pieceworks.values import tensors_in
 
@@ -39,14 +39,17 @@ def simulated_capture(fn, args, mutated, batch):
 
 
 def _plan_of(model, make_inputs, batch, splitting_ops=models.SPLITTING_OPS):
-    """A compiled model (eager compiler), and a plan recorded at `batch` on static buffers, every piece captured."""
+    """A compiled model (eager compiler), and a plan recorded at `batch` on static buffers, every piece
+    captured."""
     compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=splitting_ops, compiler="eager"))
     compiled(*make_inputs(3))
-    graph = compiled.runtime.graph
+    graph = compiled.runtime.compiled
     pieces = {p.submod_name: p for p in graph.pieces if not p.is_splitting_graph}
-    static = [a.clone() if isinstance(a, torch.Tensor) and not isinstance(a, nn.Parameter) else a
-              for a in compiled.binder.inputs(make_inputs(batch), batch)]
-    plan, _ = record_plan(graph.split_module, batch, static, pieces, simulated_capture)
+    static = [
+        a.clone() if isinstance(a, torch.Tensor) and not isinstance(a, nn.Parameter) else a
+        for a in compiled.binder.inputs(make_inputs(batch), batch)
+    ]
+    plan, _ = record_plan(graph.stitching_module, batch, static, pieces, simulated_capture)
     return plan, static, compiled
 
 
@@ -64,16 +67,20 @@ def test_plan_replays_equal_eager_for_new_values_in_the_static_buffers(name):
     if name == "toy_llama":
         config = models.ToyLlamaConfig(num_layers=2)
         model = models.ToyLlama(config)
-        make_inputs = lambda b, seed=0: models.toy_llama_inputs(b, config, seed=seed)  # noqa: E731
+        make_inputs = lambda b, seed=0: models.toy_llama_inputs(b, config, seed=seed)  # noqa: E731 - one of two input makers picked by case
     else:
         model = models.SillyModel() if name == "silly" else FreshSplitOutputs()
-        make_inputs = lambda b, seed=0: (torch.randn(b, generator=torch.Generator().manual_seed(seed)),)  # noqa: E731
+        make_inputs = lambda b, seed=0: (torch.randn(b, generator=torch.Generator().manual_seed(seed)),)  # noqa: E731 - one of two input makers picked by case
     ops = ["silly::pair"] if name == "fresh_split_outputs" else models.SPLITTING_OPS
     plan, static, compiled = _plan_of(model, make_inputs, 8, ops)
     if name == "fresh_split_outputs":
         assert plan.kept, "the captured piece reads silly::pair's fresh outputs: the plan must own them"
-    graph_steps = [step for step in plan.steps if step.kind == "graph"]
-    assert len(graph_steps) == len(plan.graphs) == sum(not p.is_splitting_graph for p in compiled.runtime.graph.pieces)
+    graph_steps = [step for step in plan.steps if step.how == "cuda_graph"]
+    assert (
+        len(graph_steps)
+        == len(plan.cuda_graphs)
+        == sum(not p.is_splitting_graph for p in compiled.runtime.compiled.pieces)
+    )
     for seed in [1, 2, 3]:
         args = make_inputs(8, seed)
         fresh = compiled.binder.inputs(args, 8)
@@ -98,8 +105,9 @@ def test_plan_checks_caller_inputs_that_moved_but_not_parameters():
     moved = list(static)
     i = next(iter(cheap))
     moved[i] = static[i].clone()
-    with pytest.raises(ReplayAddressError,
-                       match=rf"piece submod_\d+ \(graph \d+\): input \d+ \(\w+\) is at .* batch size 4"):
+    with pytest.raises(
+        ReplayAddressError, match=r"piece submod_\d+ \(graph \d+\): input \d+ \(\w+\) is at .* batch size 4"
+    ):
         plan.run(moved, plan.cheap_checks)
 
 
@@ -107,7 +115,9 @@ def test_parameter_data_swaps_are_seen_by_direct_calls():
     torch.manual_seed(0)
     config = models.ToyLlamaConfig(num_layers=1)
     model = models.ToyLlama(config)
-    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager"))
+    compiled = pieceworks.compile(
+        model, CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager")
+    )
     ids, pos = models.toy_llama_inputs(5, config)
     compiled(ids, pos)
     assert compiled.binder is not None
@@ -155,22 +165,26 @@ def test_direct_calls_return_the_models_output_structure():
 
 
 def test_a_dropped_compiled_model_is_freed_with_its_runtime_and_pieces():
-    """Nothing process-wide (Dynamo's table of backends, its compiled functions) keeps a CompiledModel that its
-    caller dropped alive, nor its runtime and pieces; the caller's model lives on."""
+    """Nothing process-wide (Dynamo's table of backends, its compiled functions) keeps a CompiledModel that
+    its caller dropped alive, nor its runtime and pieces; the caller's model lives on."""
     config = models.ToyLlamaConfig(num_layers=2)
     model = models.ToyLlama(config)  # the caller keeps its model
-    compiled = pieceworks.compile(model, CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager"))
+    compiled = pieceworks.compile(
+        model, CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager")
+    )
     with torch.no_grad():
         compiled(*models.toy_llama_inputs(3, config))
-    held = [weakref.ref(x) for x in (compiled, compiled.runtime, *compiled.runtime.graph.pieces)]
+    held = [weakref.ref(x) for x in (compiled, compiled.runtime, *compiled.runtime.compiled.pieces)]
     del compiled
     gc.collect()
     assert [ref() for ref in held] == [None] * len(held)
 
 
 def test_the_pool_estimate_needs_the_first_call_and_is_zero_without_graphs():
-    compiled = pieceworks.compile(models.SillyModel(), CompilationConfig(splitting_ops=models.SPLITTING_OPS,
-                                                                         compiler="eager", cudagraph_mode="NONE"))
+    compiled = pieceworks.compile(
+        models.SillyModel(),
+        CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_mode="NONE"),
+    )
     with pytest.raises(RuntimeError, match="call the model once before estimate_capture"):
         compiled.estimate_capture()
     compiled(torch.randn(4))

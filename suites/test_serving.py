@@ -1,6 +1,6 @@
-"""harness/serving.py: the scheduler's steps serve every request exactly as its lengths say, under the budget and the
-slot limit; the traces have the shape they claim; cache blocks are never shared; and continuous batching on the
-Llama model gives every request what it gets alone."""
+"""harness/models/serving.py: the scheduler's steps serve every request exactly as its lengths say, under the
+budget and the slot limit; the traces have the shape they claim; cache blocks are never shared; and continuous
+batching on the Llama model gives every request what it gets alone."""
 
 from __future__ import annotations
 
@@ -12,17 +12,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pieceworks
-from pieceworks.harness import llama as L
-from pieceworks.harness import serving as S
+from pieceworks.harness.models import llama as L
+from pieceworks.harness.models import serving as S
 
 requests_st = st.lists(st.builds(S.Request, st.integers(1, 40), st.integers(1, 12)), min_size=1, max_size=12)
 
 
 @settings(max_examples=60, deadline=None)
-@given(requests=requests_st, budget=st.integers(4, 48), seqs=st.integers(1, 4),
-       gaps=st.lists(st.integers(0, 6), min_size=12, max_size=12))
-def test_steps_serve_each_request_its_positions_in_order_within_budget_and_slots(requests, budget, seqs, gaps):
-    arrivals = [sum(gaps[:i + 1]) for i in range(len(requests))]
+@given(
+    requests=requests_st,
+    budget=st.integers(4, 48),
+    seqs=st.integers(1, 4),
+    gaps=st.lists(st.integers(0, 6), min_size=12, max_size=12),
+)
+def test_steps_serve_each_request_its_positions_in_order_within_budget_and_slots(
+    requests, budget, seqs, gaps
+):
+    arrivals = [sum(gaps[: i + 1]) for i in range(len(requests))]
     steps = S.schedule(requests, budget, seqs, arrivals)
     seen = collections.defaultdict(list)  # request -> its positions, in the order served
     slot_of, live = {}, {}  # request -> slot; slot -> request holding it
@@ -38,7 +44,8 @@ def test_steps_serve_each_request_its_positions_in_order_within_budget_and_slots
             seen[c.request] += range(c.first, c.first + c.tokens)
         for slot in step.freed:
             del live[slot]
-    for r, request in enumerate(requests):  # prompt positions, then one decode position per output token but the first
+    # prompt positions, then one decode position per output token but the first
+    for r, request in enumerate(requests):
         assert seen[r] == list(range(request.prompt + request.output - 1)), f"request {r}"
     assert not live, "every slot is free at the end"
     first_step = {}
@@ -56,7 +63,8 @@ def test_the_traces_have_their_shapes():
     assert sizes[0] == 16 and sizes[-1] >= 1 and sizes == sorted(sizes, reverse=True)
     mixed = S.mixed_trace(24, seed=3, token_budget=256, max_seqs=16, max_context=512)
     kinds = collections.Counter(step.kind for step in mixed)
-    assert kinds["mixed"] > kinds["decode"] and not mixed[-1].uniform_decode  # it ends with the last prompt chunk
+    # it ends with the last prompt chunk
+    assert kinds["mixed"] > kinds["decode"] and not mixed[-1].uniform_decode
     assert max(step.num_tokens for step in mixed) == 256
     assert S.mixed_trace(24, seed=3) == S.mixed_trace(24, seed=3) != S.mixed_trace(24, seed=4)
     assert all(r.prompt + r.output <= 512 for r in S.request_mix(200, seed=0, max_context=512))
@@ -72,23 +80,32 @@ def test_cache_blocks_are_never_shared_and_come_back():
         assert len(owned) == len(set(owned)) and 0 not in owned  # block 0 is reserved
         for c in step.chunks:
             assert len(blocks.owned[c.slot]) * L.TINY.block_size >= c.first + c.tokens
-            table = model.attn_metadata.block_tables[c.slot, :len(blocks.owned[c.slot])]
+            table = model.attn_metadata.block_tables[c.slot, : len(blocks.owned[c.slot])]
             assert table.tolist() == blocks.owned[c.slot]
         blocks.release(step)
     assert len(blocks.free) + sum(map(len, blocks.owned.values())) == total
     with pytest.raises(MemoryError, match="free blocks"):
-        S.KVBlocks(model).cover(S.Step((S.Chunk(0, 0, 0, L.TINY.num_blocks * L.TINY.block_size),)))
+        S.KVBlocks(model).cover(S.ServingStep((S.Chunk(0, 0, 0, L.TINY.num_blocks * L.TINY.block_size),)))
 
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_continuous_batching_gives_every_request_what_it_gets_alone(compiled):
-    """Each token's hidden state from the batched trace (eager, or compiled by pieceworks) equals the one from serving
-    its request alone, prompt in one chunk: chunks, decode tokens, padding rows and blocks change nothing."""
+    """Each token's hidden state from the batched trace (eager, or compiled by pieceworks) equals the one from
+    serving its request alone, prompt in one chunk: chunks, decode tokens, padding rows and blocks change
+    nothing."""
     torch.manual_seed(0)
     model = L.Llama(L.TINY)
     requests = S.request_mix(7, seed=2, prompt_median=9, output_median=5, max_context=L.TINY.max_context)
-    run = model if not compiled else pieceworks.compile(model, pieceworks.CompilationConfig(
-        splitting_ops=L.TINY.splitting_ops, compiler="eager", cudagraph_mode="NONE"))
+    run = (
+        model
+        if not compiled
+        else pieceworks.compile(
+            model,
+            pieceworks.CompilationConfig(
+                splitting_ops=L.TINY.splitting_ops, compiler="eager", cudagraph_mode="NONE"
+            ),
+        )
+    )
 
     def serve(steps, fn):
         found, blocks = {}, S.KVBlocks(model, seed=5)
@@ -104,8 +121,12 @@ def test_continuous_batching_gives_every_request_what_it_gets_alone(compiled):
     alone = {}
     for r, request in enumerate(requests):
         steps = S.schedule([request], token_budget=L.TINY.max_tokens, max_seqs=1)
-        steps = [S.Step(tuple(c._replace(request=r) for c in step.chunks), step.freed) for step in steps]
+        steps = [
+            S.ServingStep(tuple(c._replace(request=r) for c in step.chunks), step.freed) for step in steps
+        ]
         alone.update(serve(steps, model))
     assert batched.keys() == alone.keys()
     for key in alone:
-        torch.testing.assert_close(batched[key], alone[key], rtol=1e-4, atol=1e-4, msg=lambda m: f"{key}: {m}")
+        torch.testing.assert_close(
+            batched[key], alone[key], rtol=1e-4, atol=1e-4, msg=lambda m, key=key: f"{key}: {m}"
+        )

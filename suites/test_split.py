@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from pieceworks import split_graph
-from pieceworks.harness import models
+from pieceworks.harness.models import toy as models
 from suites.helpers import dynamo_graph
 
 ATTN = ["silly::attention"]
@@ -29,7 +29,7 @@ def test_silly_model_has_5_pieces_3_compiled():
     assert len(items) == 5
     assert [i.is_splitting_graph for i in items] == [False, True, False, True, False]
     assert [i.graph_id for i in items] == list(range(5))
-    assert all(getattr(split_gm, i.submod_name) is i.graph for i in items)
+    assert all(getattr(split_gm, i.submod_name) is i.fx_graph for i in items)
 
 
 @pytest.mark.parametrize("layers", [1, 2, 5])
@@ -92,7 +92,7 @@ def test_adjacent_splitting_ops_share_one_piece_and_getitems_follow():
     expected = gm(*inputs)
     split_gm, items = split_graph(gm, ["silly::pair"])
     assert [i.is_splitting_graph for i in items] == [True, False]
-    splitting = items[0].graph
+    splitting = items[0].fx_graph
     getitems = [n for n in splitting.graph.nodes if n.target is operator.getitem]
     assert len(getitems) >= 3  # the unpacking of both pairs stays with the ops
     _outputs_equal(split_gm(*inputs), expected)
@@ -153,7 +153,7 @@ def test_sizes_are_decomposed_before_splitting():
     split_gm, items = split_graph(gm, ATTN)
     assert len(items) == 3
     for item in items:
-        for node in item.graph.graph.nodes:
+        for node in item.fx_graph.graph.nodes:
             value = node.meta.get("example_value")
             assert not isinstance(value, torch.Size), f"a torch.Size crosses into {item.submod_name}"
     assert not any(n.op == "call_method" and n.target == "size" and len(n.args) == 1 for n in gm.graph.nodes)

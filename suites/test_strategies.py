@@ -1,8 +1,8 @@
-"""Every hypothesis strategy of `pieceworks.harness.strategies` (and the suites' own, `suites.helpers`) reaches its
-boundary cases.
+"""Every hypothesis strategy of `pieceworks.harness.testing.strategies` (and the suites' own,
+`suites.helpers`) reaches its boundary cases.
 
-A strategy that never draws batch 1, the largest capture size, a size above it, an empty index or a splitting op
-at either end of a program would let every property pass while testing less than it claims. Each case asks
+A strategy that never draws batch 1, the largest capture size, a size above it, an empty index or a splitting
+op at either end of a program would let every property pass while testing less than it claims. Each case asks
 hypothesis' own `find` for a draw at one boundary (deterministic: a fixed seed, no example database).
 """
 
@@ -13,10 +13,11 @@ import random
 import pytest
 from hypothesis import Phase, find, settings
 
-from pieceworks.harness import strategies
+from pieceworks.harness.testing import strategies
 from suites.helpers import mismatches, signatures
 
-SETTINGS = settings(max_examples=3000, database=None, deadline=None, phases=[Phase.generate])  # found, not shrunk
+# found, not shrunk
+SETTINGS = settings(max_examples=3000, database=None, deadline=None, phases=[Phase.generate])
 
 
 def reaches(strategy, condition) -> None:
@@ -58,8 +59,10 @@ SIZE_BOUNDARIES = {
     "batch above the largest size": (lambda: strategies.batch_sequences(max_size=64), lambda b: max(b) > 64),
     "the largest batch": (lambda: strategies.batch_sequences(max_size=64, beyond=16), lambda b: 80 in b),
     "one size repeated": (lambda: strategies.batch_sequences(), lambda b: len(b) > 1 and len(set(b)) == 1),
-    "descending batches": (lambda: strategies.batch_sequences(),
-                           lambda b: len(set(b)) > 2 and b == sorted(b, reverse=True)),
+    "descending batches": (
+        lambda: strategies.batch_sequences(),
+        lambda b: len(set(b)) > 2 and b == sorted(b, reverse=True),
+    ),
 }
 
 
@@ -74,8 +77,10 @@ CACHE_BOUNDARIES = {
     "empty entry name": (strategies.index_entries, lambda e: "" in e),
     "zero-byte artifact": (strategies.index_entries, lambda e: any(v["bytes"] == 0 for v in e.values())),
     "truncated to nothing": (strategies.corruptions, lambda d: d == ("truncate", 0)),
-    **{f"damage {kind}": (strategies.corruptions, lambda d, kind=kind: d[0] == kind)
-       for kind in ("truncate", "digit", "flip", "garbage", "empty", "version")},
+    **{
+        f"damage {kind}": (strategies.corruptions, lambda d, kind=kind: d[0] == kind)
+        for kind in ("truncate", "digit", "flip", "garbage", "empty", "version")
+    },
 }
 
 
@@ -99,12 +104,16 @@ CALL_BOUNDARIES = {
     "a bool tensor": (signatures, lambda s: any(a[0] == "tensor" and a[1] == "bool" for a in s)),
     "a 0-trailing-dim tensor": (signatures, lambda s: any(a[0] == "tensor" and a[2] == () for a in s)),
     "a plain True": (signatures, lambda s: any(a[0] == "value" and a[1] is True for a in s)),
-    "a bare output leaf": (strategies.output_structures, lambda o: o[0] == "value" if isinstance(o, tuple) and o
-                           and isinstance(o[0], str) else False),
-    "outputs nested three deep": (strategies.output_structures,
-                                  lambda o: _depth(o) >= 3),
+    "a bare output leaf": (
+        strategies.output_structures,
+        lambda o: o[0] == "value" if isinstance(o, tuple) and o and isinstance(o[0], str) else False,
+    ),
+    "outputs nested three deep": (strategies.output_structures, lambda o: _depth(o) >= 3),
     "a dict of outputs": (lambda: strategies.output_structures(dicts=True), lambda o: _has(o, dict)),
-    "an unbatched output": (lambda: strategies.output_structures(unbatched=True), lambda o: "weight" in repr(o)),
+    "an unbatched output": (
+        lambda: strategies.output_structures(unbatched=True),
+        lambda o: "weight" in repr(o),
+    ),
 }
 
 
@@ -131,7 +140,8 @@ def test_calls_and_outputs_reach(boundary):
 
 def test_profiles_are_loaded_once_so_a_later_conftest_keeps_the_chosen_one():
     """pytest loads --hypothesis-profile after the first conftests; a conftest imported later (the conformance
-    suite's parents, in a --pyargs run) calls register_profiles again, which must not load the default again."""
+    suite's parents, in a --pyargs run) calls register_profiles again, which must not load the default
+    again."""
     chosen = settings.get_current_profile_name()
     try:
         settings.load_profile("nightly")

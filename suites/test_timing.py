@@ -1,16 +1,17 @@
-"""Side-by-side timing (`harness.timing.interleaved_cuda_time_us`) on a fake clock: CUDA events replaced by a clock the
-timed callables advance, so the test runs on a CPU and knows the true costs."""
+"""Side-by-side timing (`harness.measure.timing.interleaved_cuda_time_us`) on a fake clock: CUDA events
+replaced by a clock the timed callables advance, so the test runs on a CPU and knows the true costs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pieceworks.harness import timing
+from pieceworks.harness.measure import timing
 
 
 class _Clock:
-    """Milliseconds of fake time; calls inside [spell_start, spell_end) cost `spell` times more (a busy host)."""
+    """Milliseconds of fake time; calls inside [spell_start, spell_end) cost `spell` times more (a busy
+    host)."""
 
     def __init__(self, spell_start: float, spell_end: float, spell: float) -> None:
         self.now = 0.0
@@ -30,7 +31,7 @@ def _fake_events(monkeypatch, clock: _Clock) -> None:
         def record(self) -> None:
             self.at = clock.now
 
-        def elapsed_time(self, end: "Event") -> float:
+        def elapsed_time(self, end: Event) -> float:
             return end.at - self.at
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
@@ -38,9 +39,9 @@ def _fake_events(monkeypatch, clock: _Clock) -> None:
 
 
 def test_a_slow_spell_falls_on_both_sides_of_a_ratio(monkeypatch):
-    """B costs twice A. A spell that triples every cost from the moment A's samples would have ended, had they been
-    taken first, to the end of the run: timed in rotating rounds, B / A is still 2 (the spell covers both alike);
-    timed one after the other it would read 6."""
+    """B costs twice A. A spell that triples every cost from the moment A's samples would have ended, had they
+    been taken first, to the end of the run: timed in rotating rounds, B / A is still 2 (the spell covers both
+    alike); timed one after the other it would read 6."""
     clock = _Clock(spell_start=280.0, spell_end=float("inf"), spell=3.0)
     _fake_events(monkeypatch, clock)
     fns = {"a": lambda: clock.work(1.0), "b": lambda: clock.work(2.0)}
@@ -51,11 +52,17 @@ def test_a_slow_spell_falls_on_both_sides_of_a_ratio(monkeypatch):
     assert result["a"]["median_us"] in (1000.0, 3000.0) and result["b"]["median_us"] in (2000.0, 6000.0)
 
 
-# ---- the numbers themselves: a wrong timer or memory reading fails these ------------------------------------
+# ---- the numbers themselves: a wrong timer or memory reading fails these -----------------------------------
 def test_summary_and_ratio_are_exact_on_known_samples():
-    assert timing.summary_us([1.0, 2.0, 3.0, 4.0, 5.0]) == {"median_us": 3.0, "p25_us": 1.5, "p75_us": 4.5,
-                                                            "iqr_us": 3.0}
-    ratio = timing.ratio_over_rounds({"round_medians_us": [2.0, 4.0, 9.0]}, {"round_medians_us": [1.0, 1.0, 3.0]})
+    assert timing.summary_us([1.0, 2.0, 3.0, 4.0, 5.0]) == {
+        "median_us": 3.0,
+        "p25_us": 1.5,
+        "p75_us": 4.5,
+        "iqr_us": 3.0,
+    }
+    ratio = timing.ratio_over_rounds(
+        {"round_medians_us": [2.0, 4.0, 9.0]}, {"round_medians_us": [1.0, 1.0, 3.0]}
+    )
     assert ratio == {"median": 3.0, "min": 2.0, "max": 4.0, "rounds": 3}
 
 
@@ -68,8 +75,8 @@ def test_host_time_measures_the_time_a_call_takes():
 
 
 def _gpu_work(device, ms: float = 5.0):
-    """A callable that keeps the GPU busy about `ms` milliseconds (a chain of matmuls), and its wall time per call
-    measured with a synchronize on each side."""
+    """A callable that keeps the GPU busy about `ms` milliseconds (a chain of matmuls), and its wall time per
+    call measured with a synchronize on each side."""
     import time
 
     a = torch.randn(2048, 2048, device=device)
@@ -96,8 +103,8 @@ def _gpu_work(device, ms: float = 5.0):
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
 def test_gpu_timers_wait_for_the_device(cuda):
-    """CUDA events and the synchronized clock report the kernels' time (about the synchronized wall time of the
-    work), not the microseconds it takes to launch them."""
+    """CUDA events and the synchronized clock report the kernels' time (about the synchronized wall time of
+    the work), not the microseconds it takes to launch them."""
     work, wall_us = _gpu_work(cuda)
     timed = timing.cuda_time_us(work, warmup=2, reps=10)["median_us"]
     assert 0.7 * wall_us <= timed <= 1.3 * wall_us, (timed, wall_us)
@@ -110,11 +117,12 @@ def test_gpu_timers_wait_for_the_device(cuda):
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
 def test_memory_readings_see_a_known_allocation(cuda):
-    """256 MiB allocated shows in the allocator and device readings; a graph whose output is 64 MiB holds at least
-    that much in its pool, and the pool reading counts only that pool."""
-    from pieceworks.harness import memory
+    """256 MiB allocated shows in the allocator and device readings; a graph whose output is 64 MiB holds at
+    least that much in its pool, and the pool reading counts only that pool."""
+    from pieceworks.harness.measure import memory
 
-    torch.cuda.empty_cache()  # cached blocks of earlier tests would serve the allocation without a new segment
+    # cached blocks of earlier tests would serve the allocation without a new segment
+    torch.cuda.empty_cache()
     before = memory.memory_state()
     block = torch.empty(256 * 2**20, dtype=torch.uint8, device=cuda)
     after = memory.memory_state()

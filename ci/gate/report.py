@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .verdicts import CONTROL, INCOMPLETE, REGRESSION, Row, IMPROVED, OK, INFO, NEW
+from .verdicts import CONTROL, IMPROVED, INCOMPLETE, INFO, NEW, OK, REGRESSION, Row
 
 __all__ = ["format_value", "text_table", "markdown"]
 
@@ -39,15 +39,30 @@ def format_value(value: float | str | None, unit: str | None) -> str:
 
 def _rank(row: Row) -> int:
     """0 incomplete, 1 regression, 2 improved, 3 the rest: the order rows are shown in."""
-    return 0 if row.verdict in INCOMPLETE else 1 if row.verdict in REGRESSION else 2 if row.verdict == IMPROVED else 3
+    return (
+        0
+        if row.verdict in INCOMPLETE
+        else 1
+        if row.verdict in REGRESSION
+        else 2
+        if row.verdict == IMPROVED
+        else 3
+    )
 
 
 def _cells(row: Row) -> tuple[str, ...]:
     ratio = "" if row.ratio is None else f"{row.ratio:.3f}"
     threshold = "" if row.threshold is None else f"+{row.threshold:.0%}"
     verdict = row.verdict + (f" ({row.note})" if row.note else "")
-    return (row.benchmark, row.params, format_value(row.base, row.unit), format_value(row.head, row.unit), ratio,
-            threshold, verdict)
+    return (
+        row.benchmark,
+        row.params,
+        format_value(row.base, row.unit),
+        format_value(row.head, row.unit),
+        ratio,
+        threshold,
+        verdict,
+    )
 
 
 def summary(rows: list[Row], status: int) -> str:
@@ -80,13 +95,21 @@ def markdown(rows: list[Row], status: int, base_label: str, head_label: str) -> 
     ordered = sorted(rows, key=_rank)
     attention = [r for r in ordered if _rank(r) < 3]
     rest = [r for r in ordered if _rank(r) == 3 and r.verdict in (OK, INFO, NEW, CONTROL)]
-    out = [f"### Benchmark gate: {summary(rows, status)}", "",
-           f"base `{base_label}` → head `{head_label}`; ratio = head / base (lower is better); threshold = allowed "
-           "increase, widened where the measured spread is larger.", ""]
+    out = [
+        f"### Benchmark gate: {summary(rows, status)}",
+        "",
+        f"base `{base_label}` → head `{head_label}`; ratio = head / base (lower is better); "
+        "threshold = allowed increase, widened where the measured spread is larger.",
+        "",
+    ]
     out += _md_table(attention) if attention else ["Nothing regressed, improved, failed or went missing."]
     if rest:
-        out += ["", f"<details><summary>{len(rest)} unchanged (within threshold), new, informational or controls"
-                f"</summary>", ""]
+        out += [
+            "",
+            f"<details><summary>{len(rest)} unchanged (within threshold), new, informational or controls"
+            f"</summary>",
+            "",
+        ]
         out += _md_table(rest)
         out += ["", "</details>"]
     return "\n".join(out) + "\n"

@@ -1,10 +1,11 @@
-"""Reading asv result files: a result set of one commit for the gate, the newest run of each benchmark for the report.
+"""Reading asv result files: one commit's result set for the gate, each benchmark's newest run for the report.
 
-asv 0.6 writes `<results_dir>/<machine>/<commit[:8]>-<env>.json`: `result_columns` names the columns of each row in
-`results`; the `result` column holds one value for a benchmark without parameters or one value per parameter
-combination, in `itertools.product(*params)` order; `null` means failed (the whole column `null`: all failed),
-`NaN` means skipped (`NotImplementedError` in setup). `stats_q_25` / `stats_q_75` are there for `time_` benchmarks.
-`<results_dir>/benchmarks.json` gives each benchmark's `unit`, `type` and `param_names`. Standard library only.
+asv 0.6 writes `<results_dir>/<machine>/<commit[:8]>-<env>.json`: `result_columns` names the columns of each
+row in `results`; the `result` column holds one value for a benchmark without parameters or one value per
+parameter combination, in `itertools.product(*params)` order; `null` means failed (the whole column `null`:
+all failed), `NaN` means skipped (`NotImplementedError` in setup). `stats_q_25` / `stats_q_75` are there for
+`time_` benchmarks. `<results_dir>/benchmarks.json` gives each benchmark's `unit`, `type` and `param_names`.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -15,9 +16,21 @@ import json
 import math
 import os
 import statistics
+from typing import TypeGuard
 
-__all__ = ["FAILED", "SKIPPED", "Item", "ResultSet", "ResultSetError", "combined", "is_number", "load_result_set",
-           "newest_runs", "result_files", "values_of"]
+__all__ = [
+    "FAILED",
+    "SKIPPED",
+    "Item",
+    "ResultSet",
+    "ResultSetError",
+    "combined",
+    "is_number",
+    "load_result_set",
+    "newest_runs",
+    "result_files",
+    "values_of",
+]
 
 FAILED = "failed"
 SKIPPED = "skipped"
@@ -32,10 +45,11 @@ class ResultSetError(ValueError):
 class Item:
     """One benchmark at one parameter combination, over all rounds of a set.
 
-    `value` is the median over the rounds that measured it, or FAILED (some round failed) or SKIPPED (every round
-    skipped). `spread` is a relative half-width of the spread seen, 0.0 when nothing says how noisy it is: the
-    larger of asv's interquartile range ((q75 - q25) / 2 / median, per round) and the spread of the per-round
-    values (half the range for fewer than four rounds, else half the interquartile range, over the median).
+    `value` is the median over the rounds that measured it, or FAILED (some round failed) or SKIPPED (every
+    round skipped). `spread` is a relative half-width of the spread seen, 0.0 when nothing says how noisy it
+    is: the larger of asv's interquartile range ((q75 - q25) / 2 / median, per round) and the spread of the
+    per-round values (half the range for fewer than four rounds, else half the interquartile range, over the
+    median).
     """
 
     benchmark: str
@@ -47,7 +61,7 @@ class Item:
 
 @dataclasses.dataclass
 class ResultSet:
-    """What one side of a comparison measured: result files of one commit, machine and environment (rounds)."""
+    """One side of a comparison: the result files (rounds) of one commit, machine and environment."""
 
     label: str
     commit: str
@@ -70,15 +84,24 @@ def result_files(path: str, commit: str | None = None) -> list[str]:
     if os.path.isfile(path):
         return [path]
     if not os.path.isdir(path):
-        raise ResultSetError(f"{path}: no such file or folder; pass an asv result file "
-                             "(<results_dir>/<machine>/<commit>-<env>.json) or a folder of them")
-    found = sorted(os.path.join(root, name) for root, _, names in os.walk(path)
-                   for name in names if name.endswith(".json") and name not in _NOT_RESULTS)
+        raise ResultSetError(
+            f"{path}: no such file or folder; pass an asv result file "
+            "(<results_dir>/<machine>/<commit>-<env>.json) or a folder of them"
+        )
+    found = sorted(
+        os.path.join(root, name)
+        for root, _, names in os.walk(path)
+        for name in names
+        if name.endswith(".json") and name not in _NOT_RESULTS
+    )
     if commit:
         found = [f for f in found if os.path.basename(f).startswith(commit[:8])]
     if not found:
-        raise ResultSetError(f"{path}: no asv result files" + (f" of commit {commit}" if commit else "")
-                             + " in it (asv writes <machine>/<commit[:8]>-<env>.json under its results_dir)")
+        raise ResultSetError(
+            f"{path}: no asv result files"
+            + (f" of commit {commit}" if commit else "")
+            + " in it (asv writes <machine>/<commit[:8]>-<env>.json under its results_dir)"
+        )
     return found
 
 
@@ -104,20 +127,23 @@ def _benchmarks_json(files: list[str]) -> dict[str, dict]:
     return {}
 
 
-def is_number(x: object) -> bool:
+def is_number(x: object) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
 def _checked(path: str, data: dict) -> dict:
     if data.get("version") != 2 or "result_columns" not in data or "results" not in data:
-        raise ResultSetError(f"{path}: not an asv 0.6 result file (needs version 2, result_columns, results); "
-                             "run `asv update` on older results")
+        raise ResultSetError(
+            f"{path}: not an asv 0.6 result file (needs version 2, result_columns, results); "
+            "run `asv update` on older results"
+        )
     return data
 
 
 def values_of(path: str, data: dict, name: str) -> list[tuple[tuple[str, ...], object, float]]:
-    """(params as asv writes them, value, spread) of every parameter combination of benchmark `name` in one result
-    file: the value as stored (None failed, NaN skipped), the spread asv's relative IQR half-width, else 0.0."""
+    """(params as asv writes them, value, spread) of every parameter combination of benchmark `name` in one
+    result file: the value as stored (None failed, NaN skipped), the spread asv's relative IQR half-width,
+    else 0.0."""
     cells = dict(zip(data["result_columns"], data["results"][name]))
     params = cells.get("params") or []
     combos = [tuple(c) for c in itertools.product(*params)] if params else [()]
@@ -125,16 +151,25 @@ def values_of(path: str, data: dict, name: str) -> list[tuple[tuple[str, ...], o
     if values is None:  # asv stores an all-failed benchmark as a single null
         values = [None] * len(combos)
     if len(values) != len(combos):
-        raise ResultSetError(f"{path}: {name} has {len(values)} results for {len(combos)} parameter combinations")
+        raise ResultSetError(
+            f"{path}: {name} has {len(values)} results for {len(combos)} parameter combinations"
+        )
     q25 = cells.get("stats_q_25") or [None] * len(combos)
     q75 = cells.get("stats_q_75") or [None] * len(combos)
-    return [(combo, value, abs(hi - lo) / 2 / abs(value) if all(map(is_number, (value, lo, hi))) and value else 0.0)
-            for combo, value, lo, hi in zip(combos, values, q25, q75)]
+    return [
+        (
+            combo,
+            value,
+            abs(hi - lo) / 2 / abs(value) if all(map(is_number, (value, lo, hi))) and value else 0.0,
+        )
+        for combo, value, lo, hi in zip(combos, values, q25, q75)
+    ]
 
 
 def newest_runs(files: list[str]) -> dict[str, tuple[float, str, dict]]:
-    """{benchmark: (started, file, document)}: each benchmark of `files` from the file whose run of it started last
-    (asv's `started_at`; the first file on a tie). Commits mix: the report's view, never a set the gate compares."""
+    """{benchmark: (started, file, document)}: each benchmark of `files` from the file whose run of it started
+    last (asv's `started_at`; the first file on a tie). Commits mix: the report's view, never a set the gate
+    compares."""
     newest: dict[str, tuple[float, str, dict]] = {}
     for f in files:
         data = _checked(f, _load_json(f))
@@ -156,9 +191,9 @@ def _round_spread(values: list[float]) -> float:
 
 
 def combined(values: list[object]) -> float | str:
-    """One item's value over the rounds of a set (as stored: None failed, NaN skipped): FAILED if any round failed (a
-    benchmark that crashed in some rounds is not judged on the rounds that ran), SKIPPED if every round skipped, else
-    the median of the measured rounds."""
+    """One item's value over the rounds of a set (as stored: None failed, NaN skipped): FAILED if any round
+    failed (a benchmark that crashed in some rounds is not judged on the rounds that ran), SKIPPED if every
+    round skipped, else the median of the measured rounds."""
     numbers = [v for v in values if is_number(v)]
     if any(v is None for v in values):
         return FAILED
@@ -174,12 +209,16 @@ def load_result_set(spec: str, label: str | None = None) -> ResultSet:
     path, _, commit = spec.partition("@") if "@" in os.path.basename(spec) else (spec, "", "")
     files = result_files(path, commit or None)
     loaded = [(f, _checked(f, _load_json(f))) for f in files]
-    identities = {(d.get("commit_hash"), (d.get("params") or {}).get("machine"), d.get("env_name")) for _, d in loaded}
+    identities = {
+        (d.get("commit_hash"), (d.get("params") or {}).get("machine"), d.get("env_name")) for _, d in loaded
+    }
     if len(identities) != 1:
         listing = ", ".join(sorted(f"{c[:8] if c else '?'} on {m} ({e})" for c, m, e in identities))
-        raise ResultSetError(f"{spec}: result files of more than one commit/machine/environment ({listing}); "
-                             "pass one file, a folder of one commit's rounds, or PATH@COMMIT")
-    (commit_hash, machine, env), = identities
+        raise ResultSetError(
+            f"{spec}: result files of more than one commit/machine/environment ({listing}); "
+            "pass one file, a folder of one commit's rounds, or PATH@COMMIT"
+        )
+    ((commit_hash, machine, env),) = identities
     per_item: dict[tuple[str, tuple[str, ...]], list[tuple[object, float]]] = {}
     for f, data in loaded:
         for name in data["results"]:
@@ -190,4 +229,6 @@ def load_result_set(spec: str, label: str | None = None) -> ResultSet:
         numbers = [v for v, _ in seen if is_number(v)]
         spread = max([s for _, s in seen] + [_round_spread(numbers) if numbers else 0.0])
         items[(name, combo)] = Item(name, combo, combined([v for v, _ in seen]), spread, len(seen))
-    return ResultSet(label or spec, commit_hash or "", machine or "", env or "", files, items, _benchmarks_json(files))
+    return ResultSet(
+        label or spec, commit_hash or "", machine or "", env or "", files, items, _benchmarks_json(files)
+    )

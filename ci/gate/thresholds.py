@@ -1,23 +1,25 @@
 """Per-metric thresholds: which rule judges a benchmark, and how far it may move.
 
-The file (ci/thresholds.json) holds an ordered list of rules; the first whose `match` (fnmatch patterns on the asv
-benchmark name) and `units` (the benchmark's unit from benchmarks.json, where the rule lists any) fit a benchmark
-judges it; a benchmark no rule fits is an error, so that a new benchmark gets a threshold on purpose. Fields:
+The file (ci/thresholds.json) holds an ordered list of rules; the first whose `match` (fnmatch patterns on the
+asv benchmark name) and `units` (the benchmark's unit from benchmarks.json, where the rule lists any) fit a
+benchmark judges it; a benchmark no rule fits is an error, so that a new benchmark gets a threshold on
+purpose. Fields:
 
 - `metric`: the name shown in the report; `gate`: false to show a metric without judging it.
 - `max_ratio`: head / base above this is a regression (lower is better for every gated metric).
 - `abs_tolerance`: a change of at most this many units is never a regression (counts: 0).
-- `noise_k`: the threshold widens to `noise_k` times the relative spread measured in base or head, whichever is
-  larger, when that exceeds `max_ratio - 1` (0: no noise guard).
-- `max_noise`: a widened threshold above this cannot judge a change beyond `max_ratio`: such an item is too noisy
-  (exit 2). A change inside `max_ratio` passes whatever the spread.
-- `iqr_from`: the benchmark of the same class and parameters that reports this one's interquartile range in the same
-  unit (e.g. "track_iqr_us" beside "track_median_us"); its relative half-width joins the measured spread.
+- `noise_k`: the threshold widens to `noise_k` times the relative spread measured in base or head, whichever
+  is larger, when that exceeds `max_ratio - 1` (0: no noise guard).
+- `max_noise`: a widened threshold above this cannot judge a change beyond `max_ratio`: such an item is too
+  noisy (exit 2). A change inside `max_ratio` passes whatever the spread.
+- `iqr_from`: the benchmark of the same class and parameters that reports this one's interquartile range in
+  the same unit (e.g. "track_iqr_us" beside "track_median_us"); its relative half-width joins the measured
+  spread.
 
-`controls` (`{"param": "implementation", "values": [...]}`) names items measuring code no change of this project
-touches: shown, never judged; where they moved beyond their rule's threshold, the gated items of their benchmark and
-parameters are `environment drift` (verdicts.py). The file's "targets" and "own_checks" are the report's; the gate
-ignores them.
+`controls` (`{"param": "implementation", "values": [...]}`) names items measuring code no change of this
+project touches: shown, never judged; where they moved beyond their rule's threshold, the gated items of their
+benchmark and parameters are `environment drift` (verdicts.py). The file's "targets" and "own_checks" are the
+report's; the gate ignores them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,18 @@ import os
 __all__ = ["Controls", "Rule", "Thresholds", "ThresholdsError", "DEFAULT_PATH", "load_thresholds"]
 
 DEFAULT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "thresholds.json")
-_FIELDS = {"metric", "match", "units", "max_ratio", "abs_tolerance", "noise_k", "max_noise", "gate", "iqr_from", "about"}
+_FIELDS = {
+    "metric",
+    "match",
+    "units",
+    "max_ratio",
+    "abs_tolerance",
+    "noise_k",
+    "max_noise",
+    "gate",
+    "iqr_from",
+    "about",
+}
 
 
 class ThresholdsError(ValueError):
@@ -101,12 +114,20 @@ def _rule(path: str, index: int, raw: object) -> Rule:
                 raise ThresholdsError(f"{where}: {field} must be a non-negative number, got {value!r}")
             numbers[field] = float(value)
     if numbers.get("max_ratio", 1.1) < 1.0:
-        raise ThresholdsError(f"{where}: max_ratio {numbers['max_ratio']} < 1 would fail an unchanged benchmark")
+        raise ThresholdsError(
+            f"{where}: max_ratio {numbers['max_ratio']} < 1 would fail an unchanged benchmark"
+        )
     iqr_from = raw.get("iqr_from")
     if iqr_from is not None and (not isinstance(iqr_from, str) or "." in iqr_from):
         raise ThresholdsError(f'{where}: iqr_from names a method of the same class, e.g. "track_iqr_us"')
-    return Rule(metric=raw["metric"], match=tuple(match), units=tuple(units), gate=bool(raw.get("gate", True)),
-                iqr_from=iqr_from, **numbers)
+    return Rule(
+        metric=raw["metric"],
+        match=tuple(match),
+        units=tuple(units),
+        gate=bool(raw.get("gate", True)),
+        iqr_from=iqr_from,
+        **numbers,
+    )
 
 
 def load_thresholds(path: str = DEFAULT_PATH) -> Thresholds:
@@ -114,7 +135,9 @@ def load_thresholds(path: str = DEFAULT_PATH) -> Thresholds:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError) as exc:
-        raise ThresholdsError(f"{path}: cannot read the thresholds file ({exc}); pass --thresholds FILE") from exc
+        raise ThresholdsError(
+            f"{path}: cannot read the thresholds file ({exc}); pass --thresholds FILE"
+        ) from exc
     rules = data.get("rules") if isinstance(data, dict) else None
     if not isinstance(rules, list) or not rules:
         raise ThresholdsError(f'{path}: needs a non-empty "rules" list (see ci/README.md)')
@@ -126,8 +149,16 @@ def _controls(path: str, data: dict) -> Controls | None:
     if raw is None:
         return None
     values = raw.get("values") if isinstance(raw, dict) else None
-    if not isinstance(raw, dict) or not isinstance(raw.get("param"), str) or not isinstance(values, list) \
-            or not values or not all(isinstance(v, str) for v in values) or set(raw) - {"param", "values", "about"}:
-        raise ThresholdsError(f'{path}: "controls" is {{"param": NAME, "values": [VALUE, ...]}}, e.g. '
-                              f'{{"param": "implementation", "values": ["eager"]}}')
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("param"), str)
+        or not isinstance(values, list)
+        or not values
+        or not all(isinstance(v, str) for v in values)
+        or set(raw) - {"param", "values", "about"}
+    ):
+        raise ThresholdsError(
+            f'{path}: "controls" is {{"param": NAME, "values": [VALUE, ...]}}, e.g. '
+            f'{{"param": "implementation", "values": ["eager"]}}'
+        )
     return Controls(raw["param"], frozenset(values))

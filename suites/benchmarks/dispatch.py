@@ -1,4 +1,5 @@
-"""Dispatch on a CPU: the per-batch decisions a call makes before any kernel runs (pure Python, no torch work).
+"""Dispatch on a CPU: the per-batch decisions a call makes before any kernel runs (pure Python, no torch
+work).
 
 - padding: the smallest of vLLM's 51 capture sizes >= the batch, for every batch 1..600 (above 512: none);
 - compile dispatch: the exact compile size, else the compile range holding the batch, for every batch 1..600,
@@ -16,7 +17,8 @@ class Dispatch:
     repeat = (3, 10, 5.0)
 
     def setup(self):
-        from pieceworks import CompilationConfig, compile_target, default_capture_sizes, padded_size
+        from pieceworks import CompilationConfig, default_capture_sizes
+        from pieceworks.core import compile_target, padded_size
 
         self.sizes = default_capture_sizes(512)
         self.padded_size = padded_size

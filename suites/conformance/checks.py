@@ -1,21 +1,28 @@
-"""Comparisons the properties share: outputs against eager, structure first, with dtype-appropriate tolerances.
+"""Comparisons the properties share: outputs against eager, structure first, with dtype-appropriate
+tolerances.
 
-An implementation's output is judged against eager's output for the same inputs: the same structure (tuple, list and
-dict types, keys, lengths), every tensor with eager's shape and dtype (so a padded implementation cuts back exactly
-the tensors whose dim 0 is the batch in eager's output, and no other), values within `tolerances`.
+An implementation's output is judged against eager's output for the same inputs: the same structure (tuple,
+list and dict types, keys, lengths), every tensor with eager's shape and dtype (so a padded implementation
+cuts back exactly the tensors whose dim 0 is the batch in eager's output, and no other), values within
+`tolerances`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
 __all__ = ["assert_same", "clone", "main_tensor", "tolerances", "is_clear_error"]
 
 
-def tolerances(dtype: torch.dtype) -> dict[str, float]:
+class Tolerances(TypedDict):
+    rtol: float
+    atol: float
+
+
+def tolerances(dtype: torch.dtype) -> Tolerances:
     """rtol/atol for comparing an implementation with eager in `dtype` (compiled kernels fuse and reorder)."""
     if dtype in (torch.float16, torch.bfloat16):
         return {"rtol": 2e-2, "atol": 2e-2}
@@ -44,23 +51,29 @@ def main_tensor(value: Any) -> torch.Tensor:
 
 
 def assert_same(got: Any, expected: Any, where: str = "output") -> None:
-    """`got` has `expected`'s structure (types, keys, lengths), every tensor its shape and dtype, and its values within
-    `tolerances` (NaN equal to NaN: poisoned rows of the reference stay NaN)."""
+    """`got` has `expected`'s structure (types, keys, lengths), every tensor its shape and dtype, and its
+    values within `tolerances` (NaN equal to NaN: poisoned rows of the reference stay NaN)."""
     if isinstance(expected, torch.Tensor):
         assert isinstance(got, torch.Tensor), f"{where}: a {type(got).__name__}, eager gives a tensor"
-        assert got.shape == expected.shape, f"{where}: shape {tuple(got.shape)}, eager's {tuple(expected.shape)}"
+        assert got.shape == expected.shape, (
+            f"{where}: shape {tuple(got.shape)}, eager's {tuple(expected.shape)}"
+        )
         assert got.dtype == expected.dtype, f"{where}: dtype {got.dtype}, eager's {expected.dtype}"
         try:
             torch.testing.assert_close(got, expected, equal_nan=True, **tolerances(expected.dtype))
         except AssertionError as exc:
             raise AssertionError(f"{where}: {_differing(got, expected)}\n{exc}") from None
     elif isinstance(expected, dict):
-        assert isinstance(got, dict) and list(got) == list(expected), f"{where}: keys {list(got)}, eager's {list(expected)}"
+        assert isinstance(got, dict) and list(got) == list(expected), (
+            f"{where}: keys {list(got)}, eager's {list(expected)}"
+        )
         for k in expected:
             assert_same(got[k], expected[k], f"{where}[{k!r}]")
     elif isinstance(expected, (tuple, list)):
         assert type(got) is type(expected) and len(got) == len(expected), (
-            f"{where}: {type(got).__name__} of {len(got)}, eager gives {type(expected).__name__} of {len(expected)}")
+            f"{where}: {type(got).__name__} of {len(got)}, eager gives {type(expected).__name__} of "
+            f"{len(expected)}"
+        )
         for i, (g, e) in enumerate(zip(got, expected)):
             assert_same(g, e, f"{where}[{i}]")
     else:

@@ -3,11 +3,12 @@ options make: run.py; the sizes and batches it serves: plan.py).
 
 - Every test taking `subject` runs once per selected implementation x model (`--impl`, `--conformance-model`).
 - Tests run subject by subject (model, then implementation, then property), so each subject is built once
-  (`Builds`), for the run's drawn capture sizes; the compile-cache tests of a model run after all its other tests,
-  when every implementation has written its cache entries.
-- The device is `--conformance-device`: auto (the default) is cuda where the machine has CUDA, else cpu. On cuda
-  every subject test is a gpu test with a timeout of 300 s (its build included). On cpu the properties that read
-  the CUDA caching allocator are "not applicable"; a run in which no test ran at all fails (`plugin.nothing_ran`).
+  (`Builds`), for the run's drawn capture sizes; the compile-cache tests of a model run after all its other
+  tests, when every implementation has written its cache entries.
+- The device is `--conformance-device`: auto (the default) is cuda where the machine has CUDA, else cpu. On
+  cuda every subject test is a gpu test with a timeout of 300 s (its build included). On cpu the properties
+  that read the CUDA caching allocator are "not applicable"; a run in which no test ran at all fails
+  (`plugin.nothing_ran`).
 - No Dynamo reset between tests (it would invalidate torch.compile-based builds); calls run under no_grad; one
   pieceworks cache directory for the session (what the warm-start property's fresh process reads).
 """
@@ -16,16 +17,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 
 from .plan import Plan
 from .run import resolve
-from .subjects import PROPERTIES, Builds, Subject, impl_unavailable, not_applicable, not_observable, unavailable
+from .subjects import (
+    PROPERTIES,
+    Builds,
+    Subject,
+    impl_unavailable,
+    not_applicable,
+    not_observable,
+    unavailable,
+)
 
-# `pytest path/to/conformance` loads the plugin here; `--pyargs` runs need `-p pieceworks.conformance.plugin`, since
-# the options must exist before pytest reads the arguments.
+# `pytest path/to/conformance` loads the plugin here; `--pyargs` runs need `-p pieceworks.conformance.plugin`,
+# since the options must exist before pytest reads the arguments.
 pytest_plugins = ["pieceworks.conformance.plugin"]
 
 _ORDER = list(PROPERTIES)
@@ -40,34 +51,48 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def _property_of(item: pytest.Item) -> str:
     marker = item.get_closest_marker("conformance")
     if marker is None or marker.args[0] not in PROPERTIES:
-        raise pytest.UsageError(f"{item.nodeid}: a conformance test needs @pytest.mark.conformance(<one of "
-                                f"{list(PROPERTIES)}>)")
+        raise pytest.UsageError(
+            f"{item.nodeid}: a conformance test needs @pytest.mark.conformance(<one of {list(PROPERTIES)}>)"
+        )
     return marker.args[0]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from pieceworks.conformance.plugin import CONFORMANCE_KEY, CONFORMANCE_META  # imported once pytest_plugins has it
+    # imported once pytest_plugins has it
+    from pieceworks.conformance.plugin import CONFORMANCE_KEY, CONFORMANCE_META
 
     run = resolve(config)
     rank = {s.id: i for i, s in enumerate(run.subjects)}
     models = list(dict.fromkeys(s.case.name for s in run.subjects))
 
     def key(item: pytest.Item) -> tuple:
-        subject = getattr(item, "callspec", None) and item.callspec.params.get("subject")
+        subject = (callspec := getattr(item, "callspec", None)) and callspec.params.get("subject")
         if subject is None:
             return (-1,)
         prop = _property_of(item)
-        return (models.index(subject.case.name), prop == "warm-start-compiles-nothing", rank[subject.id],
-                _ORDER.index(prop))
+        return (
+            models.index(subject.case.name),
+            prop == "warm-start-compiles-nothing",
+            rank[subject.id],
+            _ORDER.index(prop),
+        )
 
     for item in items:
-        subject = getattr(item, "callspec", None) and item.callspec.params.get("subject")
-        if subject is None:
+        subject = (callspec := getattr(item, "callspec", None)) and callspec.params.get("subject")
+        if subject is None or not isinstance(item, pytest.Function):  # a parametrized item is a Function
             continue
-        item.user_properties.append((CONFORMANCE_KEY, {
-            "impl": subject.impl.name, "model": subject.case.name, "property": _property_of(item),
-            "fixtures": list(item.fixturenames)}))
+        item.user_properties.append(
+            (
+                CONFORMANCE_KEY,
+                {
+                    "impl": subject.impl.name,
+                    "model": subject.case.name,
+                    "property": _property_of(item),
+                    "fixtures": list(item.fixturenames),
+                },
+            )
+        )
         if run.device == "cuda":
             item.add_marker(pytest.mark.gpu)
             if item.get_closest_marker("timeout") is None:
@@ -77,39 +102,54 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _describe(config: pytest.Config) -> dict:
-    """The run, for the JSON: device, versions, seed, capture sizes, batches, implementations with capabilities and
-    reasons."""
+    """The run, for the JSON: device, versions, seed, capture sizes, batches, implementations with
+    capabilities and reasons."""
     run = resolve(config)
-    impls, cases = {}, {}
+    impls: dict[str, dict[str, Any]] = {}
+    cases: dict[str, dict[str, Any]] = {}
     for s in run.subjects:
-        impls.setdefault(s.impl.name, {
-            "spec": s.spec, "capabilities": dataclasses.asdict(s.impl.capabilities), "contracts": dict(s.impl.contracts),
-            "unavailable": impl_unavailable(s.impl, run.device),
-        })
-        cases.setdefault(s.case.name, {"splitting_ops": list(s.case.splitting_ops), "unavailable": s.case.unavailable()})
+        impls.setdefault(
+            s.impl.name,
+            {
+                "spec": s.spec,
+                "capabilities": dataclasses.asdict(s.impl.capabilities),
+                "contracts": dict(s.impl.contracts),
+                "unavailable": impl_unavailable(s.impl, run.device),
+            },
+        )
+        cases.setdefault(
+            s.case.name, {"splitting_ops": list(s.case.splitting_ops), "unavailable": s.case.unavailable()}
+        )
     cuda = torch.cuda.is_available()
     plan = run.plan
     return {
         "device": run.device,
         "gpu": torch.cuda.get_device_name() if cuda and run.device == "cuda" else None,
-        "torch": torch.__version__, "cuda": torch.version.cuda,
-        "seed": plan.seed, "capture_sizes": list(plan.capture_sizes), "batches": plan.batches,
-        "largest_batch": plan.largest_batch, "plan": plan.describe(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "seed": plan.seed,
+        "capture_sizes": list(plan.capture_sizes),
+        "batches": plan.batches,
+        "largest_batch": plan.largest_batch,
+        "plan": plan.describe(),
         "properties": {name: text for name, (_, text) in PROPERTIES.items()},
-        "implementations": impls, "models": cases,
+        "implementations": impls,
+        "models": cases,
     }
 
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo_and_cache():
-    """Overrides the repository's fixture of this name: no Dynamo reset between tests (builds outlive a test)."""
+    """Overrides the repository's fixture of this name: no Dynamo reset between tests (builds outlive a
+    test)."""
     with torch.no_grad():
         yield
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_cache(tmp_path_factory):
-    """One pieceworks cache for the session, unless $PIECEWORKS_CACHE_DIR names one (the warm start reads it)."""
+    """One pieceworks cache for the session, unless $PIECEWORKS_CACHE_DIR names one (the warm start reads
+    it)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PIECEWORKS_CACHE_DIR", str(tmp_path_factory.mktemp("pieceworks-cache")))
         patch.delenv("PIECEWORKS_DISABLE_CACHE", raising=False)
@@ -117,7 +157,7 @@ def _session_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def builds(request) -> Builds:
+def builds(request) -> Iterator[Builds]:
     run = resolve(request.config)
     value = Builds(run.device, list(run.plan.capture_sizes))
     yield value
@@ -143,8 +183,8 @@ def selected(request) -> list[Subject]:
 
 @pytest.fixture
 def served(request, subject: Subject, builds: Builds, device: str, plan: Plan):
-    """(eager model, build) of the subject, after the checks that make the test's property not applicable or the
-    subject unavailable (each a skip whose reason starts with "not applicable:" / "unavailable:")."""
+    """(eager model, build) of the subject, after the checks that make the test's property not applicable or
+    the subject unavailable (each a skip whose reason starts with "not applicable:" / "unavailable:")."""
     prop = _property_of(request.node)
     reason = unavailable(subject, device, plan.largest_batch)
     if reason:
@@ -152,12 +192,15 @@ def served(request, subject: Subject, builds: Builds, device: str, plan: Plan):
     reason = not_applicable(subject, prop, device)
     if reason:
         pytest.skip(f"not applicable: {reason}")
-    if prop == "warm-start-compiles-nothing":  # needs a build in this run (its cache entries), not the current one
+    # needs a build in this run (its cache entries), not the current one
+    if prop == "warm-start-compiles-nothing":
         if subject.id not in builds.compiles:
             builds.get(subject)
         if builds.compiles[subject.id] is None:
-            pytest.skip(f"not applicable: {subject.impl.name}: "
-                        f"{subject.impl.contracts.get('compiles', 'Built.compiles is None: compiles not observable')}")
+            pytest.skip(
+                f"not applicable: {subject.impl.name}: "
+                f"{subject.impl.contracts.get('compiles', 'Built.compiles is None: compiles not observable')}"
+            )
         return None
     model, built = builds.get(subject)
     reason = not_observable(subject, prop, built)

@@ -1,19 +1,22 @@
-"""A padded CPU runner: the adapter docs/conformance.md shows, which the conformance suite's own tests run as written.
+"""A padded CPU runner: the adapter docs/conformance.md shows, which the conformance suite's own tests run as
+written.
 
-It serves batches as an engine's model runner serves them with CUDA graphs, without the graphs: one static buffer of
-the largest captured size per argument; a batch of b rows copied into the first b rows, the model run on the first
-n rows (n: the smallest captured size >= b, so rows b..n-1 hold an earlier call's rows), the outputs cut back to b
-rows, and what the model wrote into its arguments copied back to the caller's. Above the largest size the model
-runs on the arguments as given. Run it: `--impl pieceworks.conformance.padded_runner:PaddedRunner`.
+It serves batches as an engine's model runner serves them with CUDA graphs, without the graphs: one static
+buffer of the largest captured size per argument; a batch of b rows copied into the first b rows, the model
+run on the first n rows (n: the smallest captured size >= b, so rows b..n-1 hold an earlier call's rows), the
+outputs cut back to b rows, and what the model wrote into its arguments copied back to the caller's. Above the
+largest size the model runs on the arguments as given. Run it: `--impl
+pieceworks.conformance.padded_runner:PaddedRunner`.
 """
 
 import torch
 
-from pieceworks.harness.implementations import Built, Capabilities, Implementation
+from pieceworks.harness.adapters import Built, Capabilities, Implementation
 
 
 def cut(out, batch, n):
-    """`out` with every tensor whose dim 0 is the padded size n cut to its first `batch` rows (tuples, lists, dicts)."""
+    """`out` with every tensor whose dim 0 is the padded size n cut to its first `batch` rows (tuples, lists,
+    dicts)."""
     if isinstance(out, torch.Tensor):
         return out[:batch] if out.dim() > 0 and out.shape[0] == n else out
     if isinstance(out, dict):
@@ -25,10 +28,13 @@ def cut(out, batch, n):
 
 class PaddedRunner(Implementation):
     name = "padded-runner"
-    capabilities = Capabilities(padding=True)  # claims padding only: no CUDA graphs, graph pool or compile cache
-    contracts = {"cuda_graphs": "runs the eager model on static buffers: no CUDA graphs",
-                 "shared_pool": "no CUDA graphs, so no graph pool",
-                 "compile_cache": "compiles nothing, so caches nothing"}
+    # claims padding only: no CUDA graphs, graph pool or compile cache
+    capabilities = Capabilities(padding=True)
+    contracts = {
+        "cuda_graphs": "runs the eager model on static buffers: no CUDA graphs",
+        "shared_pool": "no CUDA graphs, so no graph pool",
+        "compile_cache": "compiles nothing, so caches nothing",
+    }
 
     def build(self, model, make_inputs, capture_sizes, splitting_ops):
         sizes = sorted(capture_sizes)

@@ -1,9 +1,9 @@
 """The conformance table, from a run's JSON (the conformance suite's `--conformance-json PATH`).
 
 `python -m pieceworks.conformance.table PATH [--out FILE]` writes Markdown: per model, implementation x
-property, each cell pass, FAIL, error, n/a or skipped (n/a and skipped with a numbered note giving the reason); an
-implementation unavailable here is one line with the reason; each failure with its message and minimal example.
-Deterministic: the same JSON gives the same bytes.
+property, each cell pass, FAIL, error, n/a or skipped (n/a and skipped with a numbered note giving the
+reason); an implementation unavailable here is one line with the reason; each failure with its message and
+minimal example. Deterministic: the same JSON gives the same bytes.
 """
 
 from __future__ import annotations
@@ -17,8 +17,14 @@ from typing import Any
 
 __all__ = ["render", "main"]
 
-_CELL = {"pass": "pass", "fail": "**FAIL**", "error": "**error**", "n/a": "n/a", "skipped": "skipped",
-         "unavailable": "unavailable"}
+_CELL = {
+    "pass": "pass",
+    "fail": "**FAIL**",
+    "error": "**error**",
+    "n/a": "n/a",
+    "skipped": "skipped",
+    "unavailable": "unavailable",
+}
 
 
 def _ordered(values: list[str]) -> list[str]:
@@ -40,28 +46,51 @@ def render(document: dict[str, Any]) -> str:
 
     device = meta.get("gpu") or meta.get("device", "?")
     counts = collections.Counter(r["outcome"] for r in results)
-    lines = [f"# Conformance: {device}, torch {meta.get('torch', '?')}", "",
-             f"Run {document.get('created', '?')}: `{' '.join(document.get('argv', []))}`; "
-             + (meta.get("plan") or f"capture sizes {meta.get('capture_sizes')}, batches served {meta.get('batches')}")
-             + ". Regenerate: `python -m pieceworks.conformance.table <json> --out <this file>`.", "",
-             "Cells: pass; **FAIL** (listed below with its example); n/a [k]: the property needs what the "
-             "implementation does not claim or expose, note k says why (a contract, not a bug); skipped [k]: not run "
-             "here, note k says why.", "",
-             "Totals: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), ""]
+    lines = [
+        f"# Conformance: {device}, torch {meta.get('torch', '?')}",
+        "",
+        f"Run {document.get('created', '?')}: `{' '.join(document.get('argv', []))}`; "
+        + (
+            meta.get("plan")
+            or f"capture sizes {meta.get('capture_sizes')}, batches served {meta.get('batches')}"
+        )
+        + ". Regenerate: `python -m pieceworks.conformance.table <json> --out <this file>`.",
+        "",
+        "Cells: pass; **FAIL** (listed below with its example); n/a [k]: the property needs what the "
+        "implementation does not claim or expose, note k says why (a contract, not a bug); skipped [k]: not "
+        "run here, note k says why.",
+        "",
+        "Totals: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
+        "",
+    ]
     for model in models:
-        lines += [f"## {model}", "", "| implementation | " + " | ".join(properties) + " |",
-                  "|---|" + "---|" * len(properties)]
+        lines += [
+            f"## {model}",
+            "",
+            "| implementation | " + " | ".join(properties) + " |",
+            "|---|" + "---|" * len(properties),
+        ]
         for impl in impls:
             row = [cells.get((impl, model, p)) for p in properties]
             present = [r for r in row if r is not None]
             if not present:
                 continue
-            if all(r["outcome"] == "unavailable" for r in present) and len({r["reason"] for r in present}) == 1:
-                lines.append(f"| {impl} | unavailable {note(present[0]['reason'])} |" + " |" * (len(properties) - 1))
+            if (
+                all(r["outcome"] == "unavailable" for r in present)
+                and len({r["reason"] for r in present}) == 1
+            ):
+                lines.append(
+                    f"| {impl} | unavailable {note(present[0]['reason'])} |" + " |" * (len(properties) - 1)
+                )
                 continue
-            shown = ["" if r is None else f"{_CELL[r['outcome']]} {note(r['reason'])}"
-                     if r["outcome"] in ("n/a", "skipped", "unavailable") and r.get("reason")
-                     else _CELL.get(r["outcome"], r["outcome"]) for r in row]
+            shown = [
+                ""
+                if r is None
+                else f"{_CELL[r['outcome']]} {note(r['reason'])}"
+                if r["outcome"] in ("n/a", "skipped", "unavailable") and r.get("reason")
+                else _CELL.get(r["outcome"], r["outcome"])
+                for r in row
+            ]
             lines.append(f"| {impl} | " + " | ".join(shown) + " |")
         lines.append("")
     if notes:
@@ -69,8 +98,14 @@ def render(document: dict[str, Any]) -> str:
     failures = [r for r in results if r["outcome"] in ("fail", "error")]
     lines += ["## Failures", "", *([] if failures else ["None.", ""])]
     for r in failures:
-        lines += [f"### {r['impl']} / {r['model']} / {r['property']} ({r['outcome']})", "", f"{r.get('reason') or ''}",
-                  "", f"`{r.get('nodeid', '')}`", ""]
+        lines += [
+            f"### {r['impl']} / {r['model']} / {r['property']} ({r['outcome']})",
+            "",
+            f"{r.get('reason') or ''}",
+            "",
+            f"`{r.get('nodeid', '')}`",
+            "",
+        ]
         if r.get("example"):
             lines += ["```", r["example"], "```", ""]
     implementations = meta.get("implementations", {})

@@ -1,11 +1,12 @@
-"""moved-inputs-never-stale (implementations with CUDA graphs or static buffers): a graph reads the addresses it
-captured, and a padded runtime may keep what it copied, so an input the caller moves or rewrites between calls must
-give fresh results, or an error naming the input; never the results of the data at an old address or of a copy.
+"""moved-inputs-never-stale (implementations with CUDA graphs or static buffers): a graph reads the addresses
+it captured, and a padded runtime may keep what it copied, so an input the caller moves or rewrites between
+calls must give fresh results, or an error naming the input; never the results of the data at an old address
+or of a copy.
 
-For every batch the run serves (each once, ascending, then drawn sequences): call with inputs A; then (1) with A
-rewritten in place (the same tensors as the call before, new values), (2) with new tensors B while A stays alive (a
-new address), (3) with C allocated after A and B were freed (the allocator may hand C their address). Each result
-must equal eager's on that call's inputs.
+For every batch the run serves (each once, ascending, then drawn sequences): call with inputs A; then (1) with
+A rewritten in place (the same tensors as the call before, new values), (2) with new tensors B while A stays
+alive (a new address), (3) with C allocated after A and B were freed (the allocator may hand C their address).
+Each result must equal eager's on that call's inputs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ def _check(model, built, args, where):
 
 
 @pytest.mark.conformance("moved-inputs-never-stale")
-def test_inputs_that_move_or_change_give_fresh_results_or_a_clear_error(request, subject, served, device, plan):
+def test_inputs_that_move_or_change_give_fresh_results_or_a_clear_error(
+    request, subject, served, device, plan
+):
     model, built = served
     case = subject.case
 

@@ -1,13 +1,15 @@
 """Memory (implementations that claim a shared pool, or CUDA graphs), on the CUDA caching allocator.
 
-- capture-largest-first: the build captured its sizes largest first (smaller sizes then reuse the blocks the larger
-  ones freed); needs an observable `Built.capture_order`.
-- one-pool-for-all-sizes: the pool holding every captured size has at most 1.05x the bytes of a build capturing the
-  largest size alone; needs an observable `Built.pool`. (The suite's models are small: their pools are a few small-
-  block segments; test_pool_gpu.py measures pieceworks on a model whose pools are hundreds of MiB.)
-- replays-grow-no-memory: a stream of random sizes of the run's sweep (captured, padded, above), served once to warm
-  the allocator, then again: reserved bytes (and the pool's, where observable) are the same after as before; outputs
-  stay eager's (silly-inplace's write is idempotent, so the stream's reused arguments give the same outputs).
+- capture-largest-first: the build captured its sizes largest first (smaller sizes then reuse the blocks the
+  larger ones freed); needs an observable `Built.capture_order`.
+- one-pool-for-all-sizes: the pool holding every captured size has at most 1.05x the bytes of a build
+  capturing the largest size alone; needs an observable `Built.pool`. (The suite's models are small: their
+  pools are a few small-block segments; test_pool_gpu.py measures pieceworks on a model whose pools are
+  hundreds of MiB.)
+- replays-grow-no-memory: a stream of random sizes of the run's sweep (captured, padded, above), served once
+  to warm the allocator, then again: reserved bytes (and the pool's, where observable) are the same after as
+  before; outputs stay eager's (silly-inplace's write is idempotent, so the stream's reused arguments give the
+  same outputs).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import random
 import pytest
 import torch
 
-from pieceworks.harness.memory import pool_bytes
+from pieceworks.harness.measure.memory import pool_bytes
 
 from .checks import assert_same, clone
 from .subjects import make_inputs
@@ -36,8 +38,9 @@ def test_one_pool_for_all_sizes_costs_no_more_than_the_largest_alone(subject, se
     sizes = list(plan.capture_sizes)
     shared = pool_bytes(built.pool)
     try:
-        alone = subject.impl.build(model, make_inputs(subject.case, device), [max(sizes)],
-                                   list(subject.case.splitting_ops))
+        alone = subject.impl.build(
+            model, make_inputs(subject.case, device), [max(sizes)], list(subject.case.splitting_ops)
+        )
         torch.cuda.synchronize()
         largest = pool_bytes(alone.pool)
     finally:
@@ -45,7 +48,8 @@ def test_one_pool_for_all_sizes_costs_no_more_than_the_largest_alone(subject, se
     assert largest > 0, "capturing the largest size alone put nothing in its pool"
     assert shared <= 1.05 * largest, (
         f"one pool for sizes {sizes} holds {shared / 2**20:.2f} MiB, the largest size alone "
-        f"{largest / 2**20:.2f} MiB: smaller sizes should reuse the blocks the larger ones freed")
+        f"{largest / 2**20:.2f} MiB: smaller sizes should reuse the blocks the larger ones freed"
+    )
 
 
 @pytest.mark.conformance("replays-grow-no-memory")
@@ -60,8 +64,10 @@ def test_replays_of_random_sizes_grow_no_memory(subject, served, device, plan):
     def measure():
         gc.collect()
         torch.cuda.synchronize()
-        return {"reserved": torch.cuda.memory_reserved(),
-                "pool": pool_bytes(built.pool) if built.pool is not None else None}
+        return {
+            "reserved": torch.cuda.memory_reserved(),
+            "pool": pool_bytes(built.pool) if built.pool is not None else None,
+        }
 
     for batch in stream:  # warm: every size served once, every recording made
         built(*args[batch])

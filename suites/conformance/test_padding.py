@@ -1,7 +1,7 @@
-"""outputs-cut-to-batch (implementations that pad): a call of b rows, padded to a captured size, returns the model's
-output structure (tuples, lists, dicts as eager returns them) with every batched tensor cut back to b rows, and
-eager's values; over the sweep (every batch up to just above the largest size, ascending and descending) and drawn
-sequences."""
+"""outputs-cut-to-batch (implementations that pad): a call of b rows, padded to a captured size, returns the
+model's output structure (tuples, lists, dicts as eager returns them) with every batched tensor cut back to b
+rows, and eager's values; over the sweep (every batch up to just above the largest size, ascending and
+descending) and drawn sequences."""
 
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
-"""Replay correctness: the sweep and drawn batch sequences (plan.py) give eager's outputs, whatever earlier calls
-left in padding rows.
+"""Replay correctness: the sweep and drawn batch sequences (plan.py) give eager's outputs, whatever earlier
+calls left in padding rows.
 
-- replay-matches-eager (every implementation): before each call, a call of the largest capture size with every row
-  poisoned (NaN, +inf, -inf in turn) fills whatever static buffers the implementation keeps; the real call of any
-  size (captured, between captured sizes, above the largest) must still give eager's outputs, and the closed form
-  where the model has one.
-- poison-stays-in-its-rows (implementations that pad): every other call has every other row poisoned; every output
-  equals eager's on the same inputs (poisoned rows NaN/inf in both, the others untouched): padding never mixes rows.
+- replay-matches-eager (every implementation): before each call, a call of the largest capture size with every
+  row poisoned (NaN, +inf, -inf in turn) fills whatever static buffers the implementation keeps; the real call
+  of any size (captured, between captured sizes, above the largest) must still give eager's outputs, and the
+  closed form where the model has one.
+- poison-stays-in-its-rows (implementations that pad): every other call has every other row poisoned; every
+  output equals eager's on the same inputs (poisoned rows NaN/inf in both, the others untouched): padding
+  never mixes rows.
 """
 
 from __future__ import annotations
@@ -32,8 +33,13 @@ def test_replay_matches_eager_for_any_batch_sequence(request, subject, served, d
         got = built(*args)
         assert_same(got, expected)
         if case.closed_form is not None:
-            torch.testing.assert_close(main_tensor(got), case.closed_form(args), rtol=1e-4, atol=1e-3,
-                                       msg=lambda m: f"against the closed form: {m}")
+            torch.testing.assert_close(
+                main_tensor(got),
+                case.closed_form(args),
+                rtol=1e-4,
+                atol=1e-3,
+                msg=lambda m: f"against the closed form: {m}",
+            )
 
     serve(plan, step, request.function.__name__)
 

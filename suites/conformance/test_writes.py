@@ -1,7 +1,8 @@
-"""argument-writes-reach-the-caller (models that write their arguments in place: silly-inplace): after every call
-of the sweep and of drawn sequences, the caller's arguments hold what eager's call wrote into its own copy of them,
-and the outputs are eager's. A runtime that copies arguments into static buffers must copy the written rows back;
-one that does not says so in its adapter's `contracts["argument_writes"]` (the property is then not applicable)."""
+"""argument-writes-reach-the-caller (models that write their arguments in place: silly-inplace): after every
+call of the sweep and of drawn sequences, the caller's arguments hold what eager's call wrote into its own
+copy of them, and the outputs are eager's. A runtime that copies arguments into static buffers must copy the
+written rows back; one that does not says so in its adapter's `contracts["argument_writes"]` (the property is
+then not applicable)."""
 
 from __future__ import annotations
 

@@ -18,15 +18,19 @@ from . import mutant
 _FAULTS = "suites/test_user_faults.py::"
 
 
-@mutant("split_module without keep_original_order (properties 1, 2)",
-        cpu="suites/test_properties.py::test_split_model_equals_original")
+@mutant(
+    "split_module without keep_original_order (properties 1, 2)",
+    cpu="suites/test_properties.py::test_split_model_equals_original",
+)
 def split_loses_order(mp: pytest.MonkeyPatch) -> None:
     original = split.split_module
     mp.setattr(split, "split_module", lambda *a, **k: original(*a, **{**k, "keep_original_order": False}))
 
 
-@mutant("getitems of a splitting op go to the next piece (property 2)",
-        cpu="suites/test_properties.py::test_split_structure")
+@mutant(
+    "getitems of a splitting op go to the next piece (property 2)",
+    cpu="suites/test_properties.py::test_split_structure",
+)
 def getitem_to_next_piece(mp: pytest.MonkeyPatch) -> None:
     original = split.assign_pieces
 
@@ -40,8 +44,10 @@ def getitem_to_next_piece(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(split, "assign_pieces", assign)
 
 
-@mutant("piece arguments are re-derived under the fake mode, leaving unbacked symbols pending",
-        cpu=_FAULTS + "test_data_dependent_sizes_compile_and_run_with_inductor")
+@mutant(
+    "piece arguments are re-derived under the fake mode, leaving unbacked symbols pending",
+    cpu=_FAULTS + "test_data_dependent_sizes_compile_and_run_with_inductor",
+)
 def piece_args_from_a_fake_rerun(mp: pytest.MonkeyPatch) -> None:
     original = piece.traced_args
 
@@ -55,22 +61,31 @@ def piece_args_from_a_fake_rerun(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(piece, "traced_args", rerun)
 
 
-@mutant("a splitting op's data-dependent size is bound in the piece that reads it",
-        cpu=_FAULTS + "test_the_size_a_splitting_op_binds_stays_in_its_piece")
+@mutant(
+    "a splitting op's data-dependent size is bound in the piece that reads it",
+    cpu=_FAULTS + "test_the_size_a_splitting_op_binds_stays_in_its_piece",
+)
 def unbacked_size_bound_in_its_reader(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(split, "binds_unbacked_size", lambda node: False)
 
 
-@mutant("pieces with data-dependent sizes get static compiles",
-        cpu=_FAULTS + "test_data_dependent_sizes_split_compile_and_run_eager")
+@mutant(
+    "pieces with data-dependent sizes get static compiles",
+    cpu=_FAULTS + "test_data_dependent_sizes_split_compile_and_run_eager",
+)
 def static_compiles_of_data_dependent_pieces(mp: pytest.MonkeyPatch) -> None:
     original = compiler.PieceCompiler.compile
-    mp.setattr(compiler.PieceCompiler, "compile",
-               lambda self, piece: original(self, dataclasses.replace(piece, unbacked_symbols=())))
+    mp.setattr(
+        compiler.PieceCompiler,
+        "compile",
+        lambda self, piece: original(self, dataclasses.replace(piece, unbacked_symbols=())),
+    )
 
 
-@mutant("pieces with data-dependent sizes are captured in CUDA graphs",
-        gpu=_FAULTS + "test_pieces_with_data_dependent_sizes_run_without_graphs_logged_once")
+@mutant(
+    "pieces with data-dependent sizes are captured in CUDA graphs",
+    gpu=_FAULTS + "test_pieces_with_data_dependent_sizes_run_without_graphs_logged_once",
+)
 def data_dependent_pieces_captured(mp: pytest.MonkeyPatch) -> None:
     original = piece.uncapturable_reason
 
@@ -81,20 +96,26 @@ def data_dependent_pieces_captured(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(piece, "uncapturable_reason", reason)
 
 
-@mutant("pieces that return nothing and write nothing go through Inductor, which saves no artifact for them: every "
-        "warm start compiles them again",
-        cpu="suites/test_properties.py::test_split_model_through_inductor_equals_original_and_reloads")
+@mutant(
+    "pieces that return nothing and write nothing go through Inductor, which saves no artifact for them: "
+    "every warm start compiles them again",
+    cpu="suites/test_properties.py::test_split_model_through_inductor_equals_original_and_reloads",
+)
 def empty_pieces_through_inductor(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(compiler, "computes_tensors", lambda piece: True)
 
 
-@mutant("artifacts load under the user's compile_threads, so a warm start starts a pool of compile workers for "
-        "kernels the artifact carries", cpu="suites/test_cache.py::test_artifacts_load_in_this_process")
+@mutant(
+    "artifacts load under the user's compile_threads, so a warm start starts a pool of compile workers for "
+    "kernels the artifact carries",
+    cpu="suites/test_cache.py::test_artifacts_load_in_this_process",
+)
 def loads_start_compile_workers(mp: pytest.MonkeyPatch) -> None:
     def load(path, gm):
         artifact = torch._inductor.CompiledArtifact.load(path=path, format="binary")
-        tuple_output = isinstance(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0],
-                                  (tuple, list))
+        tuple_output = isinstance(
+            next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0], (tuple, list)
+        )
 
         def call(*args):
             out = artifact(*args)

@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 
 import pieceworks
 import pieceworks.conformance.plugin as conformance
-import pieceworks.harness.breakdown as breakdown
-import pieceworks.harness.implementations as impls
-import pieceworks.harness.llama as llama
-import pieceworks.harness.paged_attention as paged_attention
-import pieceworks.harness.serving as serving
-import pieceworks.harness.strategies as strategies
+import pieceworks.harness.adapters as impls
+import pieceworks.harness.adapters.base as adapter_base
+import pieceworks.harness.measure.breakdown as breakdown
+import pieceworks.harness.models.llama as llama
+import pieceworks.harness.models.paged_attention as paged_attention
+import pieceworks.harness.models.serving as serving
+import pieceworks.harness.testing.strategies as strategies
 
 from . import mutant
 
@@ -28,8 +29,11 @@ _IMPLS = "suites/test_implementations.py::"
 _TP = "suites/test_tensor_parallel.py::"
 
 
-@mutant("a step's token ids follow its sequence slot, not its request: a request's tokens change with its batching",
-        cpu="suites/test_serving.py::test_continuous_batching_gives_every_request_what_it_gets_alone")
+@mutant(
+    "a step's token ids follow its sequence slot, not its request: "
+    "a request's tokens change with its batching",
+    cpu="suites/test_serving.py::test_continuous_batching_gives_every_request_what_it_gets_alone",
+)
 def token_ids_by_slot(mp: pytest.MonkeyPatch) -> None:
     original = serving.step_inputs
 
@@ -41,52 +45,69 @@ def token_ids_by_slot(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(serving, "step_inputs", step_inputs)
 
 
-@mutant("cache blocks handed to a sequence stay free for the next one: two sequences share blocks",
-        cpu="suites/test_serving.py::test_cache_blocks_are_never_shared_and_come_back")
+@mutant(
+    "cache blocks handed to a sequence stay free for the next one: two sequences share blocks",
+    cpu="suites/test_serving.py::test_cache_blocks_are_never_shared_and_come_back",
+)
 def cache_blocks_shared(mp: pytest.MonkeyPatch) -> None:
     def cover(self, step):
         for chunk in step.chunks:
             owned = self.owned.setdefault(chunk.slot, [])
             need = -(-(chunk.first + chunk.tokens) // self.block_size) - len(owned)
-            owned += self.free[:max(need, 0)]  # not taken from the free list
+            owned += self.free[: max(need, 0)]  # not taken from the free list
             self.metadata.assign_blocks(chunk.slot, owned)
 
     mp.setattr(serving.KVBlocks, "cover", cover)
 
 
-@mutant("the attention ops run a call with more rows than the metadata holds: the kernels read past its buffers",
-        cpu="suites/test_llama.py::test_a_batch_or_rows_beyond_max_tokens_is_a_clear_error_never_a_read_past_the_"
-            "metadata")
+@mutant(
+    "the attention ops run a call with more rows than the metadata holds: the kernels read past its buffers",
+    cpu="suites/test_llama.py::test_a_batch_or_rows_beyond_max_tokens_is_a_clear_error_never_a_read_past_the_"
+    "metadata",
+)
 def rows_past_the_metadata(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(paged_attention, "check_rows", lambda md, rows: None)
 
 
-@mutant("the attention kernels see one position past each sequence (an off-by-one in the length mask)",
-        gpu="suites/test_attention_kernels_gpu.py::test_kernels_match_the_oracle_on_random_batches")
+@mutant(
+    "the attention kernels see one position past each sequence (an off-by-one in the length mask)",
+    gpu="suites/test_attention_kernels_gpu.py::test_kernels_match_the_oracle_on_random_batches",
+)
 def attention_sees_one_position_more(mp: pytest.MonkeyPatch) -> None:
     source = (Path(paged_attention.__file__).parent / "attention_kernels.py").read_text()
     mutated = source.replace("length = tl.load(lens + t)", "length = tl.load(lens + t) + 1").replace(
-        "length, row = tl.load(seq_lens + s),", "length, row = tl.load(seq_lens + s) + 1,")
-    assert mutated.count("+ 1") == source.count("+ 1") + 2, "the kernels' length loads moved: update this mutant"
+        "length, row = tl.load(seq_lens + s),", "length, row = tl.load(seq_lens + s) + 1,"
+    )
+    assert mutated.count("+ 1") == source.count("+ 1") + 2, (
+        "the kernels' length loads moved: update this mutant"
+    )
     folder = Path(tempfile.mkdtemp(prefix="pieceworks-mutant-"))  # Triton compiles from source files
     (folder / "mutated_attention_kernels.py").write_text(mutated)
     mp.syspath_prepend(str(folder))
     mp.setattr(paged_attention, "KERNELS", "mutated_attention_kernels")
 
 
-@mutant("the attention metadata's host plan is keyed by its values: a warm start whose first batch differs traces",
-        cpu="suites/test_llama.py::test_the_model_is_keyed_for_a_serving_record_whatever_its_current_batch")
+@mutant(
+    "the attention metadata's host plan is keyed by its values: "
+    "a warm start whose first batch differs traces",
+    cpu="suites/test_llama.py::test_the_model_is_keyed_for_a_serving_record_whatever_its_current_batch",
+)
 def plan_keyed_by_its_values(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(paged_attention.HostPlan, "uuid", None)
 
 
-@mutant("a sharded Llama layer never all-reduces its partial sums",
-        cpu=_TP + "test_all_reduces_as_splitting_ops_give_the_whole_models_output_on_every_rank")
+@mutant(
+    "a sharded Llama layer never all-reduces its partial sums",
+    cpu=_TP + "test_all_reduces_as_splitting_ops_give_the_whole_models_output_on_every_rank",
+)
 def tensor_parallel_without_all_reduce(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(llama.Block, "reduced", lambda self, t: t)
 
 
-@mutant("resolve('module:Subclass') returns the class, not an instance", cpu=_IMPLS + "test_resolve_by_dotted_path")
+@mutant(
+    "resolve('module:Subclass') returns the class, not an instance",
+    cpu=_IMPLS + "test_resolve_by_dotted_path",
+)
 def resolve_returns_the_class(mp: pytest.MonkeyPatch) -> None:
     original = impls.resolve
 
@@ -99,29 +120,37 @@ def resolve_returns_the_class(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(impls, "resolve", resolve)
 
 
-@mutant("load_user_implementations resolves but registers nothing",
-        cpu=_IMPLS + "test_user_implementations_from_the_environment")
+@mutant(
+    "load_user_implementations resolves but registers nothing",
+    cpu=_IMPLS + "test_user_implementations_from_the_environment",
+)
 def user_implementations_not_registered(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(impls, "register", lambda impl: impl)
 
 
-@mutant("Meta pcg's adapter claims to be available without the package", cpu=_IMPLS + "test_unavailable_reasons")
+@mutant(
+    "Meta pcg's adapter claims to be available without the package", cpu=_IMPLS + "test_unavailable_reasons"
+)
 def pcg_always_available(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(impls.MetaPCG, "unavailable_reason", impls.Implementation.unavailable_reason)
 
 
-@mutant("Meta pcg's adapter replays the captured size below the batch",
-        gpu=_IMPLS + "test_compiler_free_peers_pad_and_serve_like_eager")
+@mutant(
+    "Meta pcg's adapter replays the captured size below the batch",
+    gpu=_IMPLS + "test_compiler_free_peers_pad_and_serve_like_eager",
+)
 def pcg_pads_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
     def below(sizes, batch):
         i = bisect.bisect_left(sizes, batch)
         return None if i == len(sizes) else sizes[max(i - 1, 0)]
 
-    mp.setattr(impls, "padded_size", below)
+    mp.setattr(adapter_base, "padded_size", below)  # what the padded server of Meta pcg's adapter reads
 
 
-@mutant("an adapter's compile count includes earlier builds' compiles",
-        cpu=_IMPLS + "test_the_adapters_compile_count_is_what_the_build_compiled")
+@mutant(
+    "an adapter's compile count includes earlier builds' compiles",
+    cpu=_IMPLS + "test_the_adapters_compile_count_is_what_the_build_compiled",
+)
 def adapter_counts_the_session(mp: pytest.MonkeyPatch) -> None:
     original = impls.Pieceworks.build
 
@@ -133,13 +162,15 @@ def adapter_counts_the_session(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(impls.Pieceworks, "build", build)
 
 
-@mutant("the host-overhead breakdown leaves the splitting pieces out",
-        cpu="suites/test_host_overhead.py::test_host_overhead_cpu")
+@mutant(
+    "the host-overhead breakdown leaves the splitting pieces out",
+    cpu="suites/test_host_overhead.py::test_host_overhead_cpu",
+)
 def breakdown_drops_splitting_ops(mp: pytest.MonkeyPatch) -> None:
     original = breakdown.record
 
-    def record(compiled, args):
-        out, work = original(compiled, args)
+    def record(compiled, args, uniform=False):
+        out, work = original(compiled, args, uniform)
         return out, [w for w in work if not w.splitting]
 
     mp.setattr(breakdown, "record", record)
@@ -147,18 +178,32 @@ def breakdown_drops_splitting_ops(mp: pytest.MonkeyPatch) -> None:
 
 @mutant("capture-size draws never include size 1", cpu="suites/test_strategies.py::test_sizes_reach")
 def capture_sizes_skip_one(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(strategies, "capture_sizes", lambda max_size=64, max_count=12: st.lists(
-        st.integers(2, max_size), min_size=1, max_size=max_count, unique=True).map(sorted))
+    mp.setattr(
+        strategies,
+        "capture_sizes",
+        lambda max_size=64, max_count=12: st.lists(
+            st.integers(2, max_size), min_size=1, max_size=max_count, unique=True
+        ).map(sorted),
+    )
 
 
-@mutant("batch sequences never go above the largest capture size", cpu="suites/test_strategies.py::test_sizes_reach")
+@mutant(
+    "batch sequences never go above the largest capture size",
+    cpu="suites/test_strategies.py::test_sizes_reach",
+)
 def batches_never_beyond(mp: pytest.MonkeyPatch) -> None:
     original = strategies.batch_sequences
-    mp.setattr(strategies, "batch_sequences", lambda max_size=64, beyond=16, max_len=12: original(max_size, 0, max_len))
+    mp.setattr(
+        strategies,
+        "batch_sequences",
+        lambda max_size=64, beyond=16, max_len=12: original(max_size, 0, max_len),
+    )
 
 
-@mutant("a conformance run in which every test was skipped exits 0",
-        cpu="suites/test_conformance_suite.py::test_a_run_in_which_nothing_ran_fails_saying_why")
+@mutant(
+    "a conformance run in which every test was skipped exits 0",
+    cpu="suites/test_conformance_suite.py::test_a_run_in_which_nothing_ran_fails_saying_why",
+)
 def conformance_nothing_ran_passes(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(conformance, "nothing_ran", lambda results: None)
 
@@ -166,21 +211,33 @@ def conformance_nothing_ran_passes(mp: pytest.MonkeyPatch) -> None:
 _HF = "suites/test_hf_models.py::"
 
 
-@mutant("a Hugging Face model served on tokens keeps transformers' own attention, not the paged splitting op",
-        cpu=_HF + "test_each_shipped_config_builds_with_a_paged_kv_cache_per_layer_called_through_the_splitting_op")
+@mutant(
+    "a Hugging Face model served on tokens keeps transformers' own attention, not the paged splitting op",
+    cpu=_HF
+    + "test_each_shipped_config_builds_with_a_paged_kv_cache_per_layer_called_through_the_splitting_op",
+)
 def hf_attention_not_routed(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.harness.hf_llama as hf
-
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    mp.setattr(hf, "paged_attention_forward", sdpa_attention_forward)  # what hf_llama registers under its name
+    import pieceworks.harness.models.hf_llama as hf
+
+    # what hf_llama registers under its name
+    mp.setattr(hf, "paged_attention_forward", sdpa_attention_forward)
 
 
-@mutant("the serving benchmark's config model gets the tiny cache blocks (4 positions) instead of the presets' 16",
-        cpu=_HF + "test_the_serving_benchmark_takes_a_config_json_and_runs_on_a_cpu_up_to_where_cuda_is_needed")
+@mutant(
+    "the serving benchmark's config model gets the tiny cache blocks (4 positions) "
+    "instead of the presets' 16",
+    cpu=_HF + "test_the_serving_benchmark_takes_a_config_json_and_runs_on_a_cpu_up_to_where_cuda_is_needed",
+)
 def config_model_with_tiny_blocks(mp: pytest.MonkeyPatch) -> None:
-    import pieceworks.harness.hf_llama as hf
+    import pieceworks.harness.models.hf_llama as hf
 
     original = hf.paged_model
-    mp.setattr(hf, "paged_model", lambda *args, serving=None, **kwargs: original(
-        *args, serving={k: v for k, v in (serving or {}).items() if k != "block_size"}, **kwargs))
+    mp.setattr(
+        hf,
+        "paged_model",
+        lambda *args, serving=None, **kwargs: original(
+            *args, serving={k: v for k, v in (serving or {}).items() if k != "block_size"}, **kwargs
+        ),
+    )

@@ -7,32 +7,42 @@ import time
 import pytest
 import torch
 
-import pieceworks.harness.memory as memory
-import pieceworks.harness.timing as timing
+import pieceworks.harness.measure.memory as memory
+import pieceworks.harness.measure.timing as timing
 
 from . import mutant
 
 _TIMING = "suites/test_timing.py::"
 
 
-@mutant("side-by-side timing runs each callable's rounds one after the other",
-        cpu=_TIMING + "test_a_slow_spell_falls_on_both_sides_of_a_ratio")
+@mutant(
+    "side-by-side timing runs each callable's rounds one after the other",
+    cpu=_TIMING + "test_a_slow_spell_falls_on_both_sides_of_a_ratio",
+)
 def timing_not_interleaved(mp: pytest.MonkeyPatch) -> None:
     original = timing.interleaved_cuda_time_us
 
     def one_after_another(fns, warmup=20, reps=200, rounds=10):
-        return {name: original({name: fn}, warmup=warmup, reps=reps, rounds=rounds)[name] for name, fn in fns.items()}
+        return {
+            name: original({name: fn}, warmup=warmup, reps=reps, rounds=rounds)[name]
+            for name, fn in fns.items()
+        }
 
     mp.setattr(timing, "interleaved_cuda_time_us", one_after_another)
 
 
-@mutant("the synchronized clock reads the time without waiting for the GPU",
-        gpu=_TIMING + "test_gpu_timers_wait_for_the_device")
+@mutant(
+    "the synchronized clock reads the time without waiting for the GPU",
+    gpu=_TIMING + "test_gpu_timers_wait_for_the_device",
+)
 def clock_skips_the_device(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(timing, "synchronized_clock", time.perf_counter)
 
 
-@mutant("GPU calls timed with a host clock around their launches", gpu=_TIMING + "test_gpu_timers_wait_for_the_device")
+@mutant(
+    "GPU calls timed with a host clock around their launches",
+    gpu=_TIMING + "test_gpu_timers_wait_for_the_device",
+)
 def events_per_launch(mp: pytest.MonkeyPatch) -> None:
     def host_clock_samples(fn, reps, calls=1):  # a host clock around asynchronous launches
         samples = []
@@ -46,7 +56,17 @@ def events_per_launch(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(timing, "event_samples_us", host_clock_samples)
 
 
-@mutant("a pool's bytes count every graph pool's segments", gpu=_TIMING + "test_memory_readings_see_a_known_allocation")
+@mutant(
+    "a pool's bytes count every graph pool's segments",
+    gpu=_TIMING + "test_memory_readings_see_a_known_allocation",
+)
 def pool_reading_counts_every_pool(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(memory, "pool_bytes", lambda pool: sum(s["total_size"] for s in torch.cuda.memory_snapshot()
-                                                      if tuple(s.get("segment_pool_id", ())) != (0, 0)))
+    mp.setattr(
+        memory,
+        "pool_bytes",
+        lambda pool: sum(
+            s["total_size"]
+            for s in torch.cuda.memory_snapshot()
+            if tuple(s.get("segment_pool_id", ())) != (0, 0)
+        ),
+    )

@@ -1,0 +1,7 @@
+"""`python -m pieceworks.report --machine NAME`: see the package's docstring."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,268 @@
+"""The serving section: per model and attention, decode and mixed step latency, tokens/s over each trace,
+capture and pool, attention host time, a "which mode" paragraph; the serving targets' rows."""
+
+from __future__ import annotations
+
+import statistics
+
+from . import notes
+from .parts import Part, fmt, md_table, not_measured, own_time, ratio_text, target_row
+from .results import Results
+
+PIECEWORKS_MODES = (
+    "pieceworks-piecewise",
+    "pieceworks-full",
+    "pieceworks-full_decode_only",
+    "pieceworks-full_and_piecewise",
+)
+
+
+def serving(r: Results) -> Part:
+    """Per model and attention: decode and mixed step latency, tokens/s over each trace with its ratio to
+    FULL_AND_PIECEWISE, capture and pool, attention host time, PIECEWISE's host time per launch, a "which
+    mode" paragraph; the serving targets' rows."""
+    runs = {
+        (d["model"], d["attention"]): d
+        for name, d in sorted(r.details.items(), key=lambda kv: (kv[0].startswith("serving_hf"), kv[0]))
+        if name.startswith("serving_") and d.get("entries")
+    }
+    judged: dict[str, list] = {
+        k: []
+        for k in (
+            "attention_host_us",
+            "serving_piecewise_vs_full_b1",
+            "serving_piecewise_vs_full",
+            "serving_piecewise_vs_breakable",
+            "serving_mixed_vs_peers",
+            "serving_capture_ms",
+        )
+    }
+    part = Part(
+        [
+            "## Serving (Llama models, bfloat16)",
+            "",
+            "Steps an engine serves (decode tokens, chunked prefill "
+            "beside them) with paged attention as engines run it; how: docs/benchmarks.md. Step µs: median "
+            "(IQR) of rounds timed side by side; ratios: median of the per-round ratios (range).",
+            "",
+        ]
+        if runs
+        else []
+    )
+    for (model, attention), d in runs.items():
+        part.add(serving_run(r, model, attention, d, judged))
+    reason = next(
+        (d["skip"] for name, d in r.details.items() if name.startswith("serving_") and d.get("skip")), None
+    ) or r.skip_reason("serving_llama_1b_unified")
+    if not runs:
+        part.add(not_measured("Serving (Llama models, bfloat16)", reason))
+    for key, found in judged.items():
+        limit = r.limit(key)
+        worst = sorted((f for f in found if f[1] > limit), key=lambda f: -f[1])[:2]
+        part.add(
+            target_row(
+                r.label(key),
+                [(text, value <= limit) for text, value, _ in found],
+                reason,
+                "; ".join(dict.fromkeys(note for *_, note in worst if note)),
+            )
+        )
+    return part
+
+
+def serving_run(r: Results, model: str, attention: str, d: dict, judged: dict[str, list]) -> Part:
+    """One serving run's tables and paragraphs; adds what the serving targets judge to `judged`."""
+    entries, name = d["entries"], f"{model}, {attention} attention"
+    impls = [
+        i
+        for i in dict.fromkeys([*d.get("implementations", []), *(k.split("|")[0] for k in entries)])
+        if any("median_us" in v or "tokens_per_s" in v for k, v in entries.items() if k.startswith(i + "|"))
+    ]
+
+    def cell(i: str, case: str) -> str:
+        e = entries.get(f"{i}|{case}", {})
+        return f"{e['median_us']:.0f} ({e['iqr_us']:.0f})" if "median_us" in e else "n/a"
+
+    def ratio(case: str, a: str, b: str) -> dict | None:
+        return d.get("ratios", {}).get(case, {}).get(f"{a} / {b}")
+
+    lines = [
+        f"### {name}",
+        "",
+        *(
+            [f"A partial run ({d['partial']}: its time limit): what follows it is not measured.", ""]
+            if d.get("partial")
+            else []
+        ),
+    ]
+    for kind, cases in (
+        ("decode", [f"decode b{b}" for b in d["decode_batches"]]),
+        ("mixed", [f"mixed {n} tokens" for n in d["mixed_tokens"]]),
+    ):
+        ratios = [
+            ("PIECEWISE / FULL", "pieceworks-piecewise", "pieceworks-full"),
+            ("PIECEWISE / breakable", "pieceworks-piecewise", "breakable"),
+            ("FULL_AND_PIECEWISE / FULL", "pieceworks-full_and_piecewise", "pieceworks-full"),
+        ]
+        rows = []
+        for case in cases:
+            found = [(label, ratio(case, a, b)) for label, a, b in ratios]
+            rows.append(
+                [
+                    case.split(" ", 1)[1],
+                    *(cell(i, case) for i in impls),
+                    *(ratio_text(x["median"], x) if x else "n/a" for _, x in found),
+                ]
+            )
+            if kind == "decode" and attention == "unified":
+                batch = int(case.split("b")[1])
+                x = dict(found)["PIECEWISE / FULL"]
+                key = "serving_piecewise_vs_full_b1" if batch == 1 else "serving_piecewise_vs_full"
+                if x and (batch == 1 or batch >= 8):
+                    judged[key].append(
+                        (
+                            f"{model} b{batch}: {ratio_text(x['median'], x)}",
+                            x["median"],
+                            notes.serving_note(d, case, name),
+                        )
+                    )
+            if kind == "decode" and (x := dict(found)["PIECEWISE / breakable"]):
+                judged["serving_piecewise_vs_breakable"].append(
+                    (
+                        f"{name} b{case.split('b')[1]}: {ratio_text(x['median'], x)}",
+                        x["median"],
+                        notes.serving_note(d, case, name, "breakable"),
+                    )
+                )
+        lines += [
+            f"{kind.title()} steps, µs per step:",
+            "",
+            *md_table(
+                ["batch" if kind == "decode" else "tokens", *impls, *(label for label, _, _ in ratios)],
+                "r" * (1 + len(impls) + len(ratios)),
+                rows,
+            ),
+        ]
+    traces, builds = d.get("traces", {}), d.get("builds", {})
+    base = "pieceworks-full_and_piecewise"
+    rows = []
+    for i in impls:
+        row = [i]
+        for trace in traces:
+            spread = _spread(entries, i, base, trace)
+            row += [
+                fmt(entries.get(f"{i}|{trace} trace", {}).get("tokens_per_s"), 0),
+                f"{spread[0]:.3f}× ({spread[1]:.3f}-{spread[2]:.3f})" if spread else "n/a",
+            ]
+            if trace == "mixed" and spread and i != base and not i.startswith("pieceworks"):
+                judged["serving_mixed_vs_peers"].append((f"{name}: {i} {spread[0]:.3f}×", spread[0], ""))
+        b = builds.get(i, {})
+        row += [fmt(b.get("capture_ms_per_size")), fmt(b.get("pool_mib"))]
+        rows.append(row)
+        if i == "pieceworks-piecewise" and model == "llama_1b" and b.get("capture_ms_per_size") is not None:
+            judged["serving_capture_ms"].append(
+                (
+                    f"{name}: {b['capture_ms_per_size']:.1f} ms",
+                    b["capture_ms_per_size"],
+                    notes.capture_note(r, model, "PIECEWISE"),
+                )
+            )
+    lines += [
+        "Traces, tokens/s (and over FULL_AND_PIECEWISE's, per-round range); capture ms per size; graph pool "
+        "MiB: "
+        + "; ".join(
+            f"{t}: {v['steps']} steps, {v['tokens']} tokens "
+            f"({', '.join(f'{n} {k}' for k, n in v['kinds'].items())})"
+            for t, v in traces.items()
+        ),
+        "",
+        *md_table(
+            [
+                "implementation",
+                *(f"{t} {c}" for t in traces for c in ("tok/s", "ratio")),
+                "capture ms/size",
+                "pool MiB",
+            ],
+            "l" + "r" * (2 * len(traces) + 2),
+            rows,
+        ),
+    ]
+    host = d.get("attention_host_us", {})
+    for case, h in host.items():
+        if case == "decode b1":
+            found = d.get("attention_host_profile", {})
+            calls = found.get("op_calls", 100)  # the op's calls profiled (100 where a run did not record it)
+            per_call = [
+                {**p, "us": 1e6 * p["tottime_s"] / calls, "per_call": p["calls"] / calls}
+                for p in found.get("top", [])
+            ]
+            judged["attention_host_us"].append(
+                (
+                    f"{name}: {h['median_us']:.1f} µs",
+                    h["median_us"],
+                    f"{name}, "
+                    f"{calls} calls under cProfile, own time a call: "
+                    + own_time(per_call, "us", "µs", "per_call"),
+                )
+            )
+    gaps = d.get("piecewise_launch_gaps", {})
+    lines += [
+        "Attention op host µs per call: "
+        + ", ".join(f"{c} {h['median_us']:.1f} (IQR {h['iqr_us']:.1f})" for c, h in host.items())
+        + ". PIECEWISE's own host time (call span outside graph launches and attention calls, profiler "
+        "included): "
+        + ", ".join(
+            f"{b}: {g['gaps_us']:.0f} µs of a {g['call_us']:.0f} µs call over "
+            f"{g['launches']:.0f} launches, {g['gap_us_per_launch']:.1f} µs each"
+            for b, g in gaps.items()
+        )
+        + ".",
+        "",
+    ]
+    not_served = {
+        k.split("|")[0]: v["skip"] for k, v in entries.items() if "cannot serve" in v.get("skip", "")
+    }
+    lines += [f"Cannot serve here: {'; '.join(f'{i}: {why}' for i, why in not_served.items())}.", ""] * bool(
+        not_served
+    )
+    lines += [which_mode(name, entries, traces), ""]
+    plot = {i: (list(traces), [_spread(entries, i, base, t) for t in traces]) for i in impls if i != base}
+    return Part(
+        lines, plots=[(f"serving_{model}_{attention}.png", f"{name}: tokens/s ÷ FULL_AND_PIECEWISE's", plot)]
+    )
+
+
+def _spread(entries: dict, impl: str, base: str, trace: str) -> tuple | None:
+    mine = entries.get(f"{impl}|{trace} trace", {}).get("round_tokens_per_s")
+    ref = entries.get(f"{base}|{trace} trace", {}).get("round_tokens_per_s")
+    if not mine or not ref:
+        return None
+    ratios = sorted(a / b for a, b in zip(mine, ref))
+    return statistics.median(ratios), ratios[0], ratios[-1]
+
+
+def which_mode(name: str, entries: dict, traces: dict) -> str:
+    """The "which mode" paragraph of one run, from its numbers alone."""
+    said = []
+    for trace in traces:
+        found = {
+            i: e["tokens_per_s"]
+            for k, e in entries.items()
+            if k.endswith(f"|{trace} trace") and "tokens_per_s" in e
+            for i in [k.split("|")[0]]
+        }
+        if not found:
+            continue
+        best = max(found, key=found.__getitem__)
+        modes = {i: found[i] / found[best] for i in PIECEWORKS_MODES if i in found}
+        top = max(modes, key=modes.__getitem__) if modes else None
+        said.append(
+            f"on the {trace} trace {best} serves most tokens/s ({found[best]:,.0f})"
+            + (
+                f"; of pieceworks' modes {top.split('-', 1)[1].upper()} ({modes[top]:.1%} of it)"
+                if top
+                else ""
+            )
+            + "".join(f", {i.split('-', 1)[1].upper()} {m:.1%}" for i, m in modes.items() if i != top)
+        )
+    return f"Which mode ({name}): " + "; ".join(said) + "." if said else ""

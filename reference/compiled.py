@@ -1,0 +1,163 @@
+"""One Dynamo FX graph compiled piecewise: split it, analyse and compile every piece, stitch them back.
+
+`compile_pieces` does it all before the first result is returned, and returns an immutable `CompiledPieces`:
+the stitching module with the compiled pieces installed, and the `Piece` records. Structurally identical
+pieces share one compiled artifact (a 12-layer ToyLlama has 13 compiled pieces but 3 distinct ones). No batch
+size seen later triggers a compile. Callers: the torch.compile door (backend.py) and the model layer
+(pieceworks.model), each handing the result to a `Runtime`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch.fx
+
+from ._compat import example_value, fake_mode_of, op_identity
+from .cache import CompileCache, newest_factors
+from .compiler import PieceCompiler
+from .config import CompilationConfig
+from .counters import counters
+from .key import UnkeyableConfigError, as_json, cache_factors, cache_key, describe_change, first_change
+from .piece import BatchPosition, Piece, batch_position, mutated_inputs, traced_args
+from .progress import progress
+from .split import absent_splitting_ops, batch_symbols, check_splitting_ops, is_splitting_op, split_graph
+
+log = logging.getLogger("pieceworks")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CompiledPieces:
+    """One Dynamo FX graph, compiled piecewise; read-only.
+
+    `stitching_module`: the FX module calling the pieces in order, compiled pieces installed (calling it runs
+    the model without CUDA graphs); `pieces`: every piece in run order, splitting ones included; `inputs`: the
+    graph inputs' trace values; `batch_symbols` / `batch`: the batch size's symbols, and where it sits among
+    the inputs; `mutated_inputs`: graph inputs some piece writes in place; `restored_inputs`: those a compiled
+    piece writes, put back after a FULL capture's warm-ups (a splitting op's writes are not: the warm-ups
+    repeat them, as vLLM's dummy runs do; a lazy capture, which serves a call, puts back every mutated input);
+    `output_values`: the trace value (FakeTensor) of each graph output; `build_seconds`: where the backend
+    call went (`split`: splitting and analysing; `pieces`: serving every piece its code, of which `load` went
+    to reading and loading artifacts and `compile` to Inductor; `backend`: all of it); `cache_dir`: the cache
+    folder used, if any.
+    """
+
+    stitching_module: torch.fx.GraphModule
+    pieces: tuple[Piece, ...]
+    inputs: tuple
+    batch_symbols: frozenset[str]
+    batch: BatchPosition | None
+    mutated_inputs: tuple[int, ...]
+    restored_inputs: tuple[int, ...]
+    output_values: tuple
+    build_seconds: Mapping[str, float]
+    cache_dir: str | None
+
+    @property
+    def placeholder_names(self) -> list[str]:
+        return [n.name for n in self.stitching_module.graph.nodes if n.op == "placeholder"]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.stitching_module(*args)
+
+
+def open_cache(
+    split_gm: torch.fx.GraphModule, fakes: list[Any], pieces: Sequence[Piece], config: CompilationConfig
+) -> CompileCache | None:
+    """The compile cache for this graph, or None: cache off (`config.cache_active()`), its folder unusable,
+    or an Inductor configuration that cannot be keyed (each logged once with the reason)."""
+    if not config.cache_active():
+        return None
+    try:
+        factors = cache_factors(split_gm, fakes, [p.fingerprint for p in pieces], config)
+    except UnkeyableConfigError as exc:
+        log.warning("pieceworks: compiling without the compile cache: %s", exc)
+        return None
+    cache = CompileCache.open(config.resolved_cache_dir(), key := cache_key(factors), factors)
+    if cache is not None:
+        log.info("pieceworks compile cache: %s%s", cache.directory, "" if cache.writable else " (read-only)")
+        if not os.path.exists(cache.index_path):
+            try:
+                explain_cache_miss(cache.root, key, factors)
+            except Exception as exc:  # noqa: BLE001 - an explanation must never fail the compile
+                why = f"{type(exc).__name__}: {exc}"
+                log.debug("pieceworks: no explanation of the compile-cache miss (%s)", why)
+    return cache
+
+
+def explain_cache_miss(root: str, key: str, factors: dict[str, Any]) -> None:
+    """Where `root` holds entries of the same graph under another key, log (INFO) the first factor that
+    differs from the newest such key's: a config field, a software or GPU factor, or the global Inductor
+    configuration."""
+
+    def readable(found: dict[str, Any]) -> dict[str, Any]:  # the environment string by factor
+        pairs = str(found.get("environment")).split(";")
+        return {**found, "environment": dict(p.split("=", 1) for p in pairs if "=" in p)}
+
+    last = newest_factors(root, key, lambda found: found.get("graph") == factors["graph"])
+    if last is None or (change := first_change(readable(last), readable(as_json(factors)))) is None:
+        return
+    inductor = "the global Inductor configuration (torch._inductor.config) changed"
+    what = inductor if change[0] == "inductor" else describe_change(change)
+    why = "its compile-cache key changed since its newest entries were stored"
+    log.info("pieceworks: compiling this graph again: %s: %s", why, what)
+
+
+def compile_pieces(gm: torch.fx.GraphModule, config: CompilationConfig) -> CompiledPieces:
+    """Split `gm` (a Dynamo graph), analyse and compile its pieces for every target; see the module doc."""
+    build_start = time.perf_counter()
+    counters.num_graphs_seen += 1
+    fakes = list(traced_args(gm))
+    if fake_mode_of(fakes) is None:
+        raise RuntimeError(
+            "pieceworks needs a graph traced by Dynamo (placeholders carry FakeTensor example values)"
+        )
+    check_splitting_ops(config.splitting_ops)
+    if absent := absent_splitting_ops(gm, config.splitting_ops):
+        # (name, overload) of each op called
+        ops = {op for node in gm.graph.nodes if (op := op_identity(node.target)) is not None}
+        custom = sorted({name for name, _ in ops if not name.startswith(("aten::", "prims::"))})
+        unused = "registered but never called in the traced graph, so they split nothing"
+        called = custom or "no custom op"
+        log.warning("pieceworks: splitting ops %s are %s (the graph calls %s)", absent, unused, called)
+    written = tuple(sorted(mutated_inputs(gm)))
+    splitting = set(config.splitting_ops)
+    restored = tuple(sorted(mutated_inputs(gm, lambda node: is_splitting_op(node, splitting))))
+
+    start = time.perf_counter()
+    split_gm, pieces = split_graph(gm, config.splitting_ops)
+    compiled = [p for p in pieces if not p.is_splitting_graph]
+    counters.num_piecewise_graphs_seen += len(pieces)
+    counters.num_piecewise_capturable_graphs_seen += len(compiled)
+    output = gm.graph.output_node().args[0]  # the stitching module returns the same nodes, split among pieces
+    flat = output if isinstance(output, (tuple, list)) else (output,)
+    outputs = tuple(example_value(n) if isinstance(n, torch.fx.Node) else None for n in flat)
+    split = time.perf_counter() - start
+    log.info("pieceworks split: %d pieces, %d compiled, in %.3f s", len(pieces), len(compiled), split)
+
+    start = time.perf_counter()
+    cache = open_cache(split_gm, fakes, pieces, config)
+    compiler = PieceCompiler(config, cache)
+    done = {p.submod_name: compiler.compile(p) for p in progress(compiled, "compile pieces")}
+    pieces = [done.get(p.submod_name, p) for p in pieces]
+    for piece in done.values():  # a plain callable may not shadow a registered submodule
+        delattr(split_gm, piece.submod_name)
+        setattr(split_gm, piece.submod_name, piece)
+    seconds = {"split": split, **compiler.seconds, "pieces": time.perf_counter() - start}
+    counts = (compiler.compiled, compiler.loaded, compiler.shared, seconds["pieces"], seconds["load"])
+    log.info(
+        "pieceworks compile (%s): %d pieces, %d distinct targets compiled, %d loaded from cache, "
+        "%d served by an identical piece, in %.3f s (%.3f s loading)",
+        config.compiler,
+        len(compiled),
+        *counts,
+    )
+    symbols = batch_symbols(gm)
+    seconds["backend"] = time.perf_counter() - build_start
+    found = (tuple(pieces), tuple(fakes), symbols, batch_position(fakes, symbols), written, restored, outputs)
+    return CompiledPieces(split_gm, *found, seconds, cache.directory if cache is not None else None)

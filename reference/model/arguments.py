@@ -1,0 +1,191 @@
+"""A call's arguments: their order, their batch size and their checks against the first call.
+
+`Arguments` puts a call's positional and keyword arguments in one order, the one the compiled model serves:
+the first call's positional arguments, then its keyword arguments sorted by name. A later call of the same
+form (as many positional arguments, the same keywords, in any order) costs one list; a call of another form is
+bound by the model's `forward` signature once per form (`model(ids)` after `model(input_ids=ids)`): a
+parameter the first call left to its default must be passed with that default's value (type and value, as any
+non-tensor argument), since the trace baked it in.
+
+Every call is checked against the first (`check_arguments`): the same count, dtypes, devices, ranks and
+non-batch sizes, and non-tensor arguments of the same type and value; dim 0 of every tensor argument is the
+batch (`batch_of`). A mismatch raises `InputError` naming the argument and the fix.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+class Place(enum.IntEnum):
+    """Where a call holds a parameter's value (`Arguments`): a position, a keyword, or the default."""
+
+    POSITIONAL, KEYWORD, DEFAULT = range(3)
+
+
+# the call path's names, as plain ints (compared per call)
+_POSITIONAL, _KEYWORD, _DEFAULT = map(int, Place)
+
+
+class InputError(ValueError):
+    """A call's arguments do not fit what the model was compiled for."""
+
+
+_FIX = "Fix: pass arguments like the first call's, or compile another CompiledModel"
+
+
+class Arguments:
+    """The first call's form (`count` positional arguments, then keyword arguments `names`, sorted);
+    `labels` name each place for messages (its position or keyword). `flat(args, kwargs)`: a call's
+    arguments in that order (an `InputError` naming an argument that does not fit), and `split(flat)` the
+    call again."""
+
+    def __init__(self, fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        self.fn, self.count, self.names, self.keys = fn, len(args), tuple(sorted(kwargs)), set(kwargs)
+        self.labels = [*map(str, range(len(args))), *self.names]
+        self._forms: dict[tuple, tuple[list, list]] = {}
+
+    def flat(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+        if len(args) == self.count and kwargs.keys() == self.keys:
+            return [*args, *map(kwargs.__getitem__, self.names)]
+        form = (len(args), tuple(sorted(kwargs)))
+        if form not in self._forms:
+            self._forms[form] = self.plan(*form)
+        sources, extras = self._forms[form]
+        for place, where, default, label in extras:
+            value = args[where] if place == _POSITIONAL else kwargs[where]
+            if value is not default and (
+                type(value) is not type(default) or isinstance(value, torch.Tensor) or value != default
+            ):
+                raise InputError(
+                    f"argument {label} is {value!r:.80}, but the model was compiled with its "
+                    f"default {default!r}: the first call left it out. {_FIX}"
+                )
+        return [args[w] if k == _POSITIONAL else (kwargs[w] if k == _KEYWORD else w) for k, w in sources]
+
+    def split(self, flat: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
+        return list(flat[: self.count]), dict(zip(self.names, flat[self.count :]))
+
+    def plan(self, count: int, names: tuple[str, ...]) -> tuple[list, list]:
+        """Per place of the first call's form, where a call of form (`count`, `names`) has its value (or the
+        parameter's default); and the call's arguments the first call left to defaults."""
+        signature = inspect.signature(self.fn)
+        called = f"compiled for {_form(self.count, self.names)}, called with {_form(count, names)}"
+        first = _bound(signature, self.count, self.names, called)  # where the first call had each value
+        now = _bound(signature, count, names, called)
+        default = {
+            key: signature.parameters[key].default if isinstance(key, str) else inspect.Parameter.empty
+            for key in {*first, *now}
+        }
+        missing = [(key, "is missing, but the first call passed it") for key in first if key not in now]
+        extra = [(key, "was not passed in the first call") for key in now if key not in first]
+        for key, why in missing + extra:
+            if default[key] is inspect.Parameter.empty:
+                raise InputError(f"{called}: argument {_label(key)} {why}. {_FIX}")
+        # the first call's places sort in its flat order: (_POSITIONAL, i) by i, then (_KEYWORD, name) by name
+        sources = [now.get(key, (_DEFAULT, default[key])) for key in sorted(first, key=first.__getitem__)]
+        return sources, [(*now[key], default[key], _label(key)) for key in now if key not in first]
+
+
+def _bound(signature: inspect.Signature, count: int, names: Sequence[str], called: str) -> dict[Any, tuple]:
+    """Per parameter (a `*args` item by (name, index), a `**kwargs` entry by (name, key)), where a call of
+    `count` positional arguments and keywords `names` has its value: (_POSITIONAL, index) or (_KEYWORD,
+    name)."""
+    try:
+        bound = signature.bind(*[(_POSITIONAL, i) for i in range(count)], **{k: (_KEYWORD, k) for k in names})
+    except TypeError as exc:
+        raise InputError(
+            f"{called}: {exc}: the model's forward{signature} does not take them. Fix: call the "
+            f"model with arguments its forward takes"
+        ) from None
+    found: dict[Any, tuple] = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            found.update({(name, i): v for i, v in enumerate(value)})
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            found.update({(name, k): v for k, v in value.items()})
+        else:
+            found[name] = value
+    return found
+
+
+def _form(count: int, names: Sequence[str]) -> str:
+    return f"{count} arguments" + (f" and the keywords {', '.join(names)}" if names else "")
+
+
+def _label(key: Any) -> str:
+    return key if isinstance(key, str) else f"{key[0]}[{key[1]!r}]"
+
+
+def batch_of(args: Sequence[Any], labels: Sequence[str] | None = None) -> int:
+    """The batch size of a call: dim 0 of every tensor argument, which must agree (else `InputError`).
+    `labels` name the arguments (default: their positions)."""
+    sizes = [a.shape[0] if a.dim() else 0 for a in args if isinstance(a, torch.Tensor)]  # per call: no dict
+    if sizes and sizes[0] >= 1 and sizes.count(sizes[0]) == len(sizes):
+        return sizes[0]
+    tensors = {i: a for i, a in zip(labels or range(len(args)), args) if isinstance(a, torch.Tensor)}
+    for i, a in tensors.items():
+        if a.dim() == 0:
+            raise InputError(
+                f"argument {i} is a 0-d tensor (shape ()): pieceworks treats dim 0 of every tensor "
+                f"argument as the batch dimension. Fix: pass it with a batch dimension, e.g. x.expand(batch) "
+                f"or x[None]"
+            )
+    if not tensors:
+        raise InputError("pieceworks needs at least one tensor argument with a batch dimension (dim 0)")
+    batches = {i: a.shape[0] for i, a in tensors.items()}
+    if len(set(batches.values())) > 1:
+        raise InputError(
+            f"tensor arguments disagree on the batch size (dim 0): {batches}. Fix: every tensor argument "
+            f"must have the same dim 0"
+        )
+    raise InputError("batch size 0: pieceworks serves batches of at least 1")  # they agree, on 0
+
+
+def signature(a: Any) -> tuple:
+    """What a later call must repeat: a tensor's dtype, device, rank and trailing sizes; a value's type and
+    value (`2 == 2.0 == True` in Python, but the trace baked in the type too)."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.device, a.dim(), tuple(a.shape[1:]))
+    return ("value", type(a), a)
+
+
+def check_arguments(args: Sequence[Any], signatures: list[tuple], labels: Sequence[str] | None = None) -> int:
+    """The batch size of a call whose arguments match the first call's `signatures`; `InputError` naming the
+    argument (by `labels`, default its position), what it is and what was compiled, otherwise."""
+    batch = batch_of(args, labels)  # as many arguments as `signatures`: `Arguments.flat` puts them in order
+    for i, a, want in zip(labels or range(len(args)), args, signatures):
+        if signature(a) != want:
+            if want[0] == "value":
+                expected = f"the value {want[2]!r} ({want[1].__name__})"
+            else:
+                expected = f"dtype={want[0]}, device={want[1]}, rank {want[2]}, trailing shape {want[3]}"
+            if isinstance(a, torch.Tensor):
+                got = f"Tensor(shape={tuple(a.shape)}, dtype={a.dtype}, device={a.device})"
+            else:
+                got = f"{a!r} ({type(a).__name__})"
+            raise InputError(f"argument {i} is {got}, but the model was compiled for {expected}. {_FIX}")
+    return batch
+
+
+def refuse_grad(args: Sequence[Any], labels: Sequence[str] | None = None) -> None:
+    """`InputError` naming the first tensor argument that requires grad (call while grad mode is on): the
+    compiled model serves inference only, so its output could carry no gradient where eager's would."""
+    for i, a in zip(labels or range(len(args)), args):
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            raise InputError(
+                f"argument {i} requires grad and grad mode is on, but a compiled model serves "
+                f"inference only: its output would carry no gradient. Fix: call it under "
+                f"torch.no_grad() or torch.inference_mode(), or pass the argument's .detach()"
+            )
+
+
+def contiguous(args: Sequence[Any]) -> list[Any]:
+    """The arguments in the layout pieces are compiled for: contiguous (a copy where an argument is not)."""
+    return [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]

@@ -1,0 +1,277 @@
+"""What a compiled model watches of its model after the first call, and how, at no cost per call.
+
+The trace read the model as it was at the first call: its parameters and buffers (bound by object, read where
+they live) and the rest of its Python state, baked into the graph (`self.scale`, `norm.eps`, `self.training`,
+the forward hooks it ran). Every change to that state is seen when it happens, by an event; a call reads one
+flag (`StateWatch.changed`) and torch's count of hook handles (`handles`):
+
+- a parameter, buffer or submodule replaced (setattr, `load_state_dict(assign=True)`, a new submodule), or a
+  parameter or buffer reallocated (`.to()`, `.cuda()`, `.half()`): `replaced`, and the call raises
+  `StateReplacedError` (the graphs still read the old memory). Seen by torch's process-wide registration hooks
+  and the watched class's `_apply`;
+- any other attribute of a watched module set to another value or deleted (`model.scale = 3.0`, `norm.eps =
+  10.0`, `layer.heads = 2`, `model.train()` on a model traced in eval mode, `module.forward = f`; torch's
+  parametrize, which deletes a parameter and swaps the class), a forward hook or pre-hook registered on one,
+  or a hook the trace ran removed: `changed`, and the next call traces and compiles the model again
+  (compiled_model.py; one WARNING naming what changed). Writes that `forward` itself makes, on calls that go
+  through Dynamo, are its own (`paused`), and so are the markers `torch.compile(model)` and `model.compile()`
+  set (`_TORCH_MARKERS`). Seen by the watched class (`__setattr__`, `__delattr__`, `register_forward_hook`,
+  `register_forward_pre_hook`) and, for the hooks the trace ran, by a stand-in in the module's hook table that
+  calls the hook and flags the change once torch's handle removes it (`_HookStandIn`);
+- a global module forward hook (`register_module_forward_hook`, `register_module_forward_pre_hook`): it runs
+  on every nn.Module, the compiled model's own graph modules included, so no compiled model can give eager's
+  result while one is registered: `GlobalHookError` at any call (the first one included) until it is removed.
+  Seen when torch's count of hook handles moved (`handles`; registering any hook moves it), then checked once.
+
+Watched modules are those of `model.named_modules()` at the trace. A watched module's class is swapped for a
+subclass of its class made once per class (the same name, module and qualname; `isinstance` holds, `type(m) is
+Linear` does not while watched; pickling and deep copies give the original class), and swapped back when no
+compiled model watches the module anymore.
+
+Not watched, since nothing announces them: changes inside an attribute's value (`model.cfg.eps = 1.0` on a
+config object, `model.sizes.append(8)`), writes that bypass `setattr` (`module.__dict__[...]`,
+`object.__setattr__`), and the module globals, closures and environment variables `forward` reads (in one
+process they stay as the trace saw them; a warm start checks them, record.py). Compile the model again after
+changing those.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import functools
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..core import torch_compat
+
+_ABSENT = object()
+_PLAIN = (bool, int, float, str, bytes, torch.device)
+_HOOK_TABLES = {"_forward_hooks": "forward hook", "_forward_pre_hooks": "forward pre-hook"}
+# What torch.compile(module) and module.compile() set on the module: markers that leave forward's result as it
+# was
+_TORCH_MARKERS = frozenset({"_is_torch_compile", "_compiled_call_impl"})
+
+
+class StateReplacedError(RuntimeError):
+    """A parameter or buffer of a compiled model was replaced or reallocated after compiling."""
+
+
+class GlobalHookError(RuntimeError):
+    """A global module forward hook is registered: no compiled model can give the eager model's result."""
+
+
+def refuse_global_hooks() -> None:
+    """`GlobalHookError` naming the fix while a global module forward hook or pre-hook is registered."""
+    if torch_compat.global_module_hooks():
+        raise GlobalHookError(
+            "pieceworks: a global module forward hook is registered (torch.nn.modules.module."
+            "register_module_forward_hook or register_module_forward_pre_hook); it runs on every nn.Module, "
+            "the compiled model's own graph modules included, so the compiled model cannot give the eager "
+            "result. Fix: remove it (handle.remove()), or register the hook on the model's modules "
+            "(module.register_forward_hook)"
+        )
+
+
+# the live watches; the process-wide hooks and the watched classes call each
+_WATCHES: set[StateWatch] = set()
+
+
+def _replaced(module: torch.nn.Module, name: str, value: Any) -> None:
+    """A registration hook: `value` is about to become `module.name` (any module of the process). Not
+    traced: in a forward Dynamo traces (a buffer assigned), it would guard on the live watches, which come
+    and go with models."""
+    for watch in [] if torch.compiler.is_compiling() else list(_WATCHES):
+        watch.check(module, [(name, value)], "replaced")
+
+
+def _changed(module: torch.nn.Module, what: str, attribute: str | None = None) -> None:
+    for watch in list(_WATCHES):
+        watch.note(module, what, attribute)
+
+
+def reallocated(module: torch.nn.Module) -> None:
+    """After `module._apply(...)` (`.to()` and the like) on a watched module."""
+    for watch in list(_WATCHES):
+        watch.check(module, _attributes(module), "reallocated (.to(), .cuda(), .half() or the like)")
+
+
+@functools.cache
+def _register_hooks_once() -> None:
+    """One registration hook of each type (parameter, buffer, submodule) for the whole process, never removed:
+    Dynamo guards on torch's dicts of global hooks, and a hook removed while another model was being traced (a
+    compiled model collected) broke that trace's guards."""
+    hooks = torch.nn.modules.module
+    hooks.register_module_parameter_registration_hook(_replaced)
+    hooks.register_module_buffer_registration_hook(_replaced)
+    hooks.register_module_module_registration_hook(_replaced)
+
+
+def _same(old: Any, new: Any) -> bool:
+    return old is new or (type(old) is type(new) and isinstance(new, _PLAIN) and old == new)
+
+
+def _itself(value: Any) -> Any:
+    return value
+
+
+class _HookStandIn:
+    """A hook the trace ran, in its module's hook table: calls the hook; when torch's handle removes it
+    from the table (its one reference), a finalizer notes the change. Pickled and copied as the hook
+    itself."""
+
+    __slots__ = ("hook", "__weakref__")
+
+    def __init__(self, hook: Any) -> None:
+        self.hook = hook
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.hook(*args, **kwargs)
+
+    def __reduce__(self) -> tuple:
+        return _itself, (self.hook,)
+
+
+@functools.cache
+def _watched_class(cls: Any) -> type:  # Any: mypy reads `cls.__setattr__` as the metaclass's
+    """The subclass a watched module of class `cls` gets: it tells the live watches about attribute writes,
+    hook registrations and `_apply` (`.to()` and the like), and pickles as `cls`."""
+
+    def plain(self: Any, name: str) -> Any:  # parameters, buffers, submodules: `_replaced` sees them set
+        return type(self) if name == "__class__" else self.__dict__.get(name, _ABSENT)
+
+    def registering(method: str, what: str) -> Any:
+        def register(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _changed(self, f"a {what} was registered on")
+            return getattr(cls, method)(self, *args, **kwargs)
+
+        return register
+
+    class Watched(cls):  # of `cls`'s own metaclass
+        __module__ = cls.__module__
+        __qualname__ = cls.__qualname__
+        _pieceworks_watches = cls
+        register_forward_hook = registering("register_forward_hook", "forward hook")
+        register_forward_pre_hook = registering("register_forward_pre_hook", "forward pre-hook")
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            old = plain(self, name)
+            cls.__setattr__(self, name, value)
+            if not _same(old, plain(self, name)) and name not in _TORCH_MARKERS:
+                _changed(self, "set", name)
+
+        def __delattr__(self, name: str) -> None:  # `del`, and torch's parametrize removing a parameter
+            cls.__delattr__(self, name)
+            _changed(self, "deleted", name)
+
+        def _apply(self, *args: Any, **kwargs: Any) -> Any:
+            result = cls._apply(self, *args, **kwargs)
+            reallocated(self)
+            return result
+
+        # pickle's __newobj__ insists on the object's own class (typeshed's copyreg lacks these private names)
+        def __reduce_ex__(self, protocol: Any) -> Any:
+            rebuild, args, *rest = cls.__reduce_ex__(self, protocol)
+            if rebuild is copyreg.__newobj__ and len(args) == 1:  # type: ignore[attr-defined]
+                rebuild, args = copyreg._reconstructor, (cls, object, None)  # type: ignore[attr-defined]
+            return (rebuild, tuple(cls if a is Watched else a for a in args), *rest)
+
+    Watched.__name__ = cls.__name__
+    return Watched
+
+
+def original_class(cls: type) -> type:
+    """`cls`, or the class a watched class stands in for."""
+    return cls.__dict__.get("_pieceworks_watches", cls)
+
+
+class StateWatch:
+    """`replaced`: None, or why the model must be compiled again (a parameter, buffer or submodule replaced
+    or reallocated since the watch began). `changed`: None, or the first change to the rest of the model's
+    state (or `replaced`). `handles`: torch's count of hook handles when the watch began or last found no
+    global hook. Events update them (see the module doc); reading them is all a call costs. `close()` ends
+    the watch."""
+
+    def __init__(self, model: torch.nn.Module, owner: object) -> None:
+        self.replaced: str | None = None
+        self.changed: str | None = None
+        # while the compiled model itself runs forward through Dynamo (its writes are its own)
+        self.paused = False
+        # Per module id: its name and the module (kept alive, so that the ids stay theirs); per (module id,
+        # attribute name): the full name, the object there and, for a tensor, where its memory lives.
+        self._paths = {id(module): (prefix, module) for prefix, module in model.named_modules()}
+        self._watched: dict[tuple[int, str], tuple[str, Any, tuple | None]] = {}
+        # the table holds the stand-in
+        self._stand_ins: list[tuple[dict, Any, weakref.finalize[..., _HookStandIn]]] = []
+        for prefix, module in self._paths.values():
+            for name, value in _attributes(module):
+                full = f"{prefix}.{name}" if prefix else name
+                self._watched[id(module), name] = (full, value, _place(value))
+            module.__class__ = _watched_class(original_class(type(module)))
+            for table, what in _HOOK_TABLES.items():
+                self._stand_in(module, getattr(module, table), what)
+        _register_hooks_once()
+        self.handles = torch_compat.HookHandle.next_id
+        _WATCHES.add(self)
+        weakref.finalize(owner, self.close)
+
+    def _stand_in(self, module: torch.nn.Module, table: dict, what: str) -> None:
+        for key, hook in list(table.items()):
+            table[key] = stand_in = _HookStandIn(hook)
+            gone = weakref.finalize(stand_in, self.note, module, f"a {what} the trace ran was removed from")
+            self._stand_ins.append((table, key, gone))
+
+    def __enter__(self) -> None:
+        """`with watch:` pauses it: the compiled model itself runs forward through Dynamo."""
+        self.paused = True
+
+    def __exit__(self, *exc: Any) -> None:
+        self.paused = False
+
+    def note(self, module: torch.nn.Module, what: str, attribute: str | None = None) -> None:
+        """Note that `module`'s `attribute` was `what` ("set", "deleted"), or without `attribute`, that
+        `what` ("a forward hook was registered on") happened to `module`; if the watch covers it and noted
+        nothing yet."""
+        path = self._paths.get(id(module), (None,))[0]
+        if path is not None and self.changed is None and not self.paused:
+            named = f"{path}.{attribute}" if path else attribute
+            self.changed = f"{what} {path or 'the model'}" if attribute is None else f"{named} was {what}"
+
+    def check(self, module: torch.nn.Module, attributes: Sequence[tuple[str, Any]], how: str) -> None:
+        """Flag the first of `module`'s watched `attributes` that is not the object watched there, or not
+        where it was. An attribute not watched (another module's, a deep copy's) is never read: it may be a
+        fake tensor."""
+        for name, value in attributes:
+            full, old, place = self._watched.get((id(module), name), (None, None, None))
+            if full is not None and self.replaced is None and (old is not value or _place(value) != place):
+                self.replaced = self.changed = (
+                    f"{full} of the compiled model was {how} after its first call; its compiled graphs still "
+                    "read the old tensor. Fix: load new values in place (model.load_state_dict(state) "
+                    "without assign=True, or `with torch.no_grad(): param.copy_(new)`), or compile the model "
+                    "again with pieceworks.compile"
+                )
+
+    def close(self) -> None:
+        """End the watch: the hooks the trace ran go back in their tables, and modules no other watch
+        covers get their own class back."""
+        _WATCHES.discard(self)
+        for table, key, gone in self._stand_ins:  # detach(): (the stand-in, ...) while it lives, else None
+            if (alive := gone.detach()) is not None and table.get(key) is alive[0]:
+                table[key] = alive[0].hook
+        for i in self._paths.keys() - {other for watch in _WATCHES for other in watch._paths}:
+            module = self._paths[i][1]
+            module.__class__ = original_class(type(module))
+        self._stand_ins, self._paths = [], {}
+
+
+def _attributes(module: torch.nn.Module) -> tuple[tuple[str, Any], ...]:
+    """A module's own parameters, buffers (each under every name it has) and submodules."""
+    parameters = module.named_parameters(recurse=False, remove_duplicate=False)
+    buffers = module.named_buffers(recurse=False, remove_duplicate=False)
+    return (*parameters, *buffers, *module.named_children())
+
+
+def _place(value: Any) -> tuple | None:
+    return (value.data_ptr(), value.dtype, value.device) if isinstance(value, torch.Tensor) else None
