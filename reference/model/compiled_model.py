@@ -180,7 +180,8 @@ class CompiledModel:
         self._signatures: list[tuple] = []
         self._arguments: Arguments | None = None  # the first call's form: positional, then keyword arguments
         # the positional arguments of a first call without keywords (else -1), and the arguments' names
-        self._positional, self._labels = -1, cast(list[str] | None, None)
+        self._positional = -1
+        self._labels: list[str] | None = None
         self._mutated_args: list[int] = []
         self._flat_by_size: dict[int, list[Any]] = {}
         self._state_watch: StateWatch | None = None
