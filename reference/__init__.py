@@ -18,32 +18,19 @@ from .batch_kind import GraphSupport, declare_graph_support, is_uniform_decode, 
 from .config import CompilationConfig, ConfigError, CUDAGraphMode, default_capture_sizes
 from .counters import CompilationCounter, counters
 from .cudagraph import CaptureMismatchError
-from .dispatch import BatchSizeError
 from .model import CompiledModel, GlobalHookError, InputError, StateReplacedError, batch_of, compile
+from .piece import BatchSizeError
 from .split import split_graph
 
-__all__ = [
-    "Backend",
-    "BatchSizeError",
-    "CaptureMismatchError",
-    "CompilationConfig",
-    "CompilationCounter",
-    "CompiledModel",
-    "ConfigError",
-    "CUDAGraphMode",
-    "GlobalHookError",
-    "GraphSupport",
-    "InputError",
-    "StateReplacedError",
-    "batch_of",
-    "compile",
-    "counters",
-    "declare_graph_support",
-    "default_capture_sizes",
-    "is_uniform_decode",
-    "split_graph",
-    "uniform_decode",
-]
+# compiling and serving a model, and configuring it; the torch.compile door
+__all__ = ["compile", "CompiledModel", "CompilationConfig", "CUDAGraphMode", "default_capture_sizes"]
+__all__ += ["Backend"]
+# the batch kind of a call, and what a CUDA graph around a splitting op may hold; the split itself
+__all__ += ["uniform_decode", "is_uniform_decode", "declare_graph_support", "GraphSupport", "split_graph"]
+__all__ += ["counters", "CompilationCounter", "batch_of"]  # what happened; a call's batch size
+# the errors, each naming the problem and the fix
+__all__ += ["BatchSizeError", "CaptureMismatchError", "ConfigError", "InputError"]
+__all__ += ["GlobalHookError", "StateReplacedError"]
 
 __version__ = "0.1.0"
 

@@ -24,18 +24,16 @@ declare (`supported_mode`), logged once.
 from __future__ import annotations
 
 import enum
-import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._compat import op_identity
 from .config import CompilationConfig, CUDAGraphMode
+from .counters import log
 
 if TYPE_CHECKING:
     from .compiled import CompiledPieces
-
-log = logging.getLogger("pieceworks")
 
 
 class GraphSupport(enum.IntEnum):
@@ -54,10 +52,8 @@ def declare_graph_support(op: str, support: GraphSupport | str) -> None:
     if isinstance(support, str):
         support = GraphSupport.__members__.get(support.upper(), support)
     if not isinstance(support, GraphSupport) or "::" not in op or "." in op.partition("::")[2]:
-        raise ValueError(
-            f"declare_graph_support({op!r}, {support!r}): expected an op packet name 'ns::op' "
-            f"and one of {list(GraphSupport.__members__)}"
-        )
+        expected = f"an op packet name 'ns::op' and one of {list(GraphSupport.__members__)}"
+        raise ValueError(f"declare_graph_support({op!r}, {support!r}): expected {expected}")
     _declared[op] = support
 
 
@@ -104,23 +100,18 @@ def effective_mode(config: CompilationConfig, compiled: CompiledPieces) -> CUDAG
         return CUDAGraphMode.NONE
     splitting = [p.fx_graph for p in compiled.pieces if p.is_splitting_graph]
     if mode.has_piecewise and not splitting:  # vLLM's behaviour
+        message = "pieceworks: cudagraph_mode=%s and no splitting op in the graph (splitting_ops=%s): %s"
         how = "its one piece is captured per size, as a FULL graph would be"
-        details = (mode.name, config.splitting_ops, "FULL covers it" if mode.has_full else how)
-        log.info(
-            "pieceworks: cudagraph_mode=%s and no splitting op in the graph (splitting_ops=%s): %s", *details
-        )
+        log.info(message, mode.name, config.splitting_ops, "FULL covers it" if mode.has_full else how)
         return CUDAGraphMode.FULL if mode.has_full else mode
     ids = [op_identity(n.target) for fx in splitting for n in fx.graph.nodes if n.op == "call_function"]
     support, op = graph_support({ident[0] for ident in ids if ident is not None})
     lowered = supported_mode(mode, support)
     if lowered is not mode:
         scope = "mixed batches" if support is GraphSupport.UNIFORM_DECODE else "any batch"
-        lowering = (mode.name, lowered.name, op, support.name, scope)
-        log.warning(
-            "pieceworks: cudagraph_mode=%s lowered to %s: splitting op %s declares graph support %s "
-            "(a full graph may not hold it for %s)",
-            *lowering,
-        )
+        declared = f"splitting op {op} declares graph support {support.name}"
+        message = "pieceworks: cudagraph_mode=%s lowered to %s: %s (a full graph may not hold it for %s)"
+        log.warning(message, mode.name, lowered.name, declared, scope)
     return lowered
 
 

@@ -39,7 +39,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -50,9 +49,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ._compat import inductor_default_cache_dir
-from .counters import counters
-
-log = logging.getLogger("pieceworks")
+from .counters import counters, log
 
 Entry = dict[str, Any]  # an index entry: its file's name, SHA-256 and size, and the claim of its piece
 Claim = dict[str, str]  # what an entry says about its piece (CLAIM_FIELDS)
@@ -133,10 +130,12 @@ def atomic_write(path: str, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    with contextlib.suppress(OSError):  # the rename itself, durable
+    with contextlib.suppress(OSError):  # the rename itself, durable (a folder that refuses fsync is closed)
         fd = os.open(folder, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def file_sha256(path: str) -> tuple[str, int]:
@@ -166,7 +165,7 @@ def _warn(kind: str, what: str, why: BaseException | str, once_for: str | None =
         log.warning(_WARNINGS[kind], what, why if isinstance(why, str) else _reason(why))
 
 
-def _remove(path: str) -> None:
+def _remove(path: str | Path) -> None:
     shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
 
 
@@ -210,11 +209,10 @@ class CompileCache:
                 if os.path.isdir(path) and not os.path.islink(path):
                     self.replace_corrupt(path, "a folder where a file belongs")
             cutoff = time.time() - 3600.0  # temporary files older than an hour are dead writers' leftovers
-            for folder in (self.directory, self.artifact_dir):
-                for path in [os.path.join(folder, n) for n in os.listdir(folder) if n.startswith(".tmp-")]:
-                    with contextlib.suppress(OSError):
-                        if os.lstat(path).st_mtime < cutoff:
-                            _remove(path)
+            for tmp in [*Path(self.directory).glob(".tmp-*"), *Path(self.artifact_dir).glob(".tmp-*")]:
+                with contextlib.suppress(OSError):
+                    if tmp.lstat().st_mtime < cutoff:
+                        _remove(tmp)
             os.utime(self.directory)  # the last use, which `prune` reads
             if factors and not os.path.exists(self.factors_path):
                 atomic_write(self.factors_path, json.dumps(factors, sort_keys=True, indent=1).encode())
@@ -325,11 +323,10 @@ class CompileCache:
             sha, size = file_sha256(tmp)
             stem = artifact_stem(name)
             file = f"{stem}-{sha[:16]}.bin"
+            entry = {"file": file, "sha256": sha, "bytes": size, **(claim or {})}
             with self.index_lock(exclusive=True):
                 os.replace(tmp, os.path.join(self.artifact_dir, file))
-                entries = self.read_index()
-                entries[name] = {"file": file, "sha256": sha, "bytes": size, **(claim or {})}
-                atomic_write(self.index_path, serialize_index(entries))
+                atomic_write(self.index_path, serialize_index({**self.read_index(), name: entry}))
                 _warned.discard(("index", self.index_path))  # intact again: a new break warns again
                 # earlier versions of the entry, and its files of writers that died
                 for old in [f for f in os.listdir(self.artifact_dir) if f.startswith(stem) and f != file]:
@@ -346,20 +343,6 @@ class CompileCache:
         return True
 
 
-def newest_factors(root: str, other_than: str, accept: Callable[[dict], bool]) -> dict[str, Any] | None:
-    """The factors.json of the key folder under `root` used last, among those holding entries (an
-    index.json), other than `other_than`, that `accept` takes; None where there is none. What a miss is
-    explained against."""
-    found = []
-    for name in os.listdir(root) if os.path.isdir(root) else ():
-        folder = os.path.join(root, name)
-        if name != other_than and os.path.exists(os.path.join(folder, "index.json")):
-            if (factors := read_json_dict(os.path.join(folder, "factors.json"))) and accept(factors):
-                with contextlib.suppress(OSError):
-                    found.append((os.stat(folder).st_mtime, factors))
-    return max(found, key=lambda f: f[0])[1] if found else None
-
-
 def read_json_dict(path: str) -> dict[str, Any]:
     """The JSON object in the file at `path`; {} where it is missing, unreadable or not an object."""
     with contextlib.suppress(OSError, ValueError):
@@ -368,10 +351,12 @@ def read_json_dict(path: str) -> dict[str, Any]:
     return {}
 
 
-def prune(root: str, older_than_days: float | None = None, environment: str | None = None) -> list[str]:
+def prune(
+    root: str, older_than_days: float | None = None, environment: dict[str, str] | None = None
+) -> list[str]:
     """Remove the key folders under `root` last used more than `older_than_days` ago, or built by another
-    environment than `environment` (torch build, GPU, Python: `pieceworks.key.environment_factors()` is
-    this one's); keep `<root>/inductor` and anything that is not a key folder. Returns the removed paths.
+    environment than `environment` (torch build, GPU, Python: `pieceworks.key.software_factors()` is this
+    one's); keep `<root>/inductor` and anything that is not a key folder. Returns the removed paths.
     Run it while no process uses those folders."""
     removed = []
     for path in sorted(os.path.join(root, name) for name in os.listdir(root)):
@@ -413,7 +398,4 @@ def _user_chose_inductor_dir() -> bool:
     """Whether TORCHINDUCTOR_CACHE_DIR names a folder other than Inductor's default (Inductor writes its
     default into the environment itself once it has used it, so "set" alone does not mean "chosen")."""
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
-    default = inductor_default_cache_dir() if chosen else None
-    if default is None:  # unset, or the layout of another torch: only the folder's name is known
-        return bool(chosen) and not os.path.basename(os.path.normpath(chosen)).startswith("torchinductor_")
-    return os.path.abspath(chosen) != os.path.abspath(default)
+    return bool(chosen) and os.path.abspath(chosen) != os.path.abspath(inductor_default_cache_dir())

@@ -10,7 +10,6 @@ size seen later triggers a compile. Callers: the torch.compile door (backend.py)
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -19,16 +18,16 @@ from typing import Any
 import torch.fx
 
 from ._compat import example_value, fake_mode_of, op_identity
-from .cache import CompileCache, newest_factors
+from .cache import CompileCache
 from .compiler import PieceCompiler
 from .config import CompilationConfig
-from .counters import counters
-from .key import UnkeyableConfigError, as_json, cache_factors, cache_key, describe_change, first_change
+from .counters import counters, log
+from .key import UnkeyableConfigError, cache_factors, cache_key, describe_change, key_change
 from .piece import BatchPosition, Piece, batch_position, mutated_inputs, traced_args
 from .progress import progress
 from .split import absent_splitting_ops, batch_symbols, check_splitting_ops, is_splitting_op, split_graph
 
-log = logging.getLogger("pieceworks")
+_INDUCTOR_CHANGED = "the global Inductor configuration (torch._inductor.config) changed"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -79,33 +78,16 @@ def open_cache(
         log.warning("pieceworks: compiling without the compile cache: %s", exc)
         return None
     cache = CompileCache.open(config.resolved_cache_dir(), key := cache_key(factors), factors)
-    if cache is not None:
-        log.info("pieceworks compile cache: %s%s", cache.directory, "" if cache.writable else " (read-only)")
-        if not os.path.exists(cache.index_path):
-            try:
-                explain_cache_miss(cache.root, key, factors)
-            except Exception as exc:  # noqa: BLE001 - an explanation must never fail the compile
-                why = f"{type(exc).__name__}: {exc}"
-                log.debug("pieceworks: no explanation of the compile-cache miss (%s)", why)
+    if cache is None:
+        return None
+    log.info("pieceworks compile cache: %s%s", cache.directory, "" if cache.writable else " (read-only)")
+    if not os.path.exists(cache.index_path):  # a new key: why, against the newest key of this graph
+        change = key_change(cache.root, key, factors, lambda found: found.get("graph") == factors["graph"])
+        if change is not None:  # the Inductor factor is a digest: what changed inside it is not known
+            what = _INDUCTOR_CHANGED if change[0] == "inductor" else describe_change(change)
+            why = "its compile-cache key changed since its newest entries were stored"
+            log.info("pieceworks: compiling this graph again: %s: %s", why, what)
     return cache
-
-
-def explain_cache_miss(root: str, key: str, factors: dict[str, Any]) -> None:
-    """Where `root` holds entries of the same graph under another key, log (INFO) the first factor that
-    differs from the newest such key's: a config field, a software or GPU factor, or the global Inductor
-    configuration."""
-
-    def readable(found: dict[str, Any]) -> dict[str, Any]:  # the environment string by factor
-        pairs = str(found.get("environment")).split(";")
-        return {**found, "environment": dict(p.split("=", 1) for p in pairs if "=" in p)}
-
-    last = newest_factors(root, key, lambda found: found.get("graph") == factors["graph"])
-    if last is None or (change := first_change(readable(last), readable(as_json(factors)))) is None:
-        return
-    inductor = "the global Inductor configuration (torch._inductor.config) changed"
-    what = inductor if change[0] == "inductor" else describe_change(change)
-    why = "its compile-cache key changed since its newest entries were stored"
-    log.info("pieceworks: compiling this graph again: %s: %s", why, what)
 
 
 def compile_pieces(gm: torch.fx.GraphModule, config: CompilationConfig) -> CompiledPieces:
@@ -114,20 +96,15 @@ def compile_pieces(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compi
     counters.num_graphs_seen += 1
     fakes = list(traced_args(gm))
     if fake_mode_of(fakes) is None:
-        raise RuntimeError(
-            "pieceworks needs a graph traced by Dynamo (placeholders carry FakeTensor example values)"
-        )
+        raise RuntimeError("pieceworks needs a Dynamo graph (placeholders carry FakeTensor example values)")
     check_splitting_ops(config.splitting_ops)
     if absent := absent_splitting_ops(gm, config.splitting_ops):
-        # (name, overload) of each op called
-        ops = {op for node in gm.graph.nodes if (op := op_identity(node.target)) is not None}
-        custom = sorted({name for name, _ in ops if not name.startswith(("aten::", "prims::"))})
+        names = {op[0] for node in gm.graph.nodes if (op := op_identity(node.target)) is not None}  # "ns::op"
+        called = sorted(n for n in names if not n.startswith(("aten::", "prims::"))) or "no custom op"
         unused = "registered but never called in the traced graph, so they split nothing"
-        called = custom or "no custom op"
         log.warning("pieceworks: splitting ops %s are %s (the graph calls %s)", absent, unused, called)
     written = tuple(sorted(mutated_inputs(gm)))
-    splitting = set(config.splitting_ops)
-    restored = tuple(sorted(mutated_inputs(gm, lambda node: is_splitting_op(node, splitting))))
+    restored = tuple(sorted(mutated_inputs(gm, lambda node: is_splitting_op(node, config.splitting_ops))))
 
     start = time.perf_counter()
     split_gm, pieces = split_graph(gm, config.splitting_ops)
@@ -149,14 +126,10 @@ def compile_pieces(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compi
         delattr(split_gm, piece.submod_name)
         setattr(split_gm, piece.submod_name, piece)
     seconds = {"split": split, **compiler.seconds, "pieces": time.perf_counter() - start}
+    message = "pieceworks compile (%s): %d pieces, %d distinct targets compiled, %d loaded from cache, "
+    message += "%d served by an identical piece, in %.3f s (%.3f s loading)"
     counts = (compiler.compiled, compiler.loaded, compiler.shared, seconds["pieces"], seconds["load"])
-    log.info(
-        "pieceworks compile (%s): %d pieces, %d distinct targets compiled, %d loaded from cache, "
-        "%d served by an identical piece, in %.3f s (%.3f s loading)",
-        config.compiler,
-        len(compiled),
-        *counts,
-    )
+    log.info(message, config.compiler, len(compiled), *counts)
     symbols = batch_symbols(gm)
     seconds["backend"] = time.perf_counter() - build_start
     found = (tuple(pieces), tuple(fakes), symbols, batch_position(fakes, symbols), written, restored, outputs)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 import os
 import platform
 import time
@@ -35,13 +34,10 @@ import torch
 from . import _compat
 from .cache import CompileCache, atomic_write, read_json_dict
 from .config import CompilationConfig
-from .counters import counters
-from .dispatch import find_range
+from .counters import counters, log
 from .key import digest, entry
-from .piece import Piece, Target
+from .piece import Piece, Target, find_range
 from .values import tensors_in
-
-log = logging.getLogger("pieceworks")
 
 
 class PieceCompiler:
@@ -50,8 +46,7 @@ class PieceCompiler:
     reading and loading artifacts, misses included; "compile": compiling)."""
 
     def __init__(self, config: CompilationConfig, cache: CompileCache | None) -> None:
-        self.config = config
-        self.cache = cache
+        self.config, self.cache = config, cache
         self.done: dict[tuple[str, Target], Callable[..., Any]] = {}
         self.compiled = self.loaded = self.shared = 0
         self.seconds = {"load": 0.0, "compile": 0.0}
@@ -64,13 +59,8 @@ class PieceCompiler:
         if not piece.unbacked_symbols:
             runnables |= {size: self.get(piece, size) for size in sizes}
         elif sizes:
-            log.info(
-                "pieceworks: piece %s has data-dependent sizes (%s): compile_sizes %s are served by the "
-                "code compiled for their ranges",
-                piece.submod_name,
-                ", ".join(piece.unbacked_symbols),
-                sizes,
-            )
+            what = f"piece {piece.submod_name} has data-dependent sizes ({', '.join(piece.unbacked_symbols)})"
+            log.info("pieceworks: %s: compile_sizes %s are served by the code of their ranges", what, sizes)
             runnables |= {size: runnables[cast(Target, find_range(ranges, size))] for size in sizes}
         return dataclasses.replace(piece, runnables=runnables)
 
@@ -89,28 +79,28 @@ class PieceCompiler:
         if self.cache is None or not computes_tensors(piece):
             self.done[key] = self._compile(piece, target, example_args)[0]
         else:
-            with (
-                inductor_cache_dir(self.cache.inductor_dir, self.config.inductor_compile_config),
-                known_cpu_isa(os.path.join(self.cache.directory, "cpu-isa.json")),
-            ):
-                self.done[key] = self._get_cached(piece, target, example_args)
+            options = self.config.inductor_compile_config
+            isa_record = os.path.join(self.cache.directory, "cpu-isa.json")
+            with inductor_cache_dir(self.cache.inductor_dir, options), known_cpu_isa(isa_record):
+                self.done[key] = self._get_cached(self.cache, piece, target, example_args)
         return self.done[key]
 
-    def _get_cached(self, piece: Piece, target: Target, example_args: list[Any]) -> Callable[..., Any]:
-        assert self.cache is not None  # `get` comes here only with a cache
+    def _get_cached(
+        self, cache: CompileCache, piece: Piece, target: Target, example_args: list[Any]
+    ) -> Callable[..., Any]:
         name, claim = entry(piece.fingerprint, target, example_args)
         load = lambda path: load_artifact(path, piece.fx_graph)  # noqa: E731
         start = time.perf_counter()
-        fn, seen = self.cache.load(name, load, claim)
+        fn, seen = cache.load(name, load, claim)
         if fn is None:
-            with self.cache.entry_lock(name):
+            with cache.entry_lock(name):
                 # Another process may have stored it while we looked or waited; an entry we already rejected
                 # is skipped, not tried (nor reported) twice.
-                fn, _ = self.cache.load(name, load, claim, skip=seen)
+                fn, _ = cache.load(name, load, claim, skip=seen)
                 if fn is None:
                     self.seconds["load"] += time.perf_counter() - start
                     fn, artifact = self._compile(piece, target, example_args)
-                    if self.cache.store(name, lambda path: artifact.save(path=path, format="binary"), claim):
+                    if cache.store(name, lambda path: artifact.save(path=path, format="binary"), claim):
                         counters.num_compiled_artifacts_saved += 1
                         counters.num_cache_entries_updated += 1
                     return fn
@@ -201,12 +191,8 @@ def load_artifact(path: str, gm: torch.fx.GraphModule) -> Callable[..., Any]:
         artifact = _compat.load_artifact(path)
     if rebuilt := events["fxgraph_lookup_write_file"] - before:
         counters.num_kernel_rebuilds += rebuilt
-        log.info(
-            "pieceworks: %s loaded, the code of %d graphs written out and built again: Inductor's own "
-            "cache did not hold it",
-            path,
-            rebuilt,
-        )
+        why = "written out and built again: Inductor's own cache did not hold it"
+        log.info("pieceworks: %s loaded, the code of %d graphs %s", path, rebuilt, why)
     return _adapt_outputs(artifact, gm)
 
 
@@ -222,10 +208,10 @@ def inductor_cache_dir(path: str | None, options: Mapping[str, Any]) -> Iterator
     if path is None:
         yield
         return
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     config = _compat.inductor_config()
     kept = "cpp_cache_precompile_headers" in options or not hasattr(config, "cpp_cache_precompile_headers")
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     try:
         with config.patch({} if kept else {"cpp_cache_precompile_headers": False}):
             yield
@@ -250,14 +236,13 @@ def known_cpu_isa(record: str) -> Iterator[None]:
         return
     isa, config, key, allowed = found
     known = read_json_dict(record)
-    if known.get(key) == allowed:  # on every entry: a later compile of this process checks the ISA again
-        with config.patch({"cpp.vec_isa_ok": True}):
-            yield
-        return
+    # on every entry: a later compile of this process checks the ISA again
+    skipped = known.get(key) == allowed
     probed = isa.valid_vec_isa_list.cache_info().currsize
-    yield
-    # it ran here: its result, for the next process
-    if not probed and isa.valid_vec_isa_list.cache_info().currsize:
+    with config.patch({"cpp.vec_isa_ok": True} if skipped else {}):
+        yield
+    # where the probe ran here: its result, for the next process
+    if not (skipped or probed) and isa.valid_vec_isa_list.cache_info().currsize:
         with contextlib.suppress(OSError):
             valid = [str(i) for i in isa.valid_vec_isa_list()]
             atomic_write(record, json.dumps({**known, key: valid}).encode())
@@ -273,7 +258,6 @@ def _isa_facts() -> tuple[Any, Any, str, list[str]] | None:
         flags = sorted(set(isa.x86_isa_checker()))
         allowed = [str(i) for i in isa.supported_vec_isa_list if all(f in flags for f in str(i).split())]
         build = [flags, torch.__version__, str(torch.version.git_version), _compat.cpp_compiler_version()]
-        key = digest(json.dumps(build))
-        return isa, config, key, allowed
+        return isa, config, digest(json.dumps(build)), allowed
     except Exception:  # noqa: BLE001 - another torch: Inductor probes as it would
         return None

@@ -15,9 +15,8 @@ import json
 import os
 import re
 import types
-import typing
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, Union, get_args, get_origin
 
 from ._compat import inductor_config, inductor_option_type
 
@@ -111,15 +110,14 @@ def check_inductor_keys(config: dict[str, Any]) -> None:
 def fits_option_type(value: Any, declared: Any) -> bool:
     """Whether a JSON `value` fits the type an Inductor option declares: bool, int, float, str, None, lists
     (or tuples), dicts, their unions and literals. A type this cannot check (a callable's, a class) fits."""
-    origin = typing.get_origin(declared) or declared
-    if origin in (typing.Union, types.UnionType):
-        return any(fits_option_type(value, a) for a in typing.get_args(declared))
-    if origin is typing.Literal:
-        return any(type(value) is type(a) and value == a for a in typing.get_args(declared))
-    if origin not in (type(None), bool, int, float, str, list, tuple, dict):
-        return True
+    origin = get_origin(declared) or declared
+    if origin in (Union, types.UnionType):
+        return any(fits_option_type(value, a) for a in get_args(declared))
+    if origin is Literal:
+        return any(type(value) is type(a) and value == a for a in get_args(declared))
+    checked = (type(None), bool, int, float, str, list, tuple, dict)  # any other type fits
     widened = {float: (int, float), list: (list, tuple), tuple: (list, tuple)}
-    return type(value) in widened.get(origin, (origin,))
+    return origin not in checked or type(value) in widened.get(origin, (origin,))
 
 
 _BOOLS = dict.fromkeys(("1", "true", "yes", "on"), True) | dict.fromkeys(("0", "false", "no", "off"), False)
@@ -130,10 +128,8 @@ def env_flag(name: str, default: bool) -> bool:
     when unset or empty; else `ConfigError` naming the variable, its value and the spellings."""
     value = os.environ.get(name, "").strip().lower()
     if value and value not in _BOOLS:
-        raise ConfigError(
-            f"${name}={os.environ[name]!r} is not a boolean. Fix: set it to 1, true, yes or on "
-            f"(or 0, false, no, off), or unset it."
-        )
+        fix = "set it to 1, true, yes or on (or 0, false, no, off), or unset it"
+        raise ConfigError(f"${name}={os.environ[name]!r} is not a boolean. Fix: {fix}.")
     return _BOOLS.get(value, default)
 
 
@@ -146,10 +142,8 @@ def check_something_to_capture(mode: CUDAGraphMode, capture_sizes: list[int]) ->
     """A graph mode needs at least one capture size: graphs are captured for those sizes only."""
     if not capture_sizes and mode is not CUDAGraphMode.NONE:
         problem = f"no size to capture, but cudagraph_mode={mode.name} captures graphs only for these sizes"
-        fix = (
-            "list the batch sizes to capture, leave cudagraph_capture_sizes=None for vLLM's defaults, or "
-            "set cudagraph_mode=NONE"
-        )
+        defaults = "leave cudagraph_capture_sizes=None for vLLM's defaults"
+        fix = f"list the batch sizes to capture, {defaults}, or set cudagraph_mode=NONE"
         raise config_error("cudagraph_capture_sizes", capture_sizes, problem, fix)
 
 
@@ -159,20 +153,13 @@ def _int_list(field: str, value: Any, top: int, fix: str | None = None) -> list[
     if not (isinstance(value, (list, tuple)) and all(map(_is_int, value))):
         raise config_error(field, value, "expected a list of int", fix or f"pass e.g. {field}=[1, 2, 4, 8]")
     if not all(v > 0 for v in value):
-        raise config_error(
-            field, value, "every entry must be a positive batch size", "remove zero and negative entries"
-        )
+        problem = "every entry must be a positive batch size"
+        raise config_error(field, value, problem, "remove zero and negative entries")
     if above := [v for v in value if v > top]:
-        problem = (
-            f"{above} lie outside every compile range: above max_num_batched_tokens={top}, so above the "
-            "largest compile range"
-        )
+        beyond = f"above max_num_batched_tokens={top}, so above the largest compile range"
+        problem = f"{above} lie outside every compile range: {beyond}"
         raise config_error(field, value, problem, "raise max_num_batched_tokens or drop those entries")
     return sorted(set(value))
-
-
-def _is_count(value: Any) -> bool:
-    return _is_int(value) and value >= 0
 
 
 _FLAGS = ("cache_enabled", "reuse_trace", "lazy_capture", "debug_replay_checks")  # the bool fields
@@ -184,7 +171,7 @@ _FIELD_RULES: dict[str, tuple[type | tuple[type, ...] | Callable[[Any], bool], s
     "max_num_batched_tokens": (lambda v: _is_int(v) and v > 0, "expected a positive int", "pass e.g. 8192"),
     # a known name is converted first
     "cudagraph_mode": (CUDAGraphMode, "unknown mode", f"use pieceworks.CUDAGraphMode or one of {_MODES}"),
-    "cudagraph_num_warmups": (_is_count, "expected an int >= 0", "pass 0 or more, e.g. 1"),
+    "cudagraph_num_warmups": (lambda v: _is_int(v) and v >= 0, "expected an int >= 0", "pass e.g. 0 or 1"),
     "compiler": (lambda v: v in ("inductor", "eager"), "unknown compiler", 'use "inductor" or "eager"'),
     "inductor_compile_config": (
         lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
@@ -292,8 +279,7 @@ class CompilationConfig:
     def ranges(self) -> list[tuple[int, int]]:
         """The compile ranges as closed intervals `(lo, hi)`, in order, covering
         `[1, max_num_batched_tokens]`."""
-        top = self.max_num_batched_tokens
-        ends = [e for e in self.compile_ranges if e < top] + [top]
+        ends = sorted({*self.compile_ranges, self.max_num_batched_tokens})  # no endpoint is above the top
         return list(zip([1] + [e + 1 for e in ends[:-1]], ends))
 
     def resolved_cache_dir(self) -> str:
@@ -312,10 +298,8 @@ class CompilationConfig:
 
     def hash_factors(self) -> dict[str, Any]:
         """The fields that change compiled code, by name (what `compute_hash` digests)."""
-        factors = dict(
-            splitting_ops=self.splitting_ops, ranges=self.ranges(), compile_sizes=self.compile_sizes
-        )
-        return factors | dict(compiler=self.compiler, inductor_compile_config=self.inductor_compile_config)
+        split = dict(splitting_ops=self.splitting_ops, ranges=self.ranges(), compile_sizes=self.compile_sizes)
+        return split | dict(compiler=self.compiler, inductor_compile_config=self.inductor_compile_config)
 
     def compute_hash(self) -> str:
         """SHA-256 of `hash_factors`; equal configs give equal hashes in any process."""

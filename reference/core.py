@@ -5,8 +5,8 @@
   compiles every other piece (`CompiledPieces`: the stitching module, the `Piece`s, build seconds); `op_names`
   (an FX target's op names, as splitting ops match them); `compile_target` (the compiled size or range serving
   a batch); `BatchSizeError`.
-- Cache and key: `CompileCache`, `cache_key_factors`, `cache_key`, `environment_factors` and the other
-  factors' helpers the serving record keys itself with.
+- Cache and key: `CompileCache`, `cache_key`, `software_factors`, `inductor_config_factors`, `key_change` and
+  the other factors' helpers the serving record keys itself with.
 - Serve: `Runtime` (replays per padded size and batch kind; `Phase`, `CapturePhase`), `ReplayPlan` and
   `FullReplay` (the replays), `padded_size` (the captured size a batch pads to), `StaticInputs` (the buffers
   a replay reads), `batched_outputs` and `unpad` (outputs cut back to the batch), `pool_bytes` (a CUDA graph
@@ -20,26 +20,24 @@ from __future__ import annotations
 from . import _compat as torch_compat
 from .backend import own_config
 from .batch_kind import is_uniform_decode
-from .cache import CompileCache, file_sha256, newest_factors
+from .cache import CompileCache, file_sha256
 from .compiled import CompiledPieces, compile_pieces
 from .config import CompilationConfig, ConfigError, CUDAGraphMode
-from .counters import counters
+from .counters import counters, log
 from .cudagraph import pool_bytes
-from .dispatch import BatchSizeError, compile_target, padded_size
 from .key import (
     UnkeyableConfigError,
     as_json,
     cache_key,
-    cache_key_factors,
     describe_change,
     digest,
-    environment_factors,
-    first_change,
+    inductor_config_factors,
+    key_change,
     portable,
     software_factors,
 )
-from .padding import StaticInputs, batched_outputs, unpad
-from .piece import Piece
+from .padding import StaticInputs, batched_outputs, padded_size, unpad
+from .piece import BatchSizeError, Piece, compile_target
 from .plan import FullReplay, ReplayPlan
 from .progress import progress
 from .runtime import CapturePhase, Phase, Runtime

@@ -1,15 +1,20 @@
-"""Process-wide compilation counters with vLLM's field names.
+"""Process-wide compilation counters with vLLM's field names, and `log`, the one logger every module of
+pieceworks writes to (named "pieceworks").
 
 Tests read deltas, never absolute values: `with counters.expect(num_inductor_compiles=3): ...` asserts that
-the block changed that field by exactly 3 (and says what every named field did when it fails). Counters are
-plain ints bumped from the thread that compiles or captures; they are not synchronised across threads.
+the block changed that field by exactly 3 (and names each field that changed by another amount when it
+fails). Counters are plain ints bumped from the thread that compiles or captures; they are not synchronised
+across threads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Iterator
+
+log = logging.getLogger("pieceworks")
 
 
 @dataclasses.dataclass

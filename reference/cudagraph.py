@@ -52,9 +52,8 @@ def non_owning_alias(value: Any) -> Any:
     # The storage's bytes, exposed through the CUDA array interface so that `torch.as_tensor` views them.
     data = (storage.data_ptr(), False)
     interface = {"shape": (storage.nbytes(),), "typestr": "|u1", "data": data, "version": 3, "strides": None}
-    memory = types.SimpleNamespace(__cuda_array_interface__=interface)
     with torch.cuda.device(value.device):
-        raw = torch.as_tensor(memory, device=value.device)
+        raw = torch.as_tensor(types.SimpleNamespace(__cuda_array_interface__=interface), device=value.device)
     return raw.view(value.dtype).as_strided(value.shape, value.stride(), value.storage_offset())
 
 
@@ -82,8 +81,7 @@ class AddressCheck(NamedTuple):
 def check_addresses(args: Sequence[Any], checks: Sequence[AddressCheck], padded_size: int) -> None:
     """Raise `ReplayAddressError` if a checked input is not at its captured address."""
     for i, address, reader, position, name in checks:
-        pointer = args[i].data_ptr()
-        if pointer != address:
+        if (pointer := args[i].data_ptr()) != address:
             raise ReplayAddressError(
                 f"{reader}: input {position} ({name}) is at {pointer:#x}, but the CUDA graph for batch "
                 f"size {padded_size} was captured reading {address:#x}; replaying would read stale memory. "
@@ -118,11 +116,13 @@ class CapturePool:
     object writes them (read `handle`: the graph pool's `torch.cuda.graph_pool_handle()`, None before the
     first capture). Not thread-safe."""
 
+    # made with the first handle, in `capture`
+    _stream: torch.cuda.Stream
+    _warmup_pool: torch.cuda.MemPool
+
     def __init__(self, num_warmups: int) -> None:
         self.num_warmups = num_warmups
         self.handle: Any = None
-        self._stream: torch.cuda.Stream | None = None
-        self._warmup_pool: torch.cuda.MemPool | None = None
         # (runnable, padded size) `capture_piece` warmed up
         self._warmed: set[tuple[Callable[..., Any], int]] = set()
 
@@ -160,7 +160,6 @@ class CapturePool:
         # warm-up can write to these inputs.
         saved = [(i, args[i].clone()) for i in mutated if warmups and isinstance(args[i], torch.Tensor)]
         graph, stream = torch.cuda.CUDAGraph(), self._stream
-        assert stream is not None and self._warmup_pool is not None  # made with the first handle
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             # Warm-ups allocate from a MemPool of this model's own: the first GEMM on the capture stream

@@ -10,9 +10,10 @@ and times never enter it. Equal inputs give equal digests in any process.
   with the same fingerprint compute the same function of their positional inputs, so one artifact serves both;
 - `entry`: a piece's entry inside the folder, and what the entry must say about the piece to be loaded for
   it;
-- `software_factors` / `environment_factors`: the torch build, CUDA/HIP, Triton, Python, CPU architecture,
-  GPU;
-- `inductor_config_factors`: the effective global Inductor and functorch configuration.
+- `software_factors`: the torch build, CUDA/HIP, Triton, Python, CPU architecture, GPU;
+- `inductor_config_factors`: the effective global Inductor and functorch configuration;
+- `key_change`: why a key is new, the first fact that differs from the newest key of the same graph (or
+  model) stored beside it.
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ import enum
 import functools
 import hashlib
 import json
+import os
 import platform
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ._compat import _module, functorch_config, inductor_config, op_identity
+from ._compat import functorch_config, inductor_config, op_identity, require
+from .cache import read_json_dict
+from .counters import log
 
 
 def digest(*parts: str) -> str:
@@ -115,25 +120,10 @@ def software_factors() -> dict[str, str]:
     factors |= {"hip": str(version.hip), "python": platform.python_version(), "machine": platform.machine()}
     factors |= {"triton": "none", "gpu": "none"}  # where there is none
     with contextlib.suppress(Exception):  # Triton is optional on CPU builds
-        factors["triton"] = str(_module("triton").__version__)
+        factors["triton"] = str(require("triton").__version__)
     if torch.cuda.is_available():  # the current device
         factors["gpu"] = f"{torch.cuda.get_device_name()}|sm={torch.cuda.get_device_capability()}"
     return factors
-
-
-def environment_factors() -> str:
-    """`software_factors()` as one string (the cache key's "environment" factor)."""
-    return ";".join(f"{name}={value}" for name, value in sorted(software_factors().items()))
-
-
-def cache_key_factors() -> dict[str, Any]:
-    """What keys the compile cache besides the graph and the config: `software_factors()` and the digest of
-    the global Inductor configuration (`inductor_config_factors`; its error, where it cannot be digested)."""
-    try:
-        inductor = inductor_config_factors()
-    except UnkeyableConfigError as exc:
-        inductor = f"unkeyable: {exc}"
-    return {"software": software_factors(), "inductor_config": inductor}
 
 
 class UnkeyableConfigError(ValueError):
@@ -156,10 +146,8 @@ def portable(value: Any, where: str, graph_pass: bool = False) -> Any:
     if callable(getattr(value, "uuid", None)):
         return f"uuid:{value.uuid()}"
     if graph_pass and value is not None:
-        raise UnkeyableConfigError(
-            f"{where} is {value!r}, which has no uuid(); make it a torch._inductor.custom_graph_pass."
-            "CustomGraphPass so that its version can enter the cache key"
-        )
+        fix = "torch._inductor.custom_graph_pass.CustomGraphPass so that its version can enter the cache key"
+        raise UnkeyableConfigError(f"{where} is {value!r}, which has no uuid(); make it a {fix}")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -177,9 +165,8 @@ def portable(value: Any, where: str, graph_pass: bool = False) -> Any:
         return portable(value.to_dict(), where)
     if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
         return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
-    raise UnkeyableConfigError(
-        f"{where} holds {type(value).__name__} {value!r}, whose effect on compiled code cannot be digested"
-    )
+    why = "whose effect on compiled code cannot be digested"
+    raise UnkeyableConfigError(f"{where} holds {type(value).__name__} {value!r}, {why}")
 
 
 def inductor_config_factors() -> str:
@@ -209,17 +196,20 @@ def cache_factors(
     effective global Inductor/functorch configuration, and the software and GPU. Raises
     `UnkeyableConfigError` when the Inductor configuration holds something that cannot be digested."""
     graph = digest(graph_fingerprint(split_gm, fakes), *piece_fingerprints)
-    inductor, environment = inductor_config_factors(), environment_factors()
+    inductor, environment = inductor_config_factors(), software_factors()
     return {"graph": graph, "config": config.hash_factors(), "inductor": inductor, "environment": environment}
 
 
 def as_json(value: Any) -> Any:
-    """`value` as a JSON file holds it (tuples as lists, other objects by `repr`), in its own order: what
-    `first_change` compares a stored key's facts with."""
+    """`value` as a JSON file holds it (tuples as lists, other objects by `repr`), in its own order."""
     return json.loads(json.dumps(value, default=repr))
 
 
-def first_change(old: Any, new: Any, where: str = "") -> tuple[str, Any, Any] | None:
+# Where two keys' facts first differ: its path, the old value, the new one (`first_change`).
+Change = tuple[str, Any, Any]
+
+
+def first_change(old: Any, new: Any, where: str = "") -> Change | None:
     """The first place where two keys' facts (JSON as stored) differ: (its path, e.g.
     "config.compile_sizes" or "modules.layers.0.attributes.eps", the old value, the new one), or None where
     they are equal."""
@@ -234,10 +224,30 @@ def first_change(old: Any, new: Any, where: str = "") -> tuple[str, Any, Any] | 
     return next(filter(None, (first_change(a, b, path) for path, a, b in parts)), None)
 
 
-def describe_change(change: tuple[str, Any, Any]) -> str:
+def describe_change(change: Change) -> str:
     """`first_change`'s finding in words: "<path> was <old>, is <new>" (values cut to 80 characters)."""
     short = [text if len(text := repr(v)) <= 80 else text[:77] + "..." for v in change[1:]]
     return f"{change[0]} was {short[0]}, is {short[1]}"
+
+
+def key_change(root: str, key: str, factors: dict[str, Any], same: Callable[[dict], bool]) -> Change | None:
+    """Why `factors` (`cache_factors`, or a serving record's) have a key folder of their own under `root`:
+    the `first_change` from the factors of the newest other key folder there (the one used last) that holds
+    entries (an index.json) and whose factors `same` accepts (the same graph, the same model class). None
+    where there is no such folder, nothing differs, or the folders cannot be read (logged at DEBUG: an
+    explanation never fails a call)."""
+    try:
+        found = []
+        for name in os.listdir(root) if os.path.isdir(root) else ():
+            folder = os.path.join(root, name)
+            if name != key and os.path.exists(os.path.join(folder, "index.json")):
+                if (stored := read_json_dict(os.path.join(folder, "factors.json"))) and same(stored):
+                    with contextlib.suppress(OSError):
+                        found.append((os.stat(folder).st_mtime, stored))
+        return first_change(max(found, key=lambda f: f[0])[1], as_json(factors)) if found else None
+    except Exception as exc:  # noqa: BLE001 - an explanation must never fail a compile or a call
+        log.debug("pieceworks: no explanation of the new key %s (%s: %s)", key, type(exc).__name__, exc)
+        return None
 
 
 def cache_key(factors: dict[str, Any]) -> str:

@@ -1,4 +1,8 @@
-"""Static input buffers and padding: the caller-side half of CUDA-graph replay.
+"""Padding: which captured size a batch runs at, the static input buffers it is copied into, and its outputs
+cut back to the batch (the caller's side of CUDA-graph replay).
+
+`padded_size`: the smallest captured size >= the batch, or None above the largest (such a batch runs without a
+graph); O(log n) with `bisect`.
 
 `StaticInputs` holds one buffer of the largest captured size per tensor argument; batch n reads the slices
 `buffer[:n]`, so the address a graph captured never moves. A call of batch b <= n copies the b real rows in
@@ -16,12 +20,20 @@ Face `ModelOutput`, and dataclasses), never a tensor that only happens to have n
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from .values import children, cycle_rows, tree_map
+
+
+def padded_size(captured_sizes: Sequence[int], batch: int) -> int | None:
+    """The smallest of the sorted `captured_sizes` that is >= `batch`, or None when `batch` is above them
+    all."""
+    i = bisect.bisect_left(captured_sizes, batch)
+    return captured_sizes[i] if i < len(captured_sizes) else None
 
 
 class StaticInputs:

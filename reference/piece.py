@@ -11,24 +11,28 @@ graphs, logged once with the reason) when it makes CPU tensors (0-d scalars asid
 devices, synchronises with the host (`.item()`, `nonzero`, ...), has data-dependent sizes, or writes in place
 to an input whose address is not fixed (an output of a splitting op, allocated anew on every call: PIECEWISE
 only, `Piece.piecewise_refusal`).
+
+Compile dispatch (`compile_target`): a batch size runs the code of its compile size if there is one, else that
+of the compile range holding it, else `BatchSizeError` names the batch and the ranges; O(log n) with `bisect`,
+memoised per batch size by `Piece.runnable`.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
-import torch
 import torch.fx
 
 from ._compat import example_value, op_identity, op_schema, symbol_name, unbacked_symbols
-from .dispatch import compile_target
 from .key import graph_fingerprint
 from .values import tensors_in
 
-Target = int | tuple[int, int]  # a compile size, or a closed compile range (lo, hi)
+Range = tuple[int, int]  # a closed compile range (lo, hi)
+Target = int | Range  # a compile size, or a compile range
 
 # methods and ops that wait for the host
 _SYNC_OPS = frozenset(
@@ -37,13 +41,32 @@ _SYNC_OPS = frozenset(
 )
 # `x += y` and the like, and `x[i] = y`
 _INPLACE_OPERATORS = {
-    operator.setitem,
-    *(getattr(operator, f"i{op}") for op in "add sub mul truediv floordiv mod pow and or xor".split()),
+    getattr(operator, n) for n in "setitem iadd isub imul itruediv ifloordiv imod ipow iand ior ixor".split()
 }
-_VIEW_METHODS = frozenset(
+_VIEWS = frozenset(
     "view reshape transpose permute expand narrow select unsqueeze squeeze flatten unflatten split chunk t "
     "as_strided view_as unbind diagonal".split()
 )
+
+
+class BatchSizeError(ValueError):
+    """A batch size that no compiled code covers."""
+
+
+def find_range(ranges: Sequence[Range], batch: int) -> Range | None:
+    """The closed range `(lo, hi)` of sorted, disjoint `ranges` that holds `batch`, or None."""
+    i = bisect.bisect_left([hi for _, hi in ranges], batch)
+    return ranges[i] if i < len(ranges) and ranges[i][0] <= batch <= ranges[i][1] else None
+
+
+def compile_target(compile_sizes: Sequence[int], ranges: Sequence[Range], batch: int) -> Target:
+    """The compile size equal to `batch`, else the range holding it; raises `BatchSizeError` otherwise."""
+    found = batch if batch in compile_sizes else find_range(ranges, batch)
+    if found is None:
+        where = f"batch size {batch} is outside every compile range {list(ranges)}"
+        limit = "CompilationConfig.max_num_batched_tokens (or the last compile_ranges endpoint)"
+        raise BatchSizeError(f"{where}; raise {limit} to serve it")
+    return found
 
 
 class BatchPosition(NamedTuple):
@@ -60,11 +83,10 @@ class BatchPosition(NamedTuple):
 def batch_position(args: Sequence[Any], batch_symbols: frozenset[str]) -> BatchPosition | None:
     """The first SymInt argument that is a batch symbol, else the first tensor dimension that is exactly
     one; None when the arguments do not depend on the batch size."""
-    found = [BatchPosition(i, None) for i, v in enumerate(args) if symbol_name(v) in batch_symbols]
-    for i, v in enumerate(args):
-        if isinstance(v, torch.Tensor):
-            found += [BatchPosition(i, d) for d, n in enumerate(v.shape) if symbol_name(n) in batch_symbols]
-    return found[0] if found else None
+    tensors = [(i, v) for i, v in enumerate(args) if isinstance(v, torch.Tensor)]
+    sizes = [(BatchPosition(i, None), v) for i, v in enumerate(args)]
+    sizes += [(BatchPosition(i, d), n) for i, t in tensors for d, n in enumerate(t.shape)]
+    return next((where for where, n in sizes if symbol_name(n) in batch_symbols), None)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -112,8 +134,7 @@ class Piece:
     def runnable(self, batch: int | None) -> Callable[..., Any]:
         """The code compiled for `batch`: its compile size, else its compile range (`BatchSizeError`
         outside); the first range's for a piece that does not depend on the batch (`batch` None)."""
-        fn = self._by_batch.get(batch)
-        if fn is None:
+        if (fn := self._by_batch.get(batch)) is None:
             ranges = sorted(t for t in self.runnables if isinstance(t, tuple))
             sizes = [t for t in self.runnables if isinstance(t, int)]
             target = ranges[0] if batch is None else compile_target(sizes, ranges, batch)
@@ -135,20 +156,18 @@ def analyse(
 ) -> Piece:
     """The facts of piece `name` of `split_gm`, the `graph_id`-th in run order; `splitting`: the names of the
     splitting pieces, `symbols`: the batch size's symbols (see the module doc)."""
-    graph = getattr(split_gm, name)
-    args = traced_args(graph)
+    gm = getattr(split_gm, name)
+    args = traced_args(gm)
     is_splitting = name in splitting
     moving = () if is_splitting else tuple(sorted(moving_inputs(split_gm, name, splitting)))
-    reason = uncapturable_reason(graph, args)
+    why = uncapturable_reason(gm, args)
     # A splitting op on CPU values is no reason against FULL.
-    reason = None if is_splitting and reason == "no CUDA tensors" else reason
-    mutated = tuple(sorted(mutated_inputs(graph)))
-    unbacked = tuple(data_dependent_sizes(graph))
+    why = None if is_splitting and why == "no CUDA tensors" else why
+    mutated = tuple(sorted(mutated_inputs(gm)))
+    unbacked = tuple(data_dependent_sizes(gm))
     where = batch_position(args, symbols)  # where the batch size sits
-    fingerprint = graph_fingerprint(graph, list(args))
-    return Piece(
-        name, graph_id, is_splitting, graph, args, mutated, unbacked, reason, moving, where, fingerprint
-    )
+    fingerprint = graph_fingerprint(gm, list(args))
+    return Piece(name, graph_id, is_splitting, gm, args, mutated, unbacked, why, moving, where, fingerprint)
 
 
 def traced_args(graph: torch.fx.GraphModule) -> tuple:
@@ -174,20 +193,18 @@ def _written_args(node: torch.fx.Node) -> list[Any]:
         return [node.args[0]]
     if node.op == "call_function" and "out" in node.kwargs:
         return tensors_in(node.kwargs["out"], torch.fx.Node)
-    schema = op_schema(node.target)
-    if schema is not None:
+    if (schema := op_schema(node.target)) is not None:
         args = [*node.args, *(node.kwargs.get(a.name) for a in schema.arguments[len(node.args) :])]
         return [arg for arg, a in zip(args, schema.arguments) if getattr(a.alias_info, "is_write", False)]
     name = cast(str, node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
     return [node.args[0]] if node.args and name.endswith("_") and not name.endswith("__") else []
 
 
-def _source(node: Any, views: bool = False) -> Any:
-    """The value `node` unpacks (following getitem) or, with `views`, is a view of (following view-like
-    methods)."""
+def _source(node: Any, methods: Collection[str] = ()) -> Any:
+    """The value `node` unpacks (following getitem) or is a view of (following the methods named in
+    `methods`, e.g. `_VIEWS`)."""
     while isinstance(node, torch.fx.Node) and (
-        node.target is operator.getitem
-        or (views and node.op == "call_method" and node.target in _VIEW_METHODS)
+        node.target is operator.getitem or (node.op == "call_method" and node.target in methods)
     ):
         node = node.args[0]
     return node
@@ -197,7 +214,7 @@ def mutated_inputs(gm: torch.fx.GraphModule, skip: Callable[..., bool] = lambda 
     """Indices of `gm`'s placeholders that some node (but those `skip` names) writes to in place (directly
     or through a view)."""
     placeholders = {node: i for i, node in enumerate(gm.graph.find_nodes(op="placeholder"))}
-    bases = {_source(a, views=True) for node in gm.graph.nodes if not skip(node) for a in _written_args(node)}
+    bases = {_source(a, _VIEWS) for node in gm.graph.nodes if not skip(node) for a in _written_args(node)}
     return {placeholders[base] for base in bases if base in placeholders}
 
 
@@ -224,8 +241,7 @@ def uncapturable_reason(gm: torch.fx.GraphModule, example_args: Sequence[Any]) -
             return f"node {node.name} ({node.format_node()}) synchronises with the host"
     if symbols := data_dependent_sizes(gm):
         return f"its sizes depend on data ({', '.join(symbols)}), which a CUDA graph would bake in"
-    cuda = {d for d in devices if d.type == "cuda"}
-    if not cuda:
+    if not (cuda := {d for d in devices if d.type == "cuda"}):
         return "no CUDA tensors"
     return f"tensors on several devices {sorted(map(str, cuda))}" if len(cuda) > 1 else None
 

@@ -27,6 +27,7 @@ Addresses:
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
@@ -65,32 +66,26 @@ class Step(NamedTuple):
     run: StepFn
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class ReplayPlan:
     """A recorded PIECEWISE forward pass of one batch size. `run(args, checks)` replays it; see the module
-    doc."""
+    doc. `output`: where a replay finds the outputs (refs, like the steps' arguments)."""
 
-    def __init__(
-        self,
-        padded_size: int,
-        steps: list[Step],
-        num_slots: int,
-        output: Any,
-        cheap_checks: list[AddressCheck],
-        all_checks: list[AddressCheck],
-        keep: list[torch.Tensor],
-        cuda_graph_outputs: list[Any],
-    ) -> None:
-        self.padded_size, self.num_slots = padded_size, num_slots
-        self.steps = tuple(steps)
-        self.cuda_graphs = tuple(cast(Any, step.run).cuda_graph for step in steps if step.how == "cuda_graph")
-        # per graph: the (non-owning) outputs a replay writes
-        self.cuda_graph_outputs = tuple(cuda_graph_outputs)
-        # caller-owned inputs the graphs read; and parameters and buffers
-        self.cheap_checks, self.all_checks = tuple(cheap_checks), tuple(all_checks)
-        self._runs = [step.run for step in steps]
-        self._output = _getter(output)
-        # eager outputs the graphs read, owned here so that their addresses stay valid
-        self.kept = tuple(keep)
+    padded_size: int
+    steps: tuple[Step, ...]
+    num_slots: int
+    output: Any
+    # caller-owned inputs the graphs read; and parameters and buffers
+    cheap_checks: tuple[AddressCheck, ...]
+    all_checks: tuple[AddressCheck, ...]
+    # eager outputs the graphs read, owned here so that their addresses stay valid
+    kept: tuple[torch.Tensor, ...]
+    cuda_graph_outputs: tuple[Any, ...]  # per graph: the (non-owning) outputs a replay writes
+
+    def __post_init__(self) -> None:
+        self.cuda_graphs = tuple(cast(Any, s.run).cuda_graph for s in self.steps if s.how == "cuda_graph")
+        self._runs = [s.run for s in self.steps]
+        self._output = _getter(self.output)
 
     def run(self, args: Sequence[Any], checks: Sequence[AddressCheck] = ()) -> Any:
         if checks:
@@ -110,17 +105,17 @@ class FullReplay(ReplayPlan):
         self, padded_size: int, cuda_graph: Any, outputs: Any, names: Sequence[str], args: Sequence[Any]
     ) -> None:
         tensors = [(i, n, a) for i, (n, a) in enumerate(zip(names, args)) if isinstance(a, torch.Tensor)]
-        every = [AddressCheck(i, a.data_ptr(), "full graph", i, n) for i, n, a in tensors]
+        every = tuple(AddressCheck(i, a.data_ptr(), "full graph", i, n) for i, n, a in tensors)
         aliases = tree_map(non_owning_alias, outputs)
         step = Step("full graph", "cuda_graph", replay_step(cuda_graph, []))
         cheap = _caller_owned(every, args)
-        super().__init__(padded_size, [step], 0, _Ref(_CONST, aliases), cheap, every, [], [aliases])
+        super().__init__(padded_size, (step,), 0, _Ref(_CONST, aliases), cheap, every, (), (aliases,))
 
 
-def _caller_owned(checks: list[AddressCheck], args: Sequence[Any]) -> list[AddressCheck]:
+def _caller_owned(checks: Sequence[AddressCheck], args: Sequence[Any]) -> tuple[AddressCheck, ...]:
     """The `checks` of inputs that are not parameters (whose address only moves when someone replaces
     them)."""
-    return [c for c in checks if not isinstance(args[c.index], torch.nn.Parameter)]
+    return tuple(c for c in checks if not isinstance(args[c.index], torch.nn.Parameter))
 
 
 def _is_constant(ref_tree: Any) -> bool:
@@ -172,22 +167,22 @@ def replay_step(cuda_graph: Any, moved: list[tuple[int, torch.Tensor]]) -> StepF
     return run
 
 
-def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Callable, list[int] | None]:
+def _callable(split_gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Callable, Sequence[int]]:
     """`(fn, positions)`: what an eager step of `node` (a `call_module`, or a `call_function`: the stitching
-    module has no other calls, and passes no keywords) calls, on the arguments at `positions` (None: all of
-    them). A splitting piece that is one op on some of its inputs (attention is) is called as that op,
-    `op(*[inputs[p] for p in positions])`, without the piece's FX frame."""
+    module has no other calls, and passes no keywords) calls, and the positions of the arguments it calls it
+    on: all of them, but for a splitting piece that is one op on some of its inputs (attention is), which is
+    called as that op, `op(*[inputs[p] for p in positions])`, without the piece's FX frame."""
     fn: Any = getattr(split_gm, cast(str, node.target)) if node.op == "call_module" else node.target
+    all_positions = range(len(node.args))
     if not isinstance(fn, torch.fx.GraphModule):  # a function, or a compiled piece that runs eagerly
-        return fn, None
-    placeholders = [n for n in fn.graph.nodes if n.op == "placeholder"]
+        return fn, all_positions
+    position = {p: i for i, p in enumerate(fn.graph.find_nodes(op="placeholder"))}  # input -> its position
     body = [n for n in fn.graph.nodes if n.op not in ("placeholder", "output")]
-    op = body[0] if len(body) == 1 and body[0].op == "call_function" and not body[0].kwargs else None
-    if op is None or (node.users and fn.graph.output_node().args[0] is not op):
-        return fn.forward, None
-    if not all(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in op.args):
-        return fn.forward, None
-    return op.target, [placeholders.index(a) for a in op.args]
+    op: Any = body[0] if len(body) == 1 and body[0].op == "call_function" and not body[0].kwargs else None
+    on_inputs = op is not None and all(isinstance(a, torch.fx.Node) and a in position for a in op.args)
+    if not on_inputs or (node.users and fn.graph.output_node().args[0] is not op):
+        return fn.forward, all_positions
+    return op.target, [position[a] for a in op.args]
 
 
 def record_plan(
@@ -200,58 +195,50 @@ def record_plan(
     """Run `split_gm(*args)` once, capturing the pieces in `capturable` (by name); return the plan and
     this run's (owning) outputs. `capture(fn, args, mutated, padded_size)` returns `(cuda_graph, outputs)`
     with the outputs already computed."""
-    real: dict[torch.fx.Node, Any] = {}
-    refs: dict[torch.fx.Node, _Ref] = {}
+    real: dict[torch.fx.Node, Any] = dict(zip(split_gm.graph.find_nodes(op="placeholder"), args))
+    refs = {node: _Ref(_INPUT, i) for i, node in enumerate(real)}  # the graph inputs, in order
     every: dict[int, AddressCheck] = {}
-    steps, keep, cuda_graph_outputs = [], [], []
-    num_slots = placeholder = 0
-    nodes = list(split_gm.graph.nodes)
-    # Drop this run's values after their last use, as the stitching module's own code does, so that later
-    # pieces' captures can reuse the pool blocks of values that are dead by then.
-    last_use = {inp: node for node in nodes for inp in node.all_input_nodes}
-    for previous, node in zip([None, *nodes], nodes):
-        for inp in () if previous is None else previous.all_input_nodes:
-            if last_use[inp] is previous:
-                real.pop(inp, None)
-        if node.op == "output":  # the last node
-            break
+    steps, keep, aliases = [], [], []  # aliases: per graph, of the outputs a replay writes
+    num_slots = 0
+    last_use = {inp: node for node in split_gm.graph.nodes for inp in node.all_input_nodes}
+    # every node but the inputs (their values are `args`) and the output (read after the loop)
+    body = [node for node in split_gm.graph.nodes if node.op not in ("placeholder", "output")]
+    for node in body:
         call_args = torch.fx.node.map_arg(node.args, real.__getitem__)
         arg_refs = [_ref_tree(a, refs) for a in node.args]
-        piece = capturable.get(node.target) if node.op == "call_module" else None
-        if node.op == "placeholder":
-            real[node], refs[node] = args[placeholder], _Ref(_INPUT, placeholder)
-            placeholder += 1
-        elif node.op == "get_attr":
+        if node.op == "get_attr":
             value = operator.attrgetter(node.target)(split_gm)
             real[node], refs[node] = value, _Ref(_CONST, value)
-        elif piece is not None:
+        elif node.op == "call_module" and (piece := capturable.get(node.target)) is not None:
             fn = piece.runnable_for(call_args)
             cuda_graph, out = capture(fn, call_args, piece.mutated_inputs, padded_size)
-            moved = []
-            names, reader = piece.placeholder_names, f"piece {piece.submod_name} (graph {piece.graph_id})"
-            for position, (value, ref) in enumerate(zip(call_args, arg_refs)):
+            moved, reader = [], f"piece {piece.submod_name} (graph {piece.graph_id})"
+            for position, (value, ref, name) in enumerate(zip(call_args, arg_refs, piece.placeholder_names)):
                 where = ref.where if isinstance(value, torch.Tensor) and isinstance(ref, _Ref) else None
-                if where == _INPUT:  # a graph input: the first graph reading it checks it
-                    check = AddressCheck(ref.at, value.data_ptr(), reader, position, names[position])
-                    every.setdefault(ref.at, check)
+                # a graph input: the first graph reading it checks it
+                if where == _INPUT and ref.at not in every:
+                    every[ref.at] = AddressCheck(ref.at, value.data_ptr(), reader, position, name)
                 elif where == _SLOT:
                     moved.append((ref.at, value))
                     keep.append(value)
             steps.append(Step(str(node.target), "cuda_graph", replay_step(cuda_graph, moved)))
             real[node], refs[node] = out, _Ref(_CONST, tree_map(non_owning_alias, out))
-            cuda_graph_outputs.append(refs[node].at)
+            aliases.append(refs[node].at)
         elif node.op == "call_function" and node.target is operator.getitem and _is_constant(arg_refs[0]):
             real[node] = operator.getitem(*call_args)
             refs[node] = _Ref(_CONST, _value(arg_refs[0], (), [])[node.args[1]])
-        else:
+        else:  # an eager step (a splitting piece that is one op: that op, without the piece's FX frame)
             fn, positions = _callable(split_gm, node)
-            if positions is not None:  # a splitting piece that is one op: called without its FX frame
-                call_args = tuple(call_args[p] for p in positions)
-                arg_refs = [arg_refs[p] for p in positions]
+            call_args, arg_refs = tuple(call_args[p] for p in positions), [arg_refs[p] for p in positions]
             real[node], refs[node] = fn(*call_args), _Ref(_SLOT, num_slots)
             steps.append(Step(str(node.target), "eager", _eager_step(fn, arg_refs, num_slots)))
             num_slots += 1
-    checks, output = list(every.values()), node.args[0]
+        # Drop this run's values after their last use, as the stitching module's own code does, so that later
+        # pieces' captures can reuse the pool blocks of values that are dead by then.
+        for inp in node.all_input_nodes:
+            if last_use[inp] is node:
+                real.pop(inp, None)
+    checks, output = tuple(every.values()), split_gm.graph.output_node().args[0]
     ref, cheap = _ref_tree(output, refs), _caller_owned(checks, args)
-    plan = ReplayPlan(padded_size, steps, num_slots, ref, cheap, checks, keep, cuda_graph_outputs)
+    plan = ReplayPlan(padded_size, tuple(steps), num_slots, ref, cheap, checks, tuple(keep), tuple(aliases))
     return plan, torch.fx.node.map_arg(output, real.__getitem__)

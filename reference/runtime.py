@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import gc
-import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
@@ -45,12 +44,11 @@ import torch
 from .batch_kind import effective_mode
 from .compiled import CompiledPieces
 from .config import CompilationConfig, CUDAGraphMode
-from .counters import counters
+from .counters import counters, log
 from .cudagraph import CapturePool, check_ranks_agree, pool_bytes
 from .piece import Piece
 from .plan import FullReplay, ReplayPlan, record_plan
 
-log = logging.getLogger("pieceworks")
 NONE = CUDAGraphMode.NONE
 
 
@@ -58,10 +56,7 @@ class CUDAGraphMissingError(RuntimeError):
     """A batch size that should have a CUDA graph has none, and `on_missing_graph="raise"`."""
 
 
-class Phase(enum.Enum):
-    WAITING = "waiting"
-    CAPTURING = "capturing"
-    SERVING = "serving"
+Phase = enum.Enum("Phase", "WAITING CAPTURING SERVING")  # see the module doc
 
 
 def capture_order(sizes: Iterable[int]) -> list[int]:
@@ -88,8 +83,7 @@ class Runtime:
     `mode_for(uniform)`, `captured_sizes` and `replay_for(padded_size, uniform)`."""
 
     def __init__(self, compiled: CompiledPieces, config: CompilationConfig) -> None:
-        self.compiled = compiled
-        self.config = config
+        self.compiled, self.config = compiled, config
         self.pool = CapturePool(config.cudagraph_num_warmups)
         self.mode = effective_mode(config, compiled)
         self.phase = Phase.SERVING if config.lazy_capture else Phase.WAITING
@@ -132,10 +126,9 @@ class Runtime:
     def _capture_kinds(self) -> list[bool]:
         """The kinds a capture phase captures per size: one capture where both kinds share a mode (under
         the mixed kind: a replay both may use), else each kind with graphs, uniform decode (FULL) first."""
-        modes = self._modes
-        if modes[True] is modes[False]:
-            return [] if modes[False] is NONE else [False]
-        return [k for k in (True, False) if modes[k] is not NONE]
+        kinds = [k for k in (True, False) if self._modes[k] is not NONE]
+        # one shared mode: the mixed kind's capture alone (nothing where that mode is NONE)
+        return kinds[-1:] if self._modes[True] is self._modes[False] else kinds
 
     @property
     def captured_sizes(self) -> tuple[int, ...]:
@@ -210,14 +203,11 @@ class Runtime:
         self._attempted.add((padded_size, uniform))
         with self._capturing() if self.phase is Phase.SERVING else contextlib.nullcontext():
             if mode is CUDAGraphMode.FULL and self.full_reason is None:
-                try:  # a lazy capture is a served call: it puts back every mutated input
-                    cuda_graph, out = self.pool.capture(
-                        stitching,
-                        args,
-                        self.compiled.mutated_inputs
-                        if self.config.lazy_capture
-                        else self.compiled.restored_inputs,
-                    )
+                # a lazy capture is a served call: it puts back every mutated input
+                compiled, lazy = self.compiled, self.config.lazy_capture
+                restored = compiled.mutated_inputs if lazy else compiled.restored_inputs
+                try:
+                    cuda_graph, out = self.pool.capture(stitching, args, restored)
                 except Exception as exc:  # noqa: BLE001 - a refused capture falls back, it never crashes
                     self._no_full(f"capture failed: {type(exc).__name__}: {exc}")
                     torch.cuda.synchronize()
@@ -226,11 +216,8 @@ class Runtime:
                     return self._keep(padded_size, mode, full, out)
             if not self._capturable:
                 return stitching(*args)
-            return self._keep(
-                padded_size,
-                self._modes[uniform],
-                *record_plan(stitching, padded_size, args, self._capturable, self.pool.capture_piece),
-            )
+            plan, out = record_plan(stitching, padded_size, args, self._capturable, self.pool.capture_piece)
+            return self._keep(padded_size, self._modes[uniform], plan, out)
 
     def _keep(self, padded_size: int, mode: CUDAGraphMode, replay: FullReplay | ReplayPlan, out: Any) -> Any:
         """Keep `replay` for `padded_size` and every kind whose mode is `mode`; return `out`."""
@@ -257,11 +244,8 @@ class Runtime:
         collectives (`_c10d_functional` ops) first checks that every rank captures the same
         (`check_ranks_agree`). Its report: sizes, seconds, MiB, CUDA graphs, mode."""
         order = self._order(sizes)
-        if any(
-            str(n.target).startswith("_c10d_functional.")
-            for p in self.compiled.pieces
-            for n in p.fx_graph.graph.nodes
-        ):
+        nodes = (node for piece in self.compiled.pieces for node in piece.fx_graph.graph.nodes)
+        if any(str(node.target).startswith("_c10d_functional.") for node in nodes):
             cuda = [v.device for v in self.compiled.inputs if isinstance(v, torch.Tensor) and v.is_cuda]
             check_ranks_agree(self.mode, order, cuda[0] if cuda else None)
         phase = CapturePhase(self._plan(order), len(order), estimate=False)
@@ -282,17 +266,11 @@ class Runtime:
             free_delta_mib=(free - torch.cuda.mem_get_info()[0]) / 2**20,
             reserved_delta_mib=(torch.cuda.memory_reserved() - reserved) / 2**20,
         )
+        numbers = [report[k] for k in ("graphs", "seconds", "free_delta_mib", "reserved_delta_mib")]
         log.info(
             "pieceworks capture: %d sizes (%d..%d), mode %s, %d CUDA graphs in %.2f s, %.1f MiB (device "
             "free-memory delta), %.1f MiB (allocator reserved delta)",
-            len(order),
-            order[0],
-            order[-1],
-            self.mode.name,
-            report["graphs"],
-            report["seconds"],
-            report["free_delta_mib"],
-            report["reserved_delta_mib"],
+            *(len(order), order[0], order[-1], self.mode.name, *numbers),
         )
 
     @contextlib.contextmanager
@@ -332,13 +310,11 @@ class Runtime:
             gc.collect()  # the sample's CUDA graphs hold the pool; freed now, returned to the device below
             torch.cuda.empty_cache()
             self.phase = before
+        numbers = (len(order), phase.report["pool_bytes"] / 2**20, picked, phase.report["seconds"])
         log.info(
             "pieceworks capture estimate: %d sizes will take about %.1f MiB of CUDA graph pool (sampled "
             "%s in %.2f s)",
-            len(order),
-            phase.report["pool_bytes"] / 2**20,
-            picked,
-            phase.report["seconds"],
+            *numbers,
         )
 
     def _order(self, sizes: Iterable[int] | None) -> list[int]:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import difflib
 import operator
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
-import torch.fx
+from torch.fx import Graph, GraphModule, Node, map_arg
 
 from ._compat import example_value, op_identity, registered_ops, split_module, unbacked_symbols
 from .config import config_error
@@ -74,25 +74,24 @@ def check_splitting_ops(splitting_ops: Sequence[str]) -> None:
         raise config_error("splitting_ops", list(splitting_ops), problems[0], fix)
 
 
-def absent_splitting_ops(gm: torch.fx.GraphModule, splitting_ops: Sequence[str]) -> list[str]:
+def absent_splitting_ops(gm: GraphModule, splitting_ops: Sequence[str]) -> list[str]:
     """The entries of `splitting_ops` that match no node of `gm`, in their order."""
     seen = {name for node in gm.graph.nodes if node.op == "call_function" for name in op_names(node.target)}
     return [name for name in splitting_ops if name not in seen]
 
 
-def is_splitting_op(node: torch.fx.Node, splitting_ops: set[str]) -> bool:
-    return node.op == "call_function" and bool(op_names(node.target) & splitting_ops)
+def is_splitting_op(node: Node, splitting_ops: Collection[str]) -> bool:
+    return node.op == "call_function" and not op_names(node.target).isdisjoint(splitting_ops)
 
 
-def binds_unbacked_size(node: torch.fx.Node) -> bool:
+def binds_unbacked_size(node: Node) -> bool:
     """Whether `node` is a `sym_size` whose value is a data-dependent (unbacked) symbol, as Dynamo emits right
     after `nonzero`, or after a custom op whose fake impl calls `new_dynamic_size()`."""
     return node.target is _SYM_SIZE and bool(unbacked_symbols(example_value(node)))
 
 
-def decompose_sizes(gm: torch.fx.GraphModule) -> None:
+def decompose_sizes(graph: Graph) -> None:
     """Replace every `x.size()` (no dim) by one `sym_size.int(x, d)` per dimension, in place."""
-    graph = gm.graph
     for node in graph.find_nodes(op="call_method", target="size"):
         if len(node.args) != 1 or node.kwargs or (value := example_value(node.args[0])) is None:
             continue
@@ -106,18 +105,15 @@ def decompose_sizes(gm: torch.fx.GraphModule) -> None:
                 graph.erase_node(user)
             else:
                 # map_arg calls the lambda at once: the loop's variables are still this iteration's
-                user.args, user.kwargs = torch.fx.map_arg(
-                    (user.args, user.kwargs),
-                    lambda a: dims if a is node else a,  # noqa: B023
-                )
+                inputs = (user.args, user.kwargs)
+                user.args, user.kwargs = map_arg(inputs, lambda a: dims if a is node else a)  # noqa: B023
         graph.erase_node(node)
     graph.lint()
-    gm.recompile()
 
 
-def assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[dict, set[int]]:
+def assign_pieces(gm: GraphModule, splitting_ops: set[str]) -> tuple[dict, set[int]]:
     """Which piece each node goes to (see the module doc), and which pieces are splitting ones."""
-    piece_of: dict[torch.fx.Node, int] = {}
+    piece_of: dict[Node, int] = {}
     # A new piece wherever the graph enters or leaves a run of splitting ops: piece 0 (maybe empty) is not a
     # splitting one, so the splitting pieces are the odd ones.
     current, previous = 0, False
@@ -133,7 +129,7 @@ def assign_pieces(gm: torch.fx.GraphModule, splitting_ops: set[str]) -> tuple[di
     return piece_of, {piece for piece in piece_of.values() if piece % 2}
 
 
-def _recompute_sizes_in_consumers(gm: torch.fx.GraphModule, piece_of: dict) -> None:
+def _recompute_sizes_in_consumers(graph: Graph, piece_of: dict) -> None:
     """Give every piece that reads a `sym_size` of another piece its own copy, placed just before its first
     use.
 
@@ -141,44 +137,40 @@ def _recompute_sizes_in_consumers(gm: torch.fx.GraphModule, piece_of: dict) -> N
     unchanged: the copy reads the tensor, which crosses the boundary as any tensor does. A data-dependent size
     is not copied: its first `sym_size` is where the symbol is bound, and it must come before every use.
     """
-    graph = gm.graph
     order = {n: i for i, n in enumerate(graph.nodes)}  # the copies made below are never users of a `sym_size`
     for node in graph.find_nodes(op="call_function", target=_SYM_SIZE):
         if binds_unbacked_size(node):
             continue
-        copies: dict[int, torch.fx.Node] = {}  # piece -> its copy, made before the piece's first user
+        copies: dict[int, Node] = {}  # piece -> its copy, made before the piece's first user
         for user in sorted(node.users, key=order.__getitem__):
             piece = piece_of.get(user, piece_of[node])  # the output node is in no piece
             if piece != piece_of[node] and piece not in copies:
                 with graph.inserting_before(user):
-                    copy = copies[piece] = graph.call_function(_SYM_SIZE, node.args)
-                copy.meta = dict(node.meta)
+                    copy = copies[piece] = graph.node_copy(node)
                 piece_of[copy] = piece
             if piece in copies:
                 user.replace_input_with(node, copies[piece])
         if not node.users:  # its entry in `piece_of` stays, unread: `split_module` asks only about live nodes
             graph.erase_node(node)
-    gm.recompile()
 
 
-def batch_symbols(gm: torch.fx.GraphModule) -> frozenset[str]:
+def batch_symbols(gm: GraphModule) -> frozenset[str]:
     """The symbols of the graph inputs' dim 0: the batch size (one symbol under `pieceworks.compile`)."""
     firsts = [v.shape[0] for v in traced_args(gm) if isinstance(v, torch.Tensor) and v.dim() > 0]
     return frozenset(str(size) for size in firsts if isinstance(size, torch.SymInt))
 
 
-def split_graph(
-    gm: torch.fx.GraphModule, splitting_ops: Sequence[str]
-) -> tuple[torch.fx.GraphModule, list[Piece]]:
+def split_graph(gm: GraphModule, splitting_ops: Sequence[str]) -> tuple[GraphModule, list[Piece]]:
     """Split `gm` at `splitting_ops`; return the stitching module and its pieces in run order, each analysed.
 
-    `gm` is modified in place (sizes decomposed). The stitching module calls each piece exactly once, in the
-    original order; its outputs equal `gm`'s on any input.
+    `gm` is modified in place (sizes decomposed, its code recompiled). The stitching module calls each piece
+    exactly once, in the original order; its outputs equal `gm`'s on any input.
     """
     symbols = batch_symbols(gm)
-    decompose_sizes(gm)
+    decompose_sizes(gm.graph)
     piece_of, splitting_pieces = assign_pieces(gm, set(splitting_ops))
-    _recompute_sizes_in_consumers(gm, piece_of)
+    _recompute_sizes_in_consumers(gm.graph, piece_of)
+    gm.recompile()
     split_gm = split_module(gm, lambda node: piece_of[node], keep_original_order=True)
     names = [n.target for n in split_gm.graph.nodes if n.op == "call_module"]
     splitting = {name for name in names if int(name.rsplit("_", 1)[1]) in splitting_pieces}

@@ -316,7 +316,7 @@ def test_stale_temporaries_of_dead_writers_are_cleaned(tmp_path):
 
 def test_prune_removes_key_folders_unused_for_days_or_of_another_build(tmp_path):
     from pieceworks.cache import prune
-    from pieceworks.key import environment_factors
+    from pieceworks.key import software_factors
 
     def key_folder(name, environment, days_ago):
         folder = tmp_path / name
@@ -325,9 +325,9 @@ def test_prune_removes_key_folders_unused_for_days_or_of_another_build(tmp_path)
         os.utime(folder, (time.time() - days_ago * 86400,) * 2)
         return str(folder)
 
-    here = environment_factors()
+    here = software_factors()
     recent, old = key_folder("recent", here, 1), key_folder("old", here, 40)
-    other = key_folder("other", here.replace("torch=", "torch=0.0.0-"), 1)
+    other = key_folder("other", {**here, "torch": "0.0.0"}, 1)
     (tmp_path / "inductor").mkdir()
     for name, text in (("a-list", "[1]"), ("not-json", "{"), ("a-number", "3")):  # not key folders: kept
         (pathlib.Path(key_folder(name, here, 40)) / "factors.json").write_text(text)

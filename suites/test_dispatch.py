@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pieceworks.dispatch import BatchSizeError, compile_target, find_range, padded_size
+from pieceworks.padding import padded_size
+from pieceworks.piece import BatchSizeError, compile_target, find_range
 
 RANGES = [(1, 8), (9, 64), (65, 512)]
 

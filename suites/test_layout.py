@@ -112,7 +112,7 @@ def test_private_torch_apis_only_in_compat():
         if p.name != "_compat.py"
     }
     assert not {k: v for k, v in found.items() if v}, (
-        "private torch APIs outside reference/_compat.py (add a feature-detected accessor there)"
+        "private torch APIs outside the layers' _compat.py (add a feature-detected accessor there)"
     )
 
 

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 import pieceworks
 from pieceworks import CompilationConfig, CUDAGraphMode, InputError, counters
 from pieceworks.cache import CacheIndexError, CompileCache, parse_index, serialize_index
-from pieceworks.dispatch import BatchSizeError, compile_target, padded_size
 from pieceworks.harness.testing import strategies as S
 from pieceworks.key import cache_key
-from pieceworks.padding import unpad
+from pieceworks.padding import padded_size, unpad
+from pieceworks.piece import BatchSizeError, compile_target
 from pieceworks.split import is_splitting_op, split_graph
 from suites.helpers import (
     SignatureModule,

@@ -18,6 +18,7 @@ import torch.nn as nn
 import pieceworks
 from pieceworks import CompilationConfig, counters
 from pieceworks.harness.models import toy as models  # noqa: F401 - registers silly::attention
+from pieceworks.key import first_change
 from pieceworks.model import record
 
 pytestmark = pytest.mark.inductor
@@ -128,7 +129,7 @@ def test_a_record_that_cannot_be_rebuilt_warns_once_and_traces(cache_dir, caplog
     assert compiled.runtime is not None and compiled.binder is not None
 
 
-# Each change to what the key covers, and where `record.first_change` finds it (what a warm start's miss
+# Each change to what the key covers, and where `first_change` finds it (what a warm start's miss
 # logs).
 KEY_CHANGES = {
     "attribute": "modules.<root>.attributes.scale",
@@ -158,8 +159,8 @@ def test_the_key_moves_with_what_changes_code_and_the_change_is_named(change, mo
     assert record.model_key(Scaled(), call, config) == key, "new weights of the same shapes moved the key"
     model = Scaled()
     if change == "torch version":
-        found = record.software_factors()
-        monkeypatch.setattr(record, "software_factors", lambda: {**found, "torch": "9.9.9"})
+        found = record.core.software_factors()
+        monkeypatch.setattr(record.core, "software_factors", lambda: {**found, "torch": "9.9.9"})
     elif change == "attribute":
         model.scale = 3.0
     elif change == "private attribute":
@@ -191,7 +192,7 @@ def test_the_key_moves_with_what_changes_code_and_the_change_is_named(change, mo
     elif change == "config":
         config = CompilationConfig(splitting_ops=["silly::attention"], compile_sizes=[4])
     assert record.model_key(model, call, config) != key
-    assert record.first_change(before, record.model_facts(model, call, config))[0] == KEY_CHANGES[change]
+    assert first_change(before, record.model_facts(model, call, config))[0] == KEY_CHANGES[change]
 
 
 def test_the_key_moves_with_the_order_of_modules_and_tensors():
@@ -203,7 +204,7 @@ def test_the_key_moves_with_the_order_of_modules_and_tensors():
     ba = nn.Sequential(collections.OrderedDict(b=nn.Tanh(), a=nn.ReLU()))
     assert record.model_key(ab, call, config) != record.model_key(ba, call, config)
     facts = [record.model_facts(m, call, config) for m in (ab, ba)]
-    assert record.first_change(*facts)[0] == "order.modules[1]"
+    assert first_change(*facts)[0] == "order.modules[1]"
 
 
 def test_a_warm_start_that_traces_again_names_what_changed(tmp_path, caplog):
@@ -559,7 +560,6 @@ def test_frozen_standard_library_and_generated_code_get_a_record(tmp_path):
         torch.testing.assert_close(out.hidden, 9 * x)
         assert out.note == "made in forward"
     config = _compile(FrozenAndGenerated(), tmp_path).config
-    files = record.load(
-        config, record.model_key(FrozenAndGenerated(), [pieceworks.model.arguments.signature(x)], config)
-    ).files
+    facts = record.model_facts(FrozenAndGenerated(), [pieceworks.model.arguments.signature(x)], config)
+    files = record.load(config, record.key_of(facts), facts).files
     assert files["<frozen _collections_abc>"].startswith("frozen _collections_abc, Python "), files

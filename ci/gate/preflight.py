@@ -234,9 +234,6 @@ def _read_under_load(nvml: Any, handle: Any, seconds: float) -> dict[str, Any]:
 def _software() -> dict[str, Any]:
     import torch
 
-    import pieceworks
-    import pieceworks.core
-
     try:
         import triton
     except ImportError:
@@ -248,8 +245,20 @@ def _software() -> dict[str, Any]:
         "cuda_runtime": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "triton": getattr(triton, "__version__", None),
-        "cache_key_factors": pieceworks.core.cache_key_factors(),
+        "cache_key_factors": _cache_key_factors(),
     }
+
+
+def _cache_key_factors() -> dict[str, Any]:
+    """What keys pieceworks' compile cache besides the graph and the config: the software and GPU, and the
+    digest of the global Inductor configuration (its error, where it cannot be digested)."""
+    import pieceworks.core as core
+
+    try:
+        inductor = core.inductor_config_factors()
+    except core.UnkeyableConfigError as exc:
+        inductor = f"unkeyable: {exc}"
+    return {"software": core.software_factors(), "inductor_config": inductor}
 
 
 def _inspect(nvml: Any, record: dict[str, Any], expect_sm_mhz: float | None) -> list[Finding] | None:

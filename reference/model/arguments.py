@@ -14,22 +14,15 @@ batch (`batch_of`). A mismatch raises `InputError` naming the argument and the f
 
 from __future__ import annotations
 
-import enum
 import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-
-class Place(enum.IntEnum):
-    """Where a call holds a parameter's value (`Arguments`): a position, a keyword, or the default."""
-
-    POSITIONAL, KEYWORD, DEFAULT = range(3)
-
-
-# the call path's names, as plain ints (compared per call)
-_POSITIONAL, _KEYWORD, _DEFAULT = map(int, Place)
+# Where a call holds a parameter's value (`Arguments`): a position, a keyword, or the default (plain ints:
+# compared per call)
+_POSITIONAL, _KEYWORD, _DEFAULT = range(3)
 
 
 class InputError(ValueError):
@@ -78,14 +71,13 @@ class Arguments:
         called = f"compiled for {_form(self.count, self.names)}, called with {_form(count, names)}"
         first = _bound(signature, self.count, self.names, called)  # where the first call had each value
         now = _bound(signature, count, names, called)
-        default = {
-            key: signature.parameters[key].default if isinstance(key, str) else inspect.Parameter.empty
-            for key in {*first, *now}
-        }
+        # `empty`: no default (a required parameter, a `*args` item, a `**kwargs` entry)
+        empty = inspect.Parameter.empty
+        default = {k: signature.parameters[k].default if isinstance(k, str) else empty for k in first | now}
         missing = [(key, "is missing, but the first call passed it") for key in first if key not in now]
         extra = [(key, "was not passed in the first call") for key in now if key not in first]
         for key, why in missing + extra:
-            if default[key] is inspect.Parameter.empty:
+            if default[key] is empty:
                 raise InputError(f"{called}: argument {_label(key)} {why}. {_FIX}")
         # the first call's places sort in its flat order: (_POSITIONAL, i) by i, then (_KEYWORD, name) by name
         sources = [now.get(key, (_DEFAULT, default[key])) for key in sorted(first, key=first.__getitem__)]
@@ -133,9 +125,8 @@ def batch_of(args: Sequence[Any], labels: Sequence[str] | None = None) -> int:
     for i, a in tensors.items():
         if a.dim() == 0:
             raise InputError(
-                f"argument {i} is a 0-d tensor (shape ()): pieceworks treats dim 0 of every tensor "
-                f"argument as the batch dimension. Fix: pass it with a batch dimension, e.g. x.expand(batch) "
-                f"or x[None]"
+                f"argument {i} is a 0-d tensor (shape ()): pieceworks treats dim 0 of every tensor argument "
+                f"as the batch dimension. Fix: pass it with a batch dimension: x.expand(batch) or x[None]"
             )
     if not tensors:
         raise InputError("pieceworks needs at least one tensor argument with a batch dimension (dim 0)")

@@ -31,16 +31,9 @@ import torch
 
 from ..core import CompiledPieces, torch_compat, tree_map
 
-
-class Source(enum.IntEnum):
-    """Where a graph input comes from (`Binder.sources`): a call argument, the batch size, or a tensor of
-    the model's own (a parameter or buffer)."""
-
-    ARG, BATCH, BOUND = range(3)
-
-
-# the call path's names, as plain ints (compared per call; what a serving record pickles)
-_ARG, _BATCH, _BOUND = map(int, Source)
+# Where a graph input comes from (`Binder.sources`): a call argument, the batch size, or a tensor of the
+# model's own (a parameter or buffer). Plain ints: compared per call, and what a serving record pickles.
+_ARG, _BATCH, _BOUND = range(3)
 
 
 class Binder:
@@ -107,16 +100,15 @@ def bind(
     placeholders = graph.stitching_module.graph.find_nodes(op="placeholder")
     if len(placeholders) != len(examples):
         return f"{len(placeholders)} graph inputs but {len(examples)} example inputs"
-    by_id = {id(a): k for k, a in enumerate(args) if isinstance(a, torch.Tensor)}
-    state = {id(t) for _, t in _state(model)}
+    # the source of each tensor by identity: a parameter or buffer, or a call argument (which comes first)
+    known: dict[int, tuple[int, Any]] = {id(t): (_BOUND, t) for _, t in _state(model)}
+    known |= {id(a): (_ARG, k) for k, a in enumerate(args) if isinstance(a, torch.Tensor)}
     sources: list[tuple[int, Any]] = []
     for node, example in zip(placeholders, examples):
-        if isinstance(example, torch.Tensor) and id(example) in by_id:
-            sources.append((_ARG, by_id[id(example)]))
-        elif torch_compat.symbol_name(torch_compat.example_value(node)) in graph.batch_symbols:
+        if torch_compat.symbol_name(torch_compat.example_value(node)) in graph.batch_symbols:
             sources.append((_BATCH, None))
-        elif isinstance(example, torch.Tensor) and id(example) in state:
-            sources.append((_BOUND, example))
+        elif id(example) in known:
+            sources.append(known[id(example)])
         else:
             return (
                 f"graph input {node.name} is neither a call argument, a parameter or buffer of the "
@@ -141,8 +133,7 @@ def bind(
     if problems:
         return (
             f"the model's output holds values that are not graph outputs ({', '.join(problems)}). Fix: "
-            f"return tensors the model computes, None and constants, in tuples, lists, dicts, "
-            f"dataclasses or mappings (a Hugging Face model: call it with use_cache=False, so that no "
-            f"cache object is returned)"
+            f"return tensors the model computes, None and constants, in tuples, lists, dicts, dataclasses or "
+            f"mappings (a Hugging Face model: call it with use_cache=False, so it returns no cache object)"
         )
     return Binder(sources, template)

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import time
 import types
 import weakref
@@ -67,34 +66,12 @@ from typing import Any, cast
 
 import torch
 
-from ..core import (
-    CapturePhase,
-    CompilationConfig,
-    CompiledPieces,
-    ConfigError,
-    CUDAGraphMode,
-    FullReplay,
-    Phase,
-    ReplayPlan,
-    Runtime,
-    StaticInputs,
-    batched_outputs,
-    compile_pieces,
-    counters,
-    cycle_rows,
-    is_uniform_decode,
-    own_config,
-    padded_size,
-    progress,
-    unpad,
-)
-from ..core import torch_compat as _compat
-from . import record
+from .. import core
+from ..core import CUDAGraphMode, Phase, is_uniform_decode, log, padded_size, unpad  # bound once: per call
+from . import _compat, record
 from .arguments import Arguments, batch_of, check_arguments, contiguous, refuse_grad, signature
 from .binding import Binder, bind
 from .watch import StateReplacedError, StateWatch, refuse_global_hooks
-
-log = logging.getLogger("pieceworks")
 
 
 def _calling_weakly(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -165,17 +142,17 @@ class CompiledModel:
 
     _entry_points = 0  # made in this process: each has a name of its own
 
-    def __init__(self, model: Callable[..., Any], config: CompilationConfig | None = None) -> None:
+    def __init__(self, model: Callable[..., Any], config: core.CompilationConfig | None = None) -> None:
         if not callable(model):
             raise TypeError(f"pieceworks.compile needs a callable (an nn.Module), got {type(model).__name__}")
         # a frozen copy of `config` (itself frozen too, see CompilationConfig); TypeError for another type
-        self.model, self.config = model, own_config(config)
+        self.model, self.config = model, core.own_config(config)
         self._dynamo_fn = self._entry()
-        self._compiled: CompiledPieces | None = None  # set by the backend call, once
+        self._compiled: core.CompiledPieces | None = None  # set by the backend call, once
         self._traced = Trace()  # the tracing call's facts, until `_start_serving` reads them
-        self.runtime: Runtime | None = None
+        self.runtime: core.Runtime | None = None
         self.binder: Binder | None = None
-        self.static_inputs: StaticInputs | None = None
+        self.static_inputs: core.StaticInputs | None = None
         self.batched_outputs: Any = False
         self._signatures: list[tuple] = []
         self._arguments: Arguments | None = None  # the first call's form: positional, then keyword arguments
@@ -186,7 +163,7 @@ class CompiledModel:
         self._flat_by_size: dict[int, list[Any]] = {}
         self._state_watch: StateWatch | None = None
         self._uniform = False  # the kind of the call under way, for calls through Dynamo
-        counters.num_models_seen += 1
+        core.counters.num_models_seen += 1
 
     def _entry(self) -> Callable[..., Any]:
         """A Dynamo entry point of this model's own that traces it once (its first call, or the first after
@@ -235,11 +212,11 @@ class CompiledModel:
         trace_args = list(args)
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
-                trace_args[i] = a.detach() if own else cycle_rows(a, max(batch, 2))
+                trace_args[i] = a.detach() if own else core.cycle_rows(a, max(batch, 2))
                 torch._dynamo.mark_dynamic(trace_args[i], 0)
         self._traced = Trace(copies=None if own else {id(a) for a in trace_args})
         start = time.perf_counter()
-        counters.num_dynamo_traces += 1
+        core.counters.num_dynamo_traces += 1
         try:
             # Data-dependent ops (`.item()`, `nonzero`) stay in the one graph (see
             # _compat.data_dependent_tracing); their pieces then run without CUDA graphs.
@@ -247,7 +224,7 @@ class CompiledModel:
                 output = self._dynamo_call(trace_args)
         except _compat.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
             inner = getattr(exc, "inner_exception", None) or exc.__cause__
-            if isinstance(inner, ConfigError):
+            if isinstance(inner, core.ConfigError):
                 raise inner from None
             raise
         seconds = time.perf_counter() - start
@@ -274,24 +251,19 @@ class CompiledModel:
         try:
             gm, fake_mode = _compat.unpickle_graph(found.graph)
             with _compat.tracing(fake_mode):
-                self._compiled = compile_pieces(gm, self.config)
+                self._compiled = core.compile_pieces(gm, self.config)
             binder = Binder.restore(found.binding, self.model)
             self._serve_with(args, binder, found.batched_outputs, found.mutated_args)
         # a graph this torch cannot unpickle or compile, a state name the model lacks: nothing of it is kept,
         # and the call traces, as without a record
         except Exception as exc:  # noqa: BLE001
             self._forget()
-            log.warning(
-                "pieceworks: this model's serving record could not be used (%s: %s); tracing the model",
-                type(exc).__name__,
-                exc,
-            )
+            unused = "pieceworks: this model's serving record could not be used (%s: %s); tracing the model"
+            log.warning(unused, type(exc).__name__, exc)
             return False
-        log.info(
-            "pieceworks: served from this model's serving record, without tracing (%.3f s in the backend)",
-            self._compiled.build_seconds["backend"],
-        )
-        counters.num_traces_reused += 1
+        served = "pieceworks: served from this model's serving record without tracing (%.3f s in the backend)"
+        log.info(served, self._compiled.build_seconds["backend"])
+        core.counters.num_traces_reused += 1
         return True
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -303,7 +275,7 @@ class CompiledModel:
                 "(was torch._dynamo.reset() called?). A CompiledModel never compiles while "
                 "serving. Fix: create a new CompiledModel with pieceworks.compile"
             )
-        self._compiled = compile_pieces(gm, self.config)
+        self._compiled = core.compile_pieces(gm, self.config)
         trace = self._traced
         trace.gm, trace.code, trace.example_inputs = gm, _compat.traced_code(), list(example_inputs)
         if trace.copies is not None:
@@ -318,7 +290,7 @@ class CompiledModel:
         if self.runtime is not None:
             batch = self._compiled.batch
             return self.runtime.run(flat, None if batch is None else batch.read(flat), self._uniform, False)
-        self._traced.graph_output = cast(CompiledPieces, self._compiled)(*flat)
+        self._traced.graph_output = cast(core.CompiledPieces, self._compiled)(*flat)
         return self._traced.graph_output
 
     def _start_serving(self, trace_args: list[Any], output: Any, facts: dict[str, Any] | None) -> None:
@@ -326,40 +298,28 @@ class CompiledModel:
         the Dynamo fallback, logged once with why), the outputs to cut back, the written arguments; then
         store the serving record of `facts` (`record.model_facts`), if any."""
         trace, self._traced = self._traced, Trace()
-        graph, examples, graph_output = (
-            cast(CompiledPieces, self._compiled),
-            trace.example_inputs,
-            trace.graph_output,
-        )
+        graph, examples = cast(core.CompiledPieces, self._compiled), trace.example_inputs
         ids = {id(a): k for k, a in enumerate(trace_args) if isinstance(a, torch.Tensor)}
         mutated = [ids[id(examples[i])] for i in graph.mutated_inputs if id(examples[i]) in ids]
-        found = bind(self.model, graph, examples, trace_args, output, graph_output)
+        found = bind(self.model, graph, examples, trace_args, output, trace.graph_output)
         if isinstance(found, str):
-            log.warning(
-                "pieceworks: every call of this model goes through Dynamo, its output rebuilt by "
-                "Dynamo's code, not the compiled graph alone: %s",
-                found,
-            )
+            alone = "its output rebuilt by Dynamo's code, not the compiled graph alone"
+            log.warning("pieceworks: every call of this model goes through Dynamo, %s: %s", alone, found)
         binder = None if isinstance(found, str) else found
         # The output leaves cut back to the batch: graph outputs whose trace value's dim 0 is the batch
         # symbol, and tensor arguments returned as they are; nothing else (a weight of n rows is not cut at
         # padded size n). Leaves are told apart by identity, here, while the tracing call's tensors and
         # outputs are alive.
-        flat = graph_output if isinstance(graph_output, (tuple, list)) else ()
-        cut = {
-            id(t)
-            for t, v in zip(flat, graph.output_values)
-            if isinstance(v, torch.Tensor) and v.dim() > 0 and str(v.shape[0]) in graph.batch_symbols
-        }
+        flat = trace.graph_output if isinstance(trace.graph_output, (tuple, list)) else ()
+        dims = [str(v.shape[0]) if torch.is_tensor(v) and v.ndim else None for v in graph.output_values]
+        cut = {id(t) for t, dim in zip(flat, dims) if dim in graph.batch_symbols}
         cut |= set(ids) - {id(t) for t in flat}
-        self._serve_with(trace_args, binder, batched_outputs(output, lambda leaf: id(leaf) in cut), mutated)
-        if (
-            facts is None
-            or binder is None
-            or graph.cache_dir is None
-            or trace.code is None
-            or trace.gm is None
-        ):
+        self._serve_with(
+            trace_args, binder, core.batched_outputs(output, lambda leaf: id(leaf) in cut), mutated
+        )
+        if facts is None or binder is None or graph.cache_dir is None:
+            return
+        if trace.code is None or trace.gm is None:  # this torch does not list the traced code
             return
         try:
             graph_file, binding = _compat.pickle_graph(trace.gm), binder.describe(self.model)
@@ -376,10 +336,10 @@ class CompiledModel:
         record: binding, outputs to cut, written arguments, runtime, state watch and, where graphs will be
         captured, static buffers shaped like `args`."""
         self.binder, self.batched_outputs, self._mutated_args = binder, batched, mutated
-        self.runtime = Runtime(cast(CompiledPieces, self._compiled), self.config)
+        self.runtime = core.Runtime(cast(core.CompiledPieces, self._compiled), self.config)
         self._state_watch = StateWatch(self.model, self) if isinstance(self.model, torch.nn.Module) else None
         if self.runtime.mode is not CUDAGraphMode.NONE and self.config.cudagraph_capture_sizes:
-            self.static_inputs = StaticInputs(args, max(self.config.cudagraph_capture_sizes))
+            self.static_inputs = core.StaticInputs(args, max(self.config.cudagraph_capture_sizes))
 
     def _forget(self) -> None:
         """Drop the serving state (runtime with its graphs and pool, binding, static buffers, state watch)."""
@@ -388,21 +348,18 @@ class CompiledModel:
         self._compiled = self.runtime = self.binder = self.static_inputs = self._state_watch = None
         self._flat_by_size = {}
 
-    def _state_changed(self) -> None:
-        """What the state watch saw (watch.py): a replaced parameter raises, a global hook raises, another
+    def _state_changed(self, watch: StateWatch) -> None:
+        """What the state `watch` saw (watch.py): a replaced parameter raises, a global hook raises, another
         change drops the serving state so that the call traces the model as it is now, through a new entry
         point (the old one's code ignores its guards)."""
-        watch = self._state_watch
         if watch.replaced:
             raise StateReplacedError(watch.replaced)
         refuse_global_hooks()
         watch.handles = _compat.HookHandle.next_id
         if watch.changed:
-            log.warning(
-                "pieceworks: %s after the first call: tracing and compiling the model again%s",
-                watch.changed,
-                " (its CUDA graphs are dropped: call capture() again)" if self.runtime.captured_sizes else "",
-            )
+            message = "pieceworks: %s after the first call: tracing and compiling the model again%s"
+            dropped = " (its CUDA graphs are dropped: call capture() again)"
+            log.warning(message, watch.changed, dropped if self.runtime.captured_sizes else "")
             self._forget()
             self._dynamo_fn = self._entry()
 
@@ -416,7 +373,7 @@ class CompiledModel:
         with torch.no_grad():
             watch = self._state_watch
             if watch is not None and (watch.changed or watch.handles != _compat.HookHandle.next_id):
-                self._state_changed()
+                self._state_changed(watch)
             uniform = is_uniform_decode()  # the batch kind, read once, here
             if self.runtime is None:
                 return self._first_call(args, uniform)
@@ -441,11 +398,12 @@ class CompiledModel:
         yet, no CUDA graphs for its kind, or a batch above the largest capture size."""
         if self.static_inputs is None or self.runtime.phase is Phase.WAITING:
             return None
-        if self.runtime.mode_for(uniform) is CUDAGraphMode.NONE:
-            return None
-        return padded_size(self.config.cudagraph_capture_sizes or (), batch)
+        graphed = self.runtime.mode_for(uniform) is not CUDAGraphMode.NONE
+        return padded_size(self.config.cudagraph_capture_sizes or (), batch) if graphed else None
 
-    def route(self, batch: int, uniform: bool = False) -> tuple[int | None, FullReplay | ReplayPlan | None]:
+    def route(
+        self, batch: int, uniform: bool = False
+    ) -> tuple[int | None, core.FullReplay | core.ReplayPlan | None]:
         """How a call of `batch` rows of this kind is served: `(padded_size, replay)`, the captured size it
         runs at (`padded_size`) and the FULL replay or PIECEWISE plan it replays there (None: the stitching
         module runs without CUDA graphs, or this call captures it). The one rule `__call__` follows."""
@@ -497,19 +455,21 @@ class CompiledModel:
         runtime = self._serving("capture")
         return self._run_phase(runtime.capture_phase([] if self.static_inputs is None else sizes))
 
-    def _serving(self, method: str) -> Runtime:
+    def _serving(self, method: str) -> core.Runtime:
         if self.runtime is None:
             raise RuntimeError(f"call the model once before {method}(): the first call compiles it")
         return self.runtime
 
-    def _run_phase(self, capture_phase: contextlib.AbstractContextManager[CapturePhase]) -> dict[str, Any]:
+    def _run_phase(
+        self, capture_phase: contextlib.AbstractContextManager[core.CapturePhase]
+    ) -> dict[str, Any]:
         """Run a capture phase's plan on the static buffers, one padded size and kind at a time."""
         with torch.no_grad(), capture_phase as phase:
-            for size, uniform in progress(phase.plan, "capture sizes"):
+            for size, uniform in core.progress(phase.plan, "capture sizes"):
                 self._run(size, uniform)
         return phase.report
 
 
-def compile(model: Callable, config: CompilationConfig | None = None) -> CompiledModel:  # noqa: A001
+def compile(model: Callable, config: core.CompilationConfig | None = None) -> CompiledModel:  # noqa: A001
     """Compile `model` piecewise with `config` (default `CompilationConfig()`); see `CompiledModel`."""
     return CompiledModel(model, config)

@@ -30,15 +30,16 @@ them). What the trace read outside the model's module tree and the call (module 
 functions' defaults, class attributes, a dict's keys where a guard reads only those: Dynamo's guards name
 them) is in the record as plain stand-ins, read back as a warm start will (`outside_reads`); a record whose
 values differ now is not used, and the log names the value (`changed_read`). A model the key cannot cover gets
-no record and traces every time (logged at INFO): not an nn.Module, a class without a source file (a notebook
-cell), forward hooks of its own (a global one refuses every call: watch.py), an attribute of another type (an
-object, a closure, a `functools.partial`), a value read outside the model that cannot be compared across
-processes or read back, traced code without a source file or module of one (`os.environ` read inside
-`forward`, code a notebook cell made).
+no record and traces every time: a callable that is not an nn.Module (not logged: such a model has no state
+to key), and, logged at INFO, a class without a source file (a notebook cell), forward hooks of its own (a
+global one refuses every call: watch.py), an attribute of another type (an object, a closure, a
+`functools.partial`), a value read outside the model that cannot be compared across processes or read back,
+traced code without a source file or module of one (`os.environ` read inside `forward`, code a notebook cell
+made).
 
 A missing record whose model class has one under another key is explained: each record's folder keeps its
 key's facts (`model_facts`, by name, in factors.json), and `load` logs the first that differs from the newest
-such record's (`first_change`).
+such record's (`key_change`).
 
 Faults: a record that is missing, unreadable, of another version, or whose traced files changed is not used
 (the cache logs a damaged one; a changed file is logged at INFO); one that cannot be rebuilt (a graph this
@@ -55,38 +56,22 @@ import contextlib
 import functools
 import gc
 import importlib.metadata
-import logging
 import os
 import pickle
 import platform
 import re
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
-from ..core import (
-    CompilationConfig,
-    CompileCache,
-    UnkeyableConfigError,
-    as_json,
-    cache_key,
-    describe_change,
-    digest,
-    environment_factors,
-    file_sha256,
-    first_change,
-    newest_factors,
-    portable,
-    software_factors,
-)
-from ..core import torch_compat as _compat
+from .. import core
+from ..core import log
+from . import _compat
 from .watch import original_class
-
-log = logging.getLogger("pieceworks")
 
 RECORD_VERSION = 5  # in the key: a record of another version is never found
 ENTRY = "serving-record"
@@ -123,16 +108,17 @@ def class_origin(cls: type) -> list[str]:
     return [cls.__module__, cls.__qualname__, os.path.abspath(path)]
 
 
-def _value(value: Any, where: str) -> Any:
-    """A plain stand-in for an attribute the trace may have read; functions by their code (a closure:
-    unkeyable)."""
+def _value(value: Any, where: str, closures: bool = False) -> Any:
+    """A plain stand-in for a value the trace may have read: a function by its module, name and code (one
+    with a closure or defaults is unkeyable, unless `closures`: Dynamo guards those apart), anything else as
+    the key's `portable`; else `Unkeyable`."""
     if isinstance(value, types.FunctionType):
-        if value.__closure__ or value.__defaults__ or value.__kwdefaults__:
+        if not closures and (value.__closure__ or value.__defaults__ or value.__kwdefaults__):
             raise Unkeyable(f"{where} is a function with a closure or defaults")
         return [value.__module__, value.__qualname__, code_digest(value.__code__)]
     try:
-        return portable(value, where)
-    except (UnkeyableConfigError, RecursionError) as exc:
+        return core.portable(value, where)
+    except (core.UnkeyableConfigError, RecursionError) as exc:
         raise Unkeyable(f"{where}: {exc}") from None
 
 
@@ -147,10 +133,12 @@ def plain_attributes(module: Any, where: str = "") -> dict[str, Any]:
     return {name: _value(value, f"{where}.{name}") for name, value in sorted(own.items())}
 
 
-def model_facts(model: Any, signatures: Sequence[tuple], config: CompilationConfig) -> dict[str, Any] | None:
+def model_facts(
+    model: Any, signatures: Sequence[tuple], config: core.CompilationConfig
+) -> dict[str, Any] | None:
     """What the key of `model` called with arguments of `signatures` (`arguments.signature`) under `config`
-    covers (see the module doc), by name; None (logged at INFO) for a model a record cannot be keyed for:
-    not an nn.Module, a class without a source file, forward hooks, an attribute of another type."""
+    covers (see the module doc), by name; None for a model a record cannot be keyed for: not an nn.Module,
+    or (logged at INFO) a class without a source file, forward hooks, an attribute of another type."""
     if not isinstance(model, torch.nn.Module):
         return None
     try:
@@ -167,7 +155,11 @@ def model_facts(model: Any, signatures: Sequence[tuple], config: CompilationConf
     modes["deterministic"] = torch.are_deterministic_algorithms_enabled()
     modes["autocast"] = autocast
     state = state_facts(model)
-    facts = {"version": RECORD_VERSION, "environment": software_factors(), "config": config.hash_factors()}
+    facts = {
+        "version": RECORD_VERSION,
+        "environment": core.software_factors(),
+        "config": config.hash_factors(),
+    }
     facts |= {"modules": modules, "state": state, "call": [repr(s) for s in signatures], "modes": modes}
     # the dicts' keys are sorted when digested
     return facts | {"order": {"modules": list(modules), "state": list(state)}}
@@ -175,10 +167,10 @@ def model_facts(model: Any, signatures: Sequence[tuple], config: CompilationConf
 
 def key_of(facts: dict[str, Any]) -> str:
     """The serving record's key: a digest of `model_facts` (as `cache_key` digests a graph's factors)."""
-    return cache_key(facts)
+    return core.cache_key(facts)
 
 
-def model_key(model: Any, signatures: Sequence[tuple], config: CompilationConfig) -> str | None:
+def model_key(model: Any, signatures: Sequence[tuple], config: core.CompilationConfig) -> str | None:
     """`key_of(model_facts(...))`, or None where the model cannot be keyed."""
     return None if (facts := model_facts(model, signatures, config)) is None else key_of(facts)
 
@@ -200,10 +192,9 @@ def _dynamo_config() -> dict[str, Any]:
     by its type: the same in every process)."""
     found = {}
     for name, value in sorted(_compat.dynamo_config().items()):
-        try:
-            found[name] = portable(value, name)
-        except (UnkeyableConfigError, RecursionError):
-            found[name] = type(value).__name__
+        found[name] = type(value).__name__
+        with contextlib.suppress(core.UnkeyableConfigError, RecursionError):
+            found[name] = core.portable(value, name)
     return found
 
 
@@ -211,7 +202,7 @@ def code_digest(code: types.CodeType) -> str:
     """What a code object computes: its bytecode, names and constants (nested code objects by their own
     digest)."""
     consts = [code_digest(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts]
-    return digest(code.co_code.hex(), repr(code.co_names), *consts)
+    return core.digest(code.co_code.hex(), repr(code.co_names), *consts)
 
 
 def _compiled_code(path: str) -> dict[tuple[str, int], str]:
@@ -243,32 +234,31 @@ def source_file(code: types.CodeType) -> str:
     raise Unkeyable(f"traced code {code.co_qualname} has no source file ({path})")
 
 
-def _distribution(path: str) -> Any:
-    """The installed distribution (`importlib.metadata`) a file under site-packages or dist-packages
-    belongs to, by its top-level package or module (the distribution of that name, else the one
-    `packages_distributions` names), or None."""
+def _distribution_names(path: str) -> Iterator[str]:
+    """The names the installed distribution (`importlib.metadata`) of a file under site-packages or
+    dist-packages may have: its top-level package or module's own name, then the names
+    `packages_distributions` gives for it (read only where that name is no distribution's); none for
+    another file."""
     parts = Path(path).parts
     sites = [i for i, part in enumerate(parts[:-1]) if part in ("site-packages", "dist-packages")]
-    if not sites:
-        return None
-    top = parts[sites[-1] + 1].removesuffix(".py")
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        return importlib.metadata.distribution(top)
-    for name in importlib.metadata.packages_distributions().get(top, ()):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return importlib.metadata.distribution(name)
-    return None
+    if sites:
+        top = parts[sites[-1] + 1].removesuffix(".py")
+        yield top
+        yield from importlib.metadata.packages_distributions().get(top, ())
 
 
 def file_identity(path: str) -> str:
     """What a traced file is known by: a frozen standard-library module by its name and the Python version,
-    a file of an installed distribution (under site-packages) by the distribution's name and version, any
-    other file by its SHA-256 (`OSError` where it cannot be read)."""
+    a file of an installed distribution (under site-packages) by the distribution's name and version (the
+    first of `_distribution_names` installed), any other file by its SHA-256 (`OSError` where it cannot be
+    read)."""
     if frozen := _FROZEN.fullmatch(path):
         return f"frozen {frozen.group(1)}, Python {platform.python_version()}"
-    if (dist := _distribution(path)) is not None:
-        return f"{dist.metadata['Name']} {dist.version}"
-    return "sha256:" + file_sha256(path)[0]
+    for name in _distribution_names(path):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            dist = importlib.metadata.distribution(name)
+            return f"{dist.metadata['Name']} {dist.version}"
+    return "sha256:" + core.file_sha256(path)[0]
 
 
 def file_digests(codes: Sequence[types.CodeType]) -> dict[str, str]:
@@ -381,11 +371,9 @@ def stand_in(value: Any, guard: str, source: str) -> Any:
         return [value.co_qualname, code_digest(value)]
     if isinstance(value, types.ModuleType):
         return f"module {value.__name__}"
-    if isinstance(value, types.FunctionType):
-        return [value.__module__, value.__qualname__, code_digest(value.__code__)]
     try:
-        return portable(value, source)
-    except (UnkeyableConfigError, RecursionError):
+        return _value(value, source, closures=True)
+    except Unkeyable:
         what = f"a {type(value).__name__} that cannot be compared across processes"
         raise Unkeyable(f"the trace read {_readable(source)}, {what}") from None
 
@@ -410,9 +398,8 @@ def outside_reads(guards: Sequence[Any] | None, model: Any, frame_globals: dict[
         try:  # read back as a warm start will (the guard's own value may come from a module imported before)
             value = read_back(source, model, frame_globals)
         except Exception as exc:  # noqa: BLE001 - a source this resolution does not cover
-            raise Unkeyable(
-                f"{read}, which a warm start cannot read back ({type(exc).__name__}: {exc})"
-            ) from None
+            why = f"{type(exc).__name__}: {exc}"
+            raise Unkeyable(f"{read}, which a warm start cannot read back ({why})") from None
         reads.append((source, guard_type, stand_in(value, guard_type, source)))
     return reads
 
@@ -431,15 +418,15 @@ def changed_read(reads: Sequence[Read], model: Any, frame_globals: dict[str, Any
     return None
 
 
-def _store(config: CompilationConfig, key: str, facts: dict[str, Any] | None) -> CompileCache | None:
-    stored = as_json(facts)  # None stays None
-    factors = {"environment": environment_factors(), "model": key} | ({"facts": stored} if stored else {})
-    return CompileCache.open(config.resolved_cache_dir(), f"model-{key}", factors)
+def _store(config: core.CompilationConfig, key: str, facts: dict[str, Any]) -> core.CompileCache | None:
+    """The cache folder of the record of `facts` (`model_facts`, keyed `key`), whose factors.json holds
+    them (what `load` explains a later miss with)."""
+    return core.CompileCache.open(config.resolved_cache_dir(), f"model-{key}", core.as_json(facts))
 
 
-def save(config: CompilationConfig, key: str, record: Record, facts: dict[str, Any] | None = None) -> bool:
-    """Store `record` under `key`, with the key's `facts` (`model_facts`) in its folder's factors.json
-    (what `load` explains a later miss with); False (logged by the cache) where it cannot be written."""
+def save(config: core.CompilationConfig, key: str, record: Record, facts: dict[str, Any]) -> bool:
+    """Store `record` under `key`, the digest of `facts` (`model_facts`); False (logged by the cache) where
+    it cannot be written."""
     cache = _store(config, key, facts)
     data = pickle.dumps(tuple(record), protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -449,37 +436,25 @@ def save(config: CompilationConfig, key: str, record: Record, facts: dict[str, A
     return cache is not None and cache.store(ENTRY, write)
 
 
-def _explain_miss(root: str, key: str, stored: dict[str, Any]) -> None:
-    model_class = stored["modules"]["<root>"]["class"]
-
-    def same_class(found: dict[str, Any]) -> bool:  # any other factors.json: not the class's
-        with contextlib.suppress(LookupError, TypeError):
-            return found["facts"]["modules"]["<root>"]["class"] == model_class
-        return False
-
-    last = newest_factors(root, f"model-{key}", same_class)
-    if last is not None and (change := first_change(last["facts"], stored)) is not None:
-        since = f"the last record of {model_class[1]} was stored: {describe_change(change)}"
-        log.info("pieceworks: tracing the model: its serving record's key changed since %s", since)
-
-
 def _read(path: str) -> Record:
     return Record(*pickle.loads(Path(path).read_bytes()))  # noqa: S301 - see the module doc on trust
 
 
-def load(config: CompilationConfig, key: str, facts: dict[str, Any] | None = None) -> Record | None:
-    """The record stored under `key` whose traced files are unchanged, or None. Where there is none but a
-    record of the model's class is stored under another key, the log names the first of `facts`
-    (`model_facts`) that differs from the newest such record's."""
+def load(config: core.CompilationConfig, key: str, facts: dict[str, Any]) -> Record | None:
+    """The record stored under `key` (the digest of `facts`) whose traced files are unchanged, or None.
+    Where there is none but a record of the model's class is stored under another key, the log names the
+    first fact that differs from the newest such record's (`key_change`)."""
     cache = _store(config, key, facts)
     record = None if cache is None else cache.load(ENTRY, _read)[0]
-    if cache is not None and facts is not None and not os.path.exists(cache.index_path):
-        try:  # a new key: why, against the newest record of the class
-            _explain_miss(cache.root, key, as_json(facts))
-        except Exception as exc:  # noqa: BLE001 - an explanation must never fail the call
-            log.debug(
-                "pieceworks: no explanation of the serving record's miss (%s: %s)", type(exc).__name__, exc
-            )
+    if cache is not None and not os.path.exists(cache.index_path):  # a new key: why, against the class's
+        model_class = facts["modules"]["<root>"]["class"]
+
+        def same_class(found: dict[str, Any]) -> bool:
+            return found.get("modules", {}).get("<root>", {}).get("class") == model_class
+
+        if (change := core.key_change(cache.root, f"model-{key}", facts, same_class)) is not None:
+            since = f"the last record of {model_class[1]} was stored: {core.describe_change(change)}"
+            log.info("pieceworks: tracing the model: its serving record's key changed since %s", since)
     if record is None or (path := changed_file(record.files)) is None:
         return record
     log.info("pieceworks: %s changed since this model's serving record was stored: tracing the model", path)

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from ..core import torch_compat
+from . import _compat
 
 _ABSENT = object()
 _PLAIN = (bool, int, float, str, bytes, torch.device)
@@ -65,7 +65,7 @@ class GlobalHookError(RuntimeError):
 
 def refuse_global_hooks() -> None:
     """`GlobalHookError` naming the fix while a global module forward hook or pre-hook is registered."""
-    if torch_compat.global_module_hooks():
+    if _compat.global_module_hooks():
         raise GlobalHookError(
             "pieceworks: a global module forward hook is registered (torch.nn.modules.module."
             "register_module_forward_hook or register_module_forward_pre_hook); it runs on every nn.Module, "
@@ -142,19 +142,18 @@ def _watched_class(cls: Any) -> type:  # Any: mypy reads `cls.__setattr__` as th
     def plain(self: Any, name: str) -> Any:  # parameters, buffers, submodules: `_replaced` sees them set
         return type(self) if name == "__class__" else self.__dict__.get(name, _ABSENT)
 
-    def registering(method: str, what: str) -> Any:
-        def register(self: Any, *args: Any, **kwargs: Any) -> Any:
-            _changed(self, f"a {what} was registered on")
-            return getattr(cls, method)(self, *args, **kwargs)
-
-        return register
-
     class Watched(cls):  # of `cls`'s own metaclass
         __module__ = cls.__module__
         __qualname__ = cls.__qualname__
         _pieceworks_watches = cls
-        register_forward_hook = registering("register_forward_hook", "forward hook")
-        register_forward_pre_hook = registering("register_forward_pre_hook", "forward pre-hook")
+
+        def register_forward_hook(self, *args: Any, **kwargs: Any) -> Any:
+            _changed(self, "a forward hook was registered on")
+            return cls.register_forward_hook(self, *args, **kwargs)
+
+        def register_forward_pre_hook(self, *args: Any, **kwargs: Any) -> Any:
+            _changed(self, "a forward pre-hook was registered on")
+            return cls.register_forward_pre_hook(self, *args, **kwargs)
 
         def __setattr__(self, name: str, value: Any) -> None:
             old = plain(self, name)
@@ -213,7 +212,7 @@ class StateWatch:
             for table, what in _HOOK_TABLES.items():
                 self._stand_in(module, getattr(module, table), what)
         _register_hooks_once()
-        self.handles = torch_compat.HookHandle.next_id
+        self.handles = _compat.HookHandle.next_id
         _WATCHES.add(self)
         weakref.finalize(owner, self.close)
 

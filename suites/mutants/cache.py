@@ -370,7 +370,7 @@ def record_key_ignores_state_shapes(mp: pytest.MonkeyPatch) -> None:
     cpu=_RECORD + "test_a_warm_start_that_traces_again_names_what_changed",
 )
 def record_miss_unexplained(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(record, "first_change", lambda old, new, where="": None)
+    mp.setattr(record.core, "key_change", lambda root, key, factors, same: None)  # what the record reads
 
 
 @mutant(
@@ -446,7 +446,7 @@ def kernel_rebuilds_uncounted(mp: pytest.MonkeyPatch) -> None:
     cpu="suites/test_cache.py::test_a_compile_cache_miss_names_what_changed_in_its_key",
 )
 def cache_miss_unexplained(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(compiled, "explain_cache_miss", lambda root, key, factors: None)
+    mp.setattr(compiled, "key_change", lambda root, key, factors, same: None)
 
 
 @mutant(

@@ -10,7 +10,6 @@ import weakref
 import pytest
 import torch
 
-import pieceworks.dispatch as dispatch
 import pieceworks.model.arguments as arguments
 import pieceworks.model.binding as binding
 import pieceworks.model.compiled_model as api
@@ -46,7 +45,7 @@ def pad_to_the_size_below(mp: pytest.MonkeyPatch) -> None:
             else (sizes[i - 1] if i > 0 else padded(sizes, batch))
         )
 
-    for module in (dispatch, api):  # where it is defined and where CompiledModel calls it
+    for module in (padding, api):  # where it is defined and where CompiledModel calls it
         mp.setattr(module, "padded_size", wrong)
 
 
@@ -169,12 +168,14 @@ def first_call_runs_twice(mp: pytest.MonkeyPatch) -> None:
     cpu=_PROPS + "test_first_call_writes_model_state_once[1]",  # batch 1 traces on copies
 )
 def trace_writes_not_restored(mp: pytest.MonkeyPatch) -> None:
-    original = api.compile_pieces
+    original = api.core.compile_pieces
     # the graph's in-place writes are not known, so nothing is saved before a tracing run on copies,
     # nor put back
-    mp.setattr(
-        api, "compile_pieces", lambda gm, config: dataclasses.replace(original(gm, config), mutated_inputs=())
-    )
+
+    def without_writes(gm, config):
+        return dataclasses.replace(original(gm, config), mutated_inputs=())
+
+    mp.setattr(api.core, "compile_pieces", without_writes)
 
 
 @mutant(
@@ -185,13 +186,13 @@ def trace_writes_not_restored(mp: pytest.MonkeyPatch) -> None:
     gpu="suites/test_writes_gpu.py::test_a_full_capture_copies_no_kv_cache",
 )
 def full_capture_restores_every_write(mp: pytest.MonkeyPatch) -> None:
-    original = api.compile_pieces
+    original = api.core.compile_pieces
 
     def compile_pieces(gm, config):
         graph = original(gm, config)
         return dataclasses.replace(graph, restored_inputs=graph.mutated_inputs)
 
-    mp.setattr(api, "compile_pieces", compile_pieces)
+    mp.setattr(api.core, "compile_pieces", compile_pieces)
 
 
 @mutant(
@@ -263,7 +264,7 @@ def plan_checks_no_caller_inputs(mp: pytest.MonkeyPatch) -> None:
 )
 def unpad_cuts_every_n_rows(mp: pytest.MonkeyPatch) -> None:
     # no marks from the trace: every tensor whose dim 0 equals the padded size is cut, a [n] weight included
-    mp.setattr(api, "batched_outputs", lambda output, is_batched: None)
+    mp.setattr(api.core, "batched_outputs", lambda output, is_batched: None)
 
 
 @mutant(

@@ -58,7 +58,7 @@ def config_not_frozen(mp: pytest.MonkeyPatch) -> None:
     cpu=_CONFIG + "test_a_compiled_config_is_frozen_and_the_model_keeps_its_own_copy",
 )
 def config_shared_not_copied(mp: pytest.MonkeyPatch) -> None:
-    for module in (api, backend):
+    for module in (api.core, backend):  # what CompiledModel and Backend read
         mp.setattr(
             module,
             "own_config",
@@ -110,7 +110,7 @@ def graph_mode_dropped_quietly(mp: pytest.MonkeyPatch) -> None:
     gpu=_FAULTS + "test_capture_shows_progress_on_a_terminal",
 )
 def no_progress_bar(mp: pytest.MonkeyPatch) -> None:
-    for module in (compiled, api):
+    for module in (compiled, api.core):  # what compile_pieces and CompiledModel read
         mp.setattr(module, "progress", lambda items, description: items)
 
 
