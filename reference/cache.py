@@ -357,7 +357,11 @@ def prune(
     """Remove the key folders under `root` last used more than `older_than_days` ago, or built by another
     environment than `environment` (torch build, GPU, Python: `pieceworks.key.software_factors()` is this
     one's); keep `<root>/inductor` and anything that is not a key folder. Returns the removed paths.
-    Run it while no process uses those folders."""
+    Run it while no process uses those folders. Any other `environment` (the string form of an older
+    pieceworks) is a TypeError: it would match no folder, and every key folder would go."""
+    if environment is not None and not isinstance(environment, dict):
+        got = f"{type(environment).__name__} {environment!r:.60}"
+        raise TypeError(f"prune(environment=...) takes pieceworks.key.software_factors() (a dict), not {got}")
     removed = []
     for path in sorted(os.path.join(root, name) for name in os.listdir(root)):
         if not (factors := read_json_dict(os.path.join(path, "factors.json"))):  # not a key folder

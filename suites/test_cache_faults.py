@@ -335,6 +335,8 @@ def test_prune_removes_key_folders_unused_for_days_or_of_another_build(tmp_path)
     assert prune(str(tmp_path), older_than_days=30) == [old]
     for name in ("a-list", "not-json", "a-number"):
         shutil.rmtree(tmp_path / name)
+    with pytest.raises(TypeError, match="software_factors"):  # the old string form would remove every folder
+        prune(str(tmp_path), environment=";".join(f"{k}={v}" for k, v in sorted(here.items())))
     assert prune(str(tmp_path), environment=here) == [other]
     assert sorted(os.listdir(tmp_path)) == ["inductor", "recent"] and os.path.isdir(recent)
 

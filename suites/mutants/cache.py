@@ -132,6 +132,21 @@ def prune_by_age_only(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant(
+    "prune takes an environment of another form and matches it against no folder (removing every one)",
+    cpu=_FAULTS + "test_prune_removes_key_folders_unused_for_days_or_of_another_build",
+)
+def prune_takes_any_environment(mp: pytest.MonkeyPatch) -> None:
+    original = cache.prune
+
+    def prune(root, older_than_days=None, environment=None):
+        if environment is not None and not isinstance(environment, dict):  # matched against no folder
+            environment = {"given": str(environment)}
+        return original(root, older_than_days, environment)
+
+    mp.setattr(cache, "prune", prune)
+
+
+@mutant(
     "cold processes do not take turns on an entry: each compiles everything",
     cpu=_CACHE + "test_concurrent_cold_processes_share_the_work",
 )
