@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._compat import op_identity
 from .config import CompilationConfig, CUDAGraphMode
 from .counters import log
+from .split import op_names
 
 if TYPE_CHECKING:
     from .compiled import CompiledPieces
@@ -58,10 +58,9 @@ def declare_graph_support(op: str, support: GraphSupport | str) -> None:
 
 
 def graph_support(ops: set[str] | frozenset[str]) -> tuple[GraphSupport, str | None]:
-    """The least support declared among `ops` (names "ns::op"), and the op that sets it (None: all
-    `ALWAYS`)."""
-    least = min(((_declared[op], op) for op in ops if op in _declared), default=(GraphSupport.ALWAYS, None))
-    return least if least[0] is not GraphSupport.ALWAYS else (GraphSupport.ALWAYS, None)
+    """The least support declared among `ops` (names "ns::op"), and the op that declares it (None where
+    none of them declared any: `ALWAYS`)."""
+    return min(((_declared[op], op) for op in ops if op in _declared), default=(GraphSupport.ALWAYS, None))
 
 
 def is_uniform_decode() -> bool:
@@ -104,8 +103,8 @@ def effective_mode(config: CompilationConfig, compiled: CompiledPieces) -> CUDAG
         how = "its one piece is captured per size, as a FULL graph would be"
         log.info(message, mode.name, config.splitting_ops, "FULL covers it" if mode.has_full else how)
         return CUDAGraphMode.FULL if mode.has_full else mode
-    ids = [op_identity(n.target) for fx in splitting for n in fx.graph.nodes if n.op == "call_function"]
-    support, op = graph_support({ident[0] for ident in ids if ident is not None})
+    ops = {name for fx in splitting for node in fx.graph.nodes for name in op_names(node.target)}
+    support, op = graph_support(ops)
     lowered = supported_mode(mode, support)
     if lowered is not mode:
         scope = "mixed batches" if support is GraphSupport.UNIFORM_DECODE else "any batch"

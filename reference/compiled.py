@@ -57,13 +57,6 @@ class CompiledPieces:
     build_seconds: Mapping[str, float]
     cache_dir: str | None
 
-    @property
-    def placeholder_names(self) -> list[str]:
-        return [n.name for n in self.stitching_module.graph.nodes if n.op == "placeholder"]
-
-    def __call__(self, *args: Any) -> Any:
-        return self.stitching_module(*args)
-
 
 def open_cache(
     split_gm: torch.fx.GraphModule, fakes: list[Any], pieces: Sequence[Piece], config: CompilationConfig

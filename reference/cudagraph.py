@@ -144,10 +144,10 @@ class CapturePool:
         return self.capture(fn, args, mutated, warmups)
 
     def capture(
-        self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int], warmups: int | None = None
+        self, fn: Callable[..., Any], args: Sequence[Any], mutated: Sequence[int], warmups: int
     ) -> tuple[Any, Any]:
-        """Warm `fn(*args)` up (`warmups` runs, default `num_warmups`), capture it into the pool, replay it
-        once; return `(graph, owning outputs)`.
+        """Warm `fn(*args)` up (`warmups` runs: `num_warmups`, or none where `capture_piece` says so),
+        capture it into the pool, replay it once; return `(graph, owning outputs)`.
 
         `mutated`: positions of `args` that `fn` writes to in place, restored after the warm-ups, so the
         replay that follows the capture is the only write a capture makes.
@@ -155,7 +155,6 @@ class CapturePool:
         if self.handle is None:
             self.handle = torch.cuda.graph_pool_handle()
             self._stream, self._warmup_pool = torch.cuda.Stream(), torch.cuda.MemPool()
-        warmups = self.num_warmups if warmups is None else warmups
         # Saved on the caller's stream before the capture stream waits for it: the clones complete before any
         # warm-up can write to these inputs.
         saved = [(i, args[i].clone()) for i in mutated if warmups and isinstance(args[i], torch.Tensor)]

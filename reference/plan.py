@@ -97,15 +97,16 @@ class ReplayPlan:
 
 
 class FullReplay(ReplayPlan):
-    """The FULL CUDA graph of one padded size, captured from `args` (named `names`): a plan of one
-    replay over the whole stitching module, returning the capture's outputs (non-owning aliases: valid
-    until the next replay). `all_checks`: every tensor input; `cheap_checks`: those the caller owns."""
+    """The FULL CUDA graph of one padded size, captured from `args`, the inputs of the stitching module
+    `stitching`: a plan of one replay over all of it, returning the capture's outputs (non-owning aliases:
+    valid until the next replay). `all_checks`: every tensor input; `cheap_checks`: those the caller owns."""
 
     def __init__(
-        self, padded_size: int, cuda_graph: Any, outputs: Any, names: Sequence[str], args: Sequence[Any]
+        self, padded_size: int, cuda_graph: Any, outputs: Any, stitching: torch.fx.GraphModule, args: Sequence
     ) -> None:
-        tensors = [(i, n, a) for i, (n, a) in enumerate(zip(names, args)) if isinstance(a, torch.Tensor)]
-        every = tuple(AddressCheck(i, a.data_ptr(), "full graph", i, n) for i, n, a in tensors)
+        nodes = stitching.graph.find_nodes(op="placeholder")
+        tensors = [(i, n, a) for i, (n, a) in enumerate(zip(nodes, args)) if isinstance(a, torch.Tensor)]
+        every = tuple(AddressCheck(i, a.data_ptr(), "full graph", i, n.name) for i, n, a in tensors)
         aliases = tree_map(non_owning_alias, outputs)
         step = Step("full graph", "cuda_graph", replay_step(cuda_graph, []))
         cheap = _caller_owned(every, args)

@@ -37,7 +37,7 @@ import enum
 import gc
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -59,20 +59,13 @@ class CUDAGraphMissingError(RuntimeError):
 Phase = enum.Enum("Phase", "WAITING CAPTURING SERVING")  # see the module doc
 
 
-def capture_order(sizes: Iterable[int]) -> list[int]:
-    """The order sizes are captured in: largest first, so that smaller ones reuse the pool blocks it
-    leaves."""
-    return sorted(set(sizes), reverse=True)
-
-
-class CapturePhase:
+class CapturePhase(NamedTuple):
     """One capture phase (`Runtime.capture_phase`, `Runtime.estimate_phase`): `plan`, the (padded size,
     uniform) pairs for the caller to run, in order, each once; `report`, the phase's numbers, complete once
     the phase has ended."""
 
-    def __init__(self, plan: list[tuple[int, bool]], sizes: int, estimate: bool) -> None:
-        self.plan, self.estimate = plan, estimate
-        self.report: dict[str, Any] = {"sizes": sizes, "seconds": 0.0}
+    plan: list[tuple[int, bool]]
+    report: dict[str, Any]
 
 
 class Runtime:
@@ -80,7 +73,7 @@ class Runtime:
 
     Public view (read it; only this object writes it): `compiled`, `config`, `mode` (`effective_mode`),
     `pool`, `phase`, `full_reason` (why there are no FULL graphs, or None where there are),
-    `mode_for(uniform)`, `captured_sizes` and `replay_for(padded_size, uniform)`."""
+    `mode_for(uniform)`, `captured_sizes`, `replay_for(padded_size, uniform)` and `capture_order(sizes)`."""
 
     def __init__(self, compiled: CompiledPieces, config: CompilationConfig) -> None:
         self.compiled, self.config = compiled, config
@@ -95,8 +88,7 @@ class Runtime:
         self._phase: CapturePhase | None = None
         self._modes = {True: self.mode.decode_mode, False: self.mode.mixed_mode}
         self._warned: set[int] = set()
-        assert config.cudagraph_capture_sizes is not None  # CompilationConfig.__post_init__ fills it
-        self._sizes = list(config.cudagraph_capture_sizes)
+        self._sizes = list(config.cudagraph_capture_sizes or ())  # never None: CompilationConfig fills it
         self._max_size = max(self._sizes, default=0)
         self._debug = config.debug_replay_checks
         self._capturable: dict[str, Piece] = {}  # the compiled pieces a PIECEWISE plan captures, by name
@@ -122,13 +114,6 @@ class Runtime:
     def mode_for(self, uniform: bool) -> CUDAGraphMode:
         """What serves a batch of this kind (uniform decode or mixed): FULL, PIECEWISE or NONE (no graph)."""
         return self._modes[uniform]
-
-    def _capture_kinds(self) -> list[bool]:
-        """The kinds a capture phase captures per size: one capture where both kinds share a mode (under
-        the mixed kind: a replay both may use), else each kind with graphs, uniform decode (FULL) first."""
-        kinds = [k for k in (True, False) if self._modes[k] is not NONE]
-        # one shared mode: the mixed kind's capture alone (nothing where that mode is NONE)
-        return kinds[-1:] if self._modes[True] is self._modes[False] else kinds
 
     @property
     def captured_sizes(self) -> tuple[int, ...]:
@@ -199,20 +184,19 @@ class Runtime:
         this call's outputs. FULL where the kind's mode is FULL; PIECEWISE where it is PIECEWISE or FULL
         failed. The replay serves every kind whose mode is the same. Outside a capture phase (a lazy
         capture) it is a phase of its own."""
-        stitching, mode = self.compiled.stitching_module, self._modes[uniform]
+        stitching, compiled, mode = self.compiled.stitching_module, self.compiled, self._modes[uniform]
         self._attempted.add((padded_size, uniform))
         with self._capturing() if self.phase is Phase.SERVING else contextlib.nullcontext():
             if mode is CUDAGraphMode.FULL and self.full_reason is None:
                 # a lazy capture is a served call: it puts back every mutated input
-                compiled, lazy = self.compiled, self.config.lazy_capture
-                restored = compiled.mutated_inputs if lazy else compiled.restored_inputs
+                restored = compiled.mutated_inputs if self.config.lazy_capture else compiled.restored_inputs
                 try:
-                    cuda_graph, out = self.pool.capture(stitching, args, restored)
+                    cuda_graph, out = self.pool.capture(stitching, args, restored, self.pool.num_warmups)
                 except Exception as exc:  # noqa: BLE001 - a refused capture falls back, it never crashes
                     self._no_full(f"capture failed: {type(exc).__name__}: {exc}")
                     torch.cuda.synchronize()
                 else:
-                    full = FullReplay(padded_size, cuda_graph, out, self.compiled.placeholder_names, args)
+                    full = FullReplay(padded_size, cuda_graph, out, stitching, args)
                     return self._keep(padded_size, mode, full, out)
             if not self._capturable:
                 return stitching(*args)
@@ -222,7 +206,7 @@ class Runtime:
     def _keep(self, padded_size: int, mode: CUDAGraphMode, replay: FullReplay | ReplayPlan, out: Any) -> Any:
         """Keep `replay` for `padded_size` and every kind whose mode is `mode`; return `out`."""
         self._replays.update({(padded_size, k): replay for k, m in self._modes.items() if m is mode})
-        if self._phase is not None and self._phase.estimate and padded_size == self._phase.plan[0][0]:
+        if self._phase is not None and padded_size == self._phase.plan[0][0]:
             torch.cuda.synchronize()  # the pool after the largest size alone
             self._phase.report["largest_bytes"] = pool_bytes(self.pool.handle)
         return out
@@ -242,13 +226,14 @@ class Runtime:
         uniform, static)`); each such run captures its size and kind. Sizes (default: every capture size) go
         largest first. Then serving starts: no size is captured again (unless `lazy_capture`). A graph holding
         collectives (`_c10d_functional` ops) first checks that every rank captures the same
-        (`check_ranks_agree`). Its report: sizes, seconds, MiB, CUDA graphs, mode."""
-        order = self._order(sizes)
+        (`check_ranks_agree`). Its report: sizes, seconds, MiB, CUDA graphs, mode, `largest_bytes` (the pool
+        after the largest size alone)."""
+        order = self.capture_order(sizes)
         nodes = (node for piece in self.compiled.pieces for node in piece.fx_graph.graph.nodes)
         if any(str(node.target).startswith("_c10d_functional.") for node in nodes):
             cuda = [v.device for v in self.compiled.inputs if isinstance(v, torch.Tensor) and v.is_cuda]
             check_ranks_agree(self.mode, order, cuda[0] if cuda else None)
-        phase = CapturePhase(self._plan(order), len(order), estimate=False)
+        phase = CapturePhase(self._plan(order), {"sizes": len(order), "seconds": 0.0, "largest_bytes": 0})
         phase.report.update(free_delta_mib=0.0, reserved_delta_mib=0.0, graphs=0, mode=self.mode.name)
         if not phase.plan:
             log.info("pieceworks capture: nothing to capture (mode %s, %d sizes)", self.mode.name, len(order))
@@ -260,30 +245,29 @@ class Runtime:
         graphs = counters.num_cudagraph_captured
         with self._capturing(phase):
             yield phase
-        report = phase.report
-        report.update(
+        phase.report.update(
             graphs=counters.num_cudagraph_captured - graphs,
             free_delta_mib=(free - torch.cuda.mem_get_info()[0]) / 2**20,
             reserved_delta_mib=(torch.cuda.memory_reserved() - reserved) / 2**20,
         )
-        numbers = [report[k] for k in ("graphs", "seconds", "free_delta_mib", "reserved_delta_mib")]
-        log.info(
+        numbers = [phase.report[k] for k in ("graphs", "seconds", "free_delta_mib", "reserved_delta_mib")]
+        message = (
             "pieceworks capture: %d sizes (%d..%d), mode %s, %d CUDA graphs in %.2f s, %.1f MiB (device "
-            "free-memory delta), %.1f MiB (allocator reserved delta)",
-            *(len(order), order[0], order[-1], self.mode.name, *numbers),
         )
+        message += "free-memory delta), %.1f MiB (allocator reserved delta)"
+        log.info(message, len(order), order[0], order[-1], self.mode.name, *numbers)
 
     @contextlib.contextmanager
     def estimate_phase(self, sizes: Iterable[int] | None = None, samples: int = 6) -> Iterator[CapturePhase]:
         """The pool bytes a capture of `sizes` (default: every capture size) will take, before any capture:
-        a phase like `capture_phase` over `samples` of the sizes (the largest, the smallest and evenly spaced
-        ones between), captured into a pool of their own whose `pool_bytes` is the estimate; then the
-        sample's CUDA graphs and pool are freed (`torch.cuda.empty_cache()` returns its memory to the
-        device). The pool grows with the kinds of blocks the sizes need, not with their number: each graph's
-        blocks return to the pool when its capture ends and the next (smaller) size reuses them; a sample
-        spanning the sizes meets those kinds. Run it in phase WAITING, before capturing. Its report:
-        `pool_bytes`, `sizes`, `sampled_sizes`, `largest_bytes` (the pool after the largest size alone),
-        `seconds`; 0 bytes for a mode without CUDA graphs, or no sizes."""
+        a `capture_phase` of `samples` of the sizes (the largest, the smallest and evenly spaced ones
+        between) into a pool of their own, whose `pool_bytes` is the estimate; then the sample's CUDA graphs
+        and pool are freed (`torch.cuda.empty_cache()` returns its memory to the device) and the runtime is
+        back in the phase it was in. The pool grows with the kinds of blocks the sizes need, not with their
+        number: each graph's blocks return to the pool when its capture ends and the next (smaller) size
+        reuses them; a sample spanning the sizes meets those kinds. Run it before capturing. Its report: the
+        sample's capture report, with `pool_bytes`, `sizes` (how many the estimate is for) and
+        `sampled_sizes`; 0 bytes for a mode without CUDA graphs, or no sizes."""
         if self._replays:
             raise RuntimeError(
                 "estimate_capture() runs before capture(): this runtime already holds CUDA graphs. "
@@ -291,39 +275,38 @@ class Runtime:
             )
         if samples < 1:
             raise ValueError(f"samples={samples}: the estimate needs at least 1 sampled size (the largest)")
-        order = self._order(sizes)
+        order, before = self.capture_order(sizes), self.phase
         step = (len(order) - 1) / max(samples - 1, 1)
         picked = sorted({order[round(k * step)] for k in range(min(samples, len(order)))}, reverse=True)
-        phase = CapturePhase(self._plan(picked), len(order), estimate=True)
-        phase.report.update(pool_bytes=0, sampled_sizes=picked if phase.plan else [], largest_bytes=0)
-        if not phase.plan:
-            yield phase
-            return
-        before = self.phase
         self.pool.reset()
         try:
-            with self._capturing(phase):
+            with self.capture_phase(picked) as phase:
                 yield phase
-            phase.report["pool_bytes"] = pool_bytes(self.pool.handle)
+            report = phase.report
+            report.update(pool_bytes=pool_bytes(self.pool.handle), sizes=len(order))
+            report["sampled_sizes"] = picked if phase.plan else []
         finally:
             self.reset()
             gc.collect()  # the sample's CUDA graphs hold the pool; freed now, returned to the device below
             torch.cuda.empty_cache()
             self.phase = before
-        numbers = (len(order), phase.report["pool_bytes"] / 2**20, picked, phase.report["seconds"])
+        estimate = (len(order), report["pool_bytes"] / 2**20, report["sampled_sizes"], report["seconds"])
         log.info(
-            "pieceworks capture estimate: %d sizes will take about %.1f MiB of CUDA graph pool (sampled "
-            "%s in %.2f s)",
-            *numbers,
+            "pieceworks capture estimate: %d sizes, about %.1f MiB of pool (sampled %s in %.2f s)", *estimate
         )
 
-    def _order(self, sizes: Iterable[int] | None) -> list[int]:
-        """`sizes` (default: every capture size) in `capture_order`; ValueError naming any other size."""
-        order = capture_order(self._sizes if sizes is None else sizes)
+    def capture_order(self, sizes: Iterable[int] | None) -> list[int]:
+        """`sizes` (default: every capture size) in capture order: largest first, so that smaller ones reuse
+        the pool blocks the larger ones leave; ValueError naming any other size."""
+        order = sorted(set(self._sizes if sizes is None else sizes), reverse=True)
         if unknown := [s for s in order if s not in self._sizes]:
             raise ValueError(f"sizes {unknown} are not in CompilationConfig.cudagraph_capture_sizes")
         return order
 
     def _plan(self, sizes: list[int]) -> list[tuple[int, bool]]:
-        """(padded size, uniform) for each size and each kind a capture phase captures, in order."""
-        return [(size, uniform) for size in sizes for uniform in self._capture_kinds()]
+        """(padded size, uniform) for each size and each kind a capture phase captures, in order: one capture
+        per size where both kinds share a mode (under the mixed kind: a replay both may use; nothing where
+        that mode is NONE), else each kind with graphs, uniform decode (FULL) first."""
+        kinds = [k for k in (True, False) if self._modes[k] is not NONE]
+        kinds = kinds[-1:] if self._modes[True] is self._modes[False] else kinds
+        return [(size, uniform) for size in sizes for uniform in kinds]

@@ -174,5 +174,4 @@ def split_graph(gm: GraphModule, splitting_ops: Sequence[str]) -> tuple[GraphMod
     split_gm = split_module(gm, lambda node: piece_of[node], keep_original_order=True)
     names = [n.target for n in split_gm.graph.nodes if n.op == "call_module"]
     splitting = {name for name in names if int(name.rsplit("_", 1)[1]) in splitting_pieces}
-    pieces = [analyse(split_gm, name, graph_id, splitting, symbols) for graph_id, name in enumerate(names)]
-    return split_gm, pieces
+    return split_gm, [analyse(split_gm, name, i, splitting, symbols) for i, name in enumerate(names)]

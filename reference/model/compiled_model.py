@@ -290,7 +290,7 @@ class CompiledModel:
         if self.runtime is not None:
             batch = self._compiled.batch
             return self.runtime.run(flat, None if batch is None else batch.read(flat), self._uniform, False)
-        self._traced.graph_output = cast(core.CompiledPieces, self._compiled)(*flat)
+        self._traced.graph_output = cast(core.CompiledPieces, self._compiled).stitching_module(*flat)
         return self._traced.graph_output
 
     def _start_serving(self, trace_args: list[Any], output: Any, facts: dict[str, Any] | None) -> None:

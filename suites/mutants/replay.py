@@ -68,7 +68,7 @@ def identical_pieces_all_warm_up(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(
         cudagraph.CapturePool,
         "capture_piece",
-        lambda self, fn, args, mutated, padded_size: self.capture(fn, args, mutated),
+        lambda self, fn, args, mutated, padded_size: self.capture(fn, args, mutated, self.num_warmups),
     )
 
 
@@ -98,7 +98,8 @@ def estimate_of_the_largest_alone(mp: pytest.MonkeyPatch) -> None:
     "the capture phase captures the smallest size first", gpu=_POOL + "test_capture_order_is_largest_first"
 )
 def capture_smallest_first(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(runtime, "capture_order", lambda sizes: sorted(set(sizes)))
+    order = runtime.Runtime.capture_order
+    mp.setattr(runtime.Runtime, "capture_order", lambda self, sizes: order(self, sizes)[::-1])
 
 
 @mutant(
