@@ -1,15 +1,16 @@
 """Hugging Face `transformers` models served by pieceworks: built from a `config.json` with random weights (no
-download), their attention routed through a splitting op with transformers' `AttentionInterface`.
+download), their attention routed through a splitting op (hf_attention.py: the split and paged routes).
 
 - `load_config(path)`: the config of any decoder the installed transformers knows (Llama, Qwen2/3, Mistral,
   Gemma, ...) from a `config.json` (its file or folder, a dict, or a config), fields overridden by keywords
   (`num_hidden_layers=2`). `CONFIGS` holds shipped ones: `tiny-llama`, `tiny-qwen3`, `tiny-gemma` (2 layers,
   hidden 64: tests and examples) and `qwen3-1.7b` (Qwen3-1.7B's shape: benchmarks).
+- `ARCHITECTURES` / `tiny_config(model_type)`: the tiny random configs the split route (hf_attention.py) is
+  checked on; `REFUSED`: what the refused ones ask for that the route does not compute.
 - `causal_lm(config)`: its `...ForCausalLM`, built on the meta device and initialised in place by
-  transformers' own initialisers (seeded), in eval mode, attention `ATTENTION_NAME`: the splitting op
-  `hf_llama::attention(q, k, v, out, scale)`, causal attention over each row's sequence written into `out` (it
-  returns nothing, like `silly::attention`, so Meta's pcg can run it; no mask enters the graph, rows are
-  independent). Call it as transformers models are called: `model(input_ids=ids, use_cache=False)` returns a
+  transformers' own initialisers (seeded), in eval mode, attention the split twin of the one transformers
+  picks for it (`"split"`, or `"split_eager"` where transformers runs it eagerly). Call it as transformers
+  models are called: `model(input_ids=ids, attention_mask=mask, use_cache=False)` returns a
   `CausalLMOutputWithPast`; dim 0 of `ids` is the batch of sequences.
 - `paged_model(config)`: the same decoder (`AutoModel`, no lm_head) served as engines serve it, a
   `PagedModel`: `forward(input_ids [T], positions [T])` returns the final hidden states [T, hidden] of T
@@ -31,7 +32,6 @@ download), their attention routed through a splitting op with transformers' `Att
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -39,10 +39,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from . import llama
+from . import hf_attention, llama
+from .hf_attention import ATTENTION_NAME, PAGED_ATTENTION_NAME, SPLITTING_OPS, unavailable_reason
 from .paged_attention import AttentionMetadata
 
 __all__ = [
+    "ARCHITECTURES",
     "ATTENTION_NAME",
     "CONFIGS",
     "HFLlama",
@@ -50,89 +52,57 @@ __all__ = [
     "PAGED_ATTENTION_NAME",
     "POISON_TOKEN",
     "PagedModel",
+    "REFUSED",
     "SEQ",
     "SPLITTING_OPS",
+    "TINY_SHAPE",
     "causal_lm",
     "hf_llama",
     "hf_llama_inputs",
     "load_config",
     "paged_model",
+    "tiny_config",
     "unavailable_reason",
 ]
 
-ATTENTION_NAME = "pieceworks_split_attention"
-PAGED_ATTENTION_NAME = "pieceworks_paged_attention"
-SPLITTING_OPS = ["hf_llama::attention"]
 CONFIGS = Path(__file__).with_name("configs")
 SEQ = 8
 VOCAB = 128
 POISON_TOKEN = VOCAB - 1
-
-_lib = torch.library.Library("hf_llama", "FRAGMENT")
-_lib.define("attention(Tensor q, Tensor k, Tensor v, Tensor(a!) out, float scale) -> ()")
-
-
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float) -> None:
-    """Causal scaled-dot-product attention of q [b, heads, s, d] over k, v [b, kv_heads, s, d], written into
-    out."""
-    out.copy_(
-        torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=scale, enable_gqa=True
-        )
-    )
-
-
-_lib.impl("attention", _attention, "CompositeExplicitAutograd")
-
-
-torch.library.register_fake("hf_llama::attention")(lambda q, k, v, out, scale: None)  # writes only into `out`
-
-
-def split_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers' attention-function contract: query [b, heads, s, d] -> ([b, s, heads, d], no weights)."""
-    out = torch.empty_like(query)
-    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-    torch.ops.hf_llama.attention(query, key, value, out, scale)
-    return out.transpose(1, 2), None
+# The architectures the split route is checked on (suites/test_hf_architectures.py, docs/your-model.md's
+# table), by transformers' model_type: tiny random configs built in code, `TINY_SHAPE` with each family's own
+# fields (a 4-token sliding window where the family has one: shorter than SEQ, so windows are exercised).
+TINY_SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+TINY_SHAPE |= dict(
+    num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0
+)
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "mistral": {"sliding_window": 4},
+    "qwen2": {},
+    "qwen3": {"head_dim": 16},
+    "phi3": {},
+    # a soft-cap that random logits reach (Gemma 2's own, 50, is far above them: it would change nothing)
+    "gemma2": {"head_dim": 16, "sliding_window": 4, "attn_logit_softcapping": 0.05},
+    "olmo2": {},
+    "gpt_neox": {},
+    "gpt_oss": {"head_dim": 16, "sliding_window": 4, "num_local_experts": 4, "num_experts_per_tok": 2},
+}
+# the architectures whose attention asks for what the route does not compute: what, as its refusal names it
+REFUSED = {"gpt_oss": "s_aux"}
 
 
-def paged_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers' attention-function contract over one sequence of T tokens, the batch's tokens: query [1,
-    heads, T, d], key and value [1, kv_heads, T, d] -> ([1, T, heads, d], no weights), through the module's
-    `KVCache`."""
-    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
-    out = torch.empty_like(q)
-    module.kv_cache(q, k, v, out, float(scaling) if scaling is not None else q.shape[-1] ** -0.5)
-    return out[None], None
-
-
-def unavailable_reason() -> str | None:
-    """None when transformers is importable; else why a Hugging Face model cannot be built, and the fix."""
-    if importlib.util.find_spec("transformers") is None:
-        return (
-            "Hugging Face models need transformers, which is not installed. Fix: pip install 'pieceworks[hf]'"
-        )
-    return None
-
-
-def _transformers() -> Any:
-    """transformers, with this module's attention functions registered (as attention without a mask function
-    of its own: transformers builds no mask for them, the ops mask causally themselves)."""
-    reason = unavailable_reason()
-    if reason is not None:
-        raise ImportError(reason)
-    import transformers
-
-    transformers.AttentionInterface.register(ATTENTION_NAME, split_attention_forward)
-    transformers.AttentionInterface.register(PAGED_ATTENTION_NAME, paged_attention_forward)
-    return transformers
+def tiny_config(model_type: str, **overrides: Any) -> Any:
+    """The tiny random config of architecture `model_type` (`ARCHITECTURES`), fields overridden by
+    keywords."""
+    return load_config({"model_type": model_type, **TINY_SHAPE, **ARCHITECTURES[model_type]}, **overrides)
 
 
 def load_config(config: Any, **overrides: Any) -> Any:
     """The transformers config of `config`: a path to a `config.json` or its folder, a dict of one, or a
     config (copied); `overrides` replace fields. `ValueError` naming the file and the fix where it has no
     `model_type`."""
-    transformers = _transformers()
+    transformers = hf_attention.register_attention()
     if isinstance(config, transformers.PretrainedConfig):
         data = config.to_dict()
     elif isinstance(config, dict):
@@ -157,6 +127,9 @@ def _build(
     initialisation), then allocated on `device` and initialised by transformers (seed `seed`), in eval
     mode."""
     with torch.device("meta"):
+        if attention == ATTENTION_NAME:  # the split twin of the attention transformers picks for the model
+            own = auto_class.from_config(config, dtype=dtype).config._attn_implementation
+            attention = {"eager": "split_eager"}.get(own, attention)
         model = auto_class.from_config(config, attn_implementation=attention, dtype=dtype)
     model.config._attn_implementation = attention  # older 5.x releases ignore the argument
     model.to_empty(device=device)
@@ -172,7 +145,7 @@ def causal_lm(
     """The causal LM of `config` (`load_config(config, **overrides)`), random weights, attention through the
     splitting op `hf_llama::attention` (module doc)."""
     return _build(
-        _transformers().AutoModelForCausalLM,
+        hf_attention.register_attention().AutoModelForCausalLM,
         load_config(config, **overrides),
         ATTENTION_NAME,
         device,
@@ -266,7 +239,8 @@ def paged_model(
         name: getattr(llama.TINY, name)
         for name in ("block_size", "max_blocks_per_seq", "max_tokens", "max_seqs")
     } | (serving or {})
-    decoder = _build(_transformers().AutoModel, hf, PAGED_ATTENTION_NAME, device, dtype, seed)
+    transformers = hf_attention.register_attention()
+    decoder = _build(transformers.AutoModel, hf, PAGED_ATTENTION_NAME, device, dtype, seed)
     return PagedModel(decoder, dataclasses.replace(shape, **serving))
 
 

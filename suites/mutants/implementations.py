@@ -219,7 +219,7 @@ _HF = "suites/test_hf_models.py::"
 def hf_attention_not_routed(mp: pytest.MonkeyPatch) -> None:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    import pieceworks.harness.models.hf_llama as hf
+    import pieceworks.harness.models.hf_attention as hf
 
     # what hf_llama registers under its name
     mp.setattr(hf, "paged_attention_forward", sdpa_attention_forward)
@@ -241,3 +241,75 @@ def config_model_with_tiny_blocks(mp: pytest.MonkeyPatch) -> None:
             *args, serving={k: v for k, v in (serving or {}).items() if k != "block_size"}, **kwargs
         ),
     )
+
+
+_ARCH = "suites/test_hf_architectures.py::"
+_EQUAL = (
+    _ARCH + "test_each_architecture_equals_transformers_own_attention_on_left_padded_rows_beyond_the_window"
+)
+
+
+def _split_route_calls(mp: pytest.MonkeyPatch, change) -> None:
+    """The split route's attention functions, each call's arguments changed first by `change(args, kwargs)`,
+    which returns the new ones."""
+    import pieceworks.harness.models.hf_attention as hf
+
+    original = hf.split_attention
+
+    def split_attention(base):
+        forward = original(base)
+
+        def changed(*args, **kwargs):
+            args, kwargs = change(list(args), dict(kwargs))
+            return forward(*args, **kwargs)
+
+        return changed
+
+    mp.setattr(hf, "split_attention", split_attention)
+
+
+@mutant(
+    "the split route drops the mask transformers built (padding and window): causal attention over every row",
+    cpu=f"{_EQUAL}[llama]",
+)
+def split_route_without_mask(mp: pytest.MonkeyPatch) -> None:
+    _split_route_calls(mp, lambda args, kwargs: (args[:4] + [None] + args[5:], kwargs))
+
+
+@mutant(
+    "the split route's mask leaves out the sliding window (padding kept)",
+    cpu=f"{_EQUAL}[mistral]",
+)
+def split_route_without_window(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.models.hf_attention as hf
+
+    original = hf.register_attention
+
+    def register_attention():
+        transformers = original()
+        masks = transformers.masking_utils
+
+        def causal_mask(*args, **kwargs):
+            kwargs |= {"mask_function": masks.causal_mask_function, "local_size": None}
+            return masks.sdpa_mask(*args, **kwargs)
+
+        transformers.AttentionMaskInterface.register("split", causal_mask)
+        return transformers
+
+    mp.setattr(hf, "register_attention", register_attention)
+
+
+@mutant("the split route drops Gemma 2's logit soft-capping", cpu=f"{_EQUAL}[gemma2]")
+def split_route_without_softcap(mp: pytest.MonkeyPatch) -> None:
+    _split_route_calls(mp, lambda args, kwargs: (args, {k: v for k, v in kwargs.items() if k != "softcap"}))
+
+
+@mutant(
+    "the split route serves an attention argument it does not compute (GPT-OSS's sinks dropped silently)",
+    cpu=_ARCH + "test_what_the_route_does_not_compute_is_refused_at_the_first_call_by_name",
+)
+def split_route_takes_any_argument(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.models.hf_attention as hf
+
+    everything = type("Everything", (), {"__contains__": lambda self, key: True})()
+    mp.setattr(hf, "COMPUTED", everything)
