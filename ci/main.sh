@@ -8,7 +8,8 @@
 # CUDA: the whole asv suite, then the pytest-benchmark host-overhead suite and the runtime breakdown (PIECEWISE's
 # parts and its peers side by side); with --bench, only the asv benchmarks selected. asv prints a line per
 # benchmark as it goes and skips what already has a result for this commit, so running the same command again
-# after an interruption measures only what is missing. Results: results/asv/<machine>/, details and the report in
+# after an interruption measures only what is missing ($PIECEWORKS_MODEL_CONFIG set: nothing is skipped, and a CPU
+# machine builds and serves that model once). Results: results/asv/<machine>/, details and the report in
 # results/bench/<machine>/ (REPORT.md, plots/); git ignores them unless that machine's results are committed
 # (.gitignore; `git add -f` to commit a new machine's). The machine is named after its GPU (e.g.
 # nvidia-h100-80gb-hbm3), else after the host; PIECEWORKS_MACHINE overrides. The run's caches go to a temporary
@@ -35,10 +36,17 @@ if [ "$selected" = 1 ]; then
 elif [ "$cuda" = 1 ]; then
   selection=(--bench .)
   echo "main: CUDA available: the whole benchmark suite"
+elif [ -n "${PIECEWORKS_MODEL_CONFIG:-}" ]; then
+  selection=(--bench '^(compile|host_overhead|dispatch|code_size)\.|^serving\.ModelConfig')
+  echo "main: no CUDA: the CPU benchmarks, and $PIECEWORKS_MODEL_CONFIG built and served once on the CPU"
 else
   selection=(--bench '^(compile|host_overhead|dispatch|code_size)\.')
   echo "main: no CUDA: the CPU benchmarks (compile, host overhead, dispatch, code size); GPU benchmarks need a GPU runner"
 fi
+# What already has a result for this commit is skipped (a run resumed after an interruption measures what is
+# missing), but not where $PIECEWORKS_MODEL_CONFIG names a model: another model's result must not stand for it
+skip=(--skip-existing-successful)
+[ -z "${PIECEWORKS_MODEL_CONFIG:-}" ] || skip=()
 export PIECEWORKS_BENCH_DETAILS=$PWD/results/bench/$MACHINE  # absolute: asv runs benchmarks in temporary folders
 mkdir -p "$PIECEWORKS_BENCH_DETAILS"
 "$PY" -c "import sys; sys.path.insert(0, 'suites'); from benchmarks import _shared; _shared.write_details('environment', {})"
@@ -49,7 +57,7 @@ fi
 export PIECEWORKS_BENCH_DIR
 status=0
 "$PY" -m asv run --python=same --set-commit-hash "$COMMIT" --machine "$MACHINE" --launch-method spawn \
-  --skip-existing-successful "${selection[@]}" "$@" || status=$?
+  "${skip[@]}" "${selection[@]}" "$@" || status=$?
 if [ "$cuda" = 1 ] && [ "$selected" = 0 ]; then
   "$PY" -m pytest suites/test_host_overhead.py -q -p no:cacheprovider \
     --benchmark-json "$PIECEWORKS_BENCH_DETAILS/host_overhead.json" || status=$?

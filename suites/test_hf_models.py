@@ -214,9 +214,10 @@ def test_the_serving_benchmark_takes_a_config_json_and_runs_on_a_cpu_up_to_where
     monkeypatch, tmp_path
 ):
     """`$PIECEWORKS_MODEL_CONFIG` names the model of `serving.ModelConfigUnified` (relative to the repository,
-    as asv runs benchmarks in other folders): it builds with the Llama presets' batch and cache sizes, and a
-    compiled copy serves a decode and a mixed step as eager does; the class itself needs CUDA, and says so."""
-    from pieceworks.harness.models import serving
+    as asv runs benchmarks in other folders), and the model is named after what it is (architecture and size,
+    not the file): it builds with the Llama presets' batch and cache sizes; on a CPU the class builds it as a
+    paged model and serves a decode and a mixed step as eager does (`cpu_check`, in its details), and says the
+    rest needs CUDA."""
     from suites.benchmarks import serving as bench
 
     monkeypatch.delenv(bench.MODEL_CONFIG, raising=False)
@@ -225,11 +226,12 @@ def test_the_serving_benchmark_takes_a_config_json_and_runs_on_a_cpu_up_to_where
     ):
         bench.model_config()
     monkeypatch.setenv(bench.MODEL_CONFIG, "harness/models/configs/tiny-qwen3.json")
+    monkeypatch.setenv("PIECEWORKS_BENCH_DETAILS", str(tmp_path / "details"))
     monkeypatch.chdir(tmp_path)
     path, name = bench.model_config()
-    assert name == "hf_tiny_qwen3" and path == str(hf.CONFIGS / "tiny-qwen3.json")
-    model = bench.serving_model(name, "varlen", device="cpu", dtype="float32")
-    config = model.config
+    assert name == "hf_qwen3_115k" and path == str(hf.CONFIGS / "tiny-qwen3.json")
+    assert bench.config_name(str(hf.CONFIGS / "qwen3-1.7b.json")) == "hf_qwen3_1_72b"
+    config = bench.serving_model(name, "varlen", device="cpu", dtype="float32").config
     assert (
         config.splitting_ops,
         config.max_tokens,
@@ -237,16 +239,15 @@ def test_the_serving_benchmark_takes_a_config_json_and_runs_on_a_cpu_up_to_where
         config.max_context,
         config.head_dim,
     ) == (["llama::paged_attention_varlen"], 512, 512, 2048, 32)
-    compiled = pieceworks.compile(
-        model, CompilationConfig(splitting_ops=config.splitting_ops, compiler="eager", cudagraph_mode="NONE")
-    )
-    with torch.no_grad():
-        for step in (bench._decode_step(8, 1), bench._mixed_step(64, 1)):
-            serving.KVBlocks(model, seed=0).cover(step)
-            args = serving.step_inputs(model, step, "cpu")
-            torch.testing.assert_close(compiled(*args), model(*args))
     if not torch.cuda.is_available():
         assert "needs CUDA" in bench.ModelConfigUnified().setup_cache()["skip"]
+        details = json.loads((tmp_path / "details" / f"serving_{name}_unified.json").read_text())
+        assert details["cpu_check"].startswith("built as a paged model on the CPU"), details
+        gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128}
+        (tmp_path / "gpt2.json").write_text(json.dumps(gpt2))  # a causal LM, not laid out as Llama's
+        monkeypatch.setenv(bench.MODEL_CONFIG, str(tmp_path / "gpt2.json"))  # fails here, not on a GPU
+        with pytest.raises(ValueError, match=r"a gpt2 config has no intermediate_size.*Fix: give a decoder"):
+            bench.ModelConfigUnified().setup_cache()
 
 
 def test_a_user_model_start_without_its_config_is_a_usage_error_naming_the_fix(capsys):

@@ -60,6 +60,7 @@ __all__ = [
     "hf_llama",
     "hf_llama_inputs",
     "load_config",
+    "model_name",
     "paged_model",
     "tiny_config",
     "unavailable_reason",
@@ -96,6 +97,17 @@ def tiny_config(model_type: str, **overrides: Any) -> Any:
     """The tiny random config of architecture `model_type` (`ARCHITECTURES`), fields overridden by
     keywords."""
     return load_config({"model_type": model_type, **TINY_SHAPE, **ARCHITECTURES[model_type]}, **overrides)
+
+
+def model_name(config: Any) -> str:
+    """What the model of `config` (`load_config`) is, for people: its architecture and its parameters,
+    counted on the meta device ("qwen3 1.72B", "llama 90.4K")."""
+    hf = load_config(config)
+    with torch.device("meta"):
+        model = hf_attention.register_attention().AutoModelForCausalLM.from_config(hf)
+    count = sum(p.numel() for p in model.parameters())
+    scale, unit = next((s for s in ((1e9, "B"), (1e6, "M"), (1e3, "K")) if count >= s[0]), (1, ""))
+    return f"{hf.model_type} {count / scale:.3g}{unit}"
 
 
 def load_config(config: Any, **overrides: Any) -> Any:
@@ -223,6 +235,12 @@ def paged_model(
     batch and cache sizes and the attention op (`LlamaConfig` fields: `max_tokens`, `max_seqs`,
     `max_blocks_per_seq`, `block_size`, `cache_blocks`, `attention`; default TINY's)."""
     hf = load_config(config, **overrides)
+    fields = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+    if missing := [name for name in fields if not hasattr(hf, name)]:
+        raise ValueError(
+            f"{config}: a {hf.model_type} config has no {', '.join(missing)}: not a decoder laid out as "
+            "transformers' Llama-family decoders, which paged_model serves. Fix: give a decoder's config.json"
+        )
     heads = hf.num_attention_heads
     shape = llama.LlamaConfig(
         num_layers=hf.num_hidden_layers,

@@ -72,11 +72,12 @@ def user_model() -> tuple[str, str]:
 
     from pieceworks.harness.models import hf_llama
 
-    from .serving import MODEL_CONFIG, model_config
+    from .serving import MODEL_CONFIG, config_name, model_config
 
     if os.environ.get(MODEL_CONFIG):
         return model_config()
-    return str(hf_llama.CONFIGS / "tiny-qwen3.json"), "hf_tiny_qwen3"
+    path = str(hf_llama.CONFIGS / "tiny-qwen3.json")
+    return path, config_name(path)
 
 
 class CompileStart:

@@ -419,9 +419,8 @@ MODEL_CONFIG = "PIECEWORKS_MODEL_CONFIG"
 def model_config() -> tuple[str, str]:
     """(path, model name) of the config.json `$PIECEWORKS_MODEL_CONFIG` names (a relative path: from the
     current folder, else from the repository's root, since asv runs benchmarks elsewhere); the name is `hf_`
-    and the file's stem ("hf_qwen3_1_7b"). `LookupError` naming the variable where it is unset or names no
-    file."""
-    import re
+    and what the model is, its architecture and size (`hf_llama.model_name`: "hf_qwen3_1_72b"), never the
+    file's name. `LookupError` naming the variable where it is unset or names no file."""
     from pathlib import Path
 
     value = os.environ.get(MODEL_CONFIG, "")
@@ -433,12 +432,24 @@ def model_config() -> tuple[str, str]:
             f"${MODEL_CONFIG} {'names no file: ' + value if value else 'is unset'}. Fix: set it to a "
             f"Hugging Face config.json (harness/models/configs/qwen3-1.7b.json, or your model's)"
         )
-    return str(found[0].resolve()), "hf_" + re.sub(r"\W+", "_", found[0].stem).lower()
+    return str(found[0].resolve()), config_name(str(found[0].resolve()))
 
 
-def config_model(path: str, attention: str, device: str = DEVICE, dtype: str = "bfloat16") -> Any:
+def config_name(path: str) -> str:
+    """The benchmark name of the model of the config.json at `path`: `hf_` and `hf_llama.model_name`."""
+    import re
+
+    from pieceworks.harness.models import hf_llama
+
+    return "hf_" + re.sub(r"\W+", "_", hf_llama.model_name(path)).lower()
+
+
+def config_model(
+    path: str, attention: str, device: str = DEVICE, dtype: str = "bfloat16", **overrides: Any
+) -> Any:
     """The Hugging Face decoder of the config.json at `path` (hf_llama.paged_model: random weights, its
-    attention through `attention`'s paged op), with `serving_model`'s batch and cache sizes."""
+    attention through `attention`'s paged op, config fields overridden by `overrides`), with `serving_model`'s
+    batch and cache sizes."""
     import torch
 
     from pieceworks.harness.models import hf_llama
@@ -456,16 +467,45 @@ def config_model(path: str, attention: str, device: str = DEVICE, dtype: str = "
             max_blocks_per_seq=128,
             cache_blocks=8193,
         ),
+        **overrides,
     )
+
+
+def cpu_check(path: str) -> str:
+    """What a CPU checks of the config.json at `path` before a GPU measures it: its decoder (one layer,
+    float32) builds as a paged model with the serving sizes, and a compiled copy (mode NONE, eager compiler)
+    serves a decode and a mixed step as eager does. Raises where it does not; else says what it checked."""
+    import torch
+
+    import pieceworks
+    from pieceworks.harness.models import serving
+
+    model = config_model(path, "varlen", "cpu", "float32", num_hidden_layers=1)
+    config = pieceworks.CompilationConfig(
+        splitting_ops=model.config.splitting_ops, compiler="eager", cudagraph_mode="NONE"
+    )
+    compiled = pieceworks.compile(model, config)
+    with torch.no_grad():
+        for step in (_decode_step(8, 1), _mixed_step(64, 1)):
+            serving.KVBlocks(model, seed=SEED).cover(step)
+            args = serving.step_inputs(model, step, "cpu")
+            torch.testing.assert_close(compiled(*args), model(*args))
+    return "built as a paged model on the CPU (1 layer); a compiled decode and mixed step equal eager's"
 
 
 class ModelConfigUnified(_Serving):  # the model of $PIECEWORKS_MODEL_CONFIG, with the unified attention op
     def setup_cache(self):
         try:
-            return measure(model_config()[1], "unified")
+            path, name = model_config()
         except (LookupError, ImportError) as exc:
             _shared.write_details("serving_model_config_unified", {"skip": str(exc)})
             return {"skip": str(exc)}
+        if _shared.cuda_skip_reason() is not None:  # a CPU: the config at least builds and serves
+            checked = cpu_check(path)
+            found = measure(name, "unified")
+            _shared.write_details(f"serving_{name}_unified", {**found, "model": name, "cpu_check": checked})
+            return found
+        return measure(name, "unified")
 
 
 class Llama1BUnified(_Serving):  # each class its own setup_cache: asv keys the cache by where it is defined

@@ -255,3 +255,28 @@ def user_model_ignores_the_config_named(mp: pytest.MonkeyPatch) -> None:
 )
 def report_hides_the_pool_growth(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(notes, "pool_note", lambda what, sizes: "")
+
+
+_CONFIG_BENCH = (
+    "suites/test_hf_models.py::"
+    "test_the_serving_benchmark_takes_a_config_json_and_runs_on_a_cpu_up_to_where_cuda_is_needed"
+)
+
+
+@mutant("a user's model is named after its file's stem, not after what it is", cpu=_CONFIG_BENCH)
+def user_model_named_by_its_file(mp: pytest.MonkeyPatch) -> None:
+    import re
+    from pathlib import Path
+
+    import suites.benchmarks.serving as serving_benchmark
+
+    mp.setattr(
+        serving_benchmark, "config_name", lambda path: "hf_" + re.sub(r"\W+", "_", Path(path).stem).lower()
+    )
+
+
+@mutant("on a CPU the serving benchmark skips a config without building it", cpu=_CONFIG_BENCH)
+def user_model_unchecked_on_a_cpu(mp: pytest.MonkeyPatch) -> None:
+    import suites.benchmarks.serving as serving_benchmark
+
+    mp.setattr(serving_benchmark, "cpu_check", lambda path: "built as a paged model on the CPU (not checked)")
