@@ -100,11 +100,15 @@ def test_soft_capping_under_the_sdpa_route_is_refused_naming_the_eager_route():
         compiled(**left_padded(2, seed=0), use_cache=False)
 
 
-def test_the_docs_table_lists_every_architecture_served_or_refused_as_the_harness_says():
+def test_the_docs_table_lists_every_architecture_its_attention_and_verdict_as_the_harness_says():
     text = (Path(__file__).resolve().parent.parent / "docs" / "your-model.md").read_text()
-    rows = dict(re.findall(r"^\| `(\w+)` \| [^|]+ \| (served|refused[^|]*) \|", text, re.M))
-    assert rows.keys() == hf.ARCHITECTURES.keys(), rows
-    for name, verdict in rows.items():
+    found = re.findall(r"^\| `(\w+)` \| (\w+) \| (served|refused[^|]*) \|", text, re.M)
+    assert [name for name, *_ in found] == list(hf.ARCHITECTURES), found
+    transformers = hf_attention.register_attention()
+    for name, attention, verdict in found:
+        with torch.device("meta"):
+            own = transformers.AutoModelForCausalLM.from_config(hf.tiny_config(name))
+        assert attention == own.config._attn_implementation, (name, attention)
         assert verdict.startswith("refused") == (name in hf.REFUSED), (name, verdict)
         assert name not in hf.REFUSED or hf.REFUSED[name] in verdict, (name, verdict)
 
