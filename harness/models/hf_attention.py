@@ -16,6 +16,7 @@ model's attention layers to a splitting op, registered with transformers (`regis
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import types
@@ -60,18 +61,30 @@ def _attention(
 ) -> None:
     """transformers' own attention of q [b, heads, s, d] over k, v [b, kv_heads, s, d] with the mask
     transformers built, written into out [b, s, heads, d]: `function` "sdpa" runs `sdpa_attention_forward`,
-    another names the modeling module whose `eager_attention_forward` runs (with `softcap`). The layer they
-    read is a stand-in holding what they read of it (heads per key/value head, eval mode, head size)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    heads = q.shape[1] // k.shape[1]
-    layer: Any = types.SimpleNamespace(num_key_value_groups=heads, training=False, head_dim=q.shape[-1])
+    another names the modeling module whose `eager_attention_forward` runs (with `softcap`), on a stand-in
+    of the layer (`_layer`)."""
+    layer, attend = _layer(q.shape[1] // k.shape[1], q.shape[-1]), _function(function)
     if function == "sdpa":
-        found = sdpa_attention_forward(layer, q, k, v, mask, scaling=scale, is_causal=is_causal)
+        found = attend(layer, q, k, v, mask, scaling=scale, is_causal=is_causal)
     else:
-        eager = importlib.import_module(function).eager_attention_forward
-        found = eager(layer, q, k, v, mask, scaling=scale, softcap=softcap)
+        found = attend(layer, q, k, v, mask, scaling=scale, softcap=softcap)
     out.copy_(found[0])
+
+
+@functools.cache
+def _function(function: str) -> Any:
+    """The attention function `function` names (see `_attention`), resolved once: the op runs per layer and
+    per call."""
+    if function == "sdpa":
+        return importlib.import_module("transformers.integrations.sdpa_attention").sdpa_attention_forward
+    return importlib.import_module(function).eager_attention_forward
+
+
+@functools.cache
+def _layer(groups: int, head_dim: int) -> Any:
+    """The stand-in for the layer transformers' attention functions read: query heads per key/value head,
+    eval mode, head size."""
+    return types.SimpleNamespace(num_key_value_groups=groups, training=False, head_dim=head_dim)
 
 
 _lib.impl("attention", _attention, "CompositeExplicitAutograd")

@@ -500,11 +500,10 @@ class ModelConfigUnified(_Serving):  # the model of $PIECEWORKS_MODEL_CONFIG, wi
         except (LookupError, ImportError) as exc:
             _shared.write_details("serving_model_config_unified", {"skip": str(exc)})
             return {"skip": str(exc)}
-        if _shared.cuda_skip_reason() is not None:  # a CPU: the config at least builds and serves
-            checked = cpu_check(path)
-            found = measure(name, "unified")
-            _shared.write_details(f"serving_{name}_unified", {**found, "model": name, "cpu_check": checked})
-            return found
+        if (reason := _shared.cuda_skip_reason()) is not None:  # a CPU: the config at least builds and serves
+            checked = {"skip": reason, "model": name, "cpu_check": cpu_check(path)}
+            _shared.write_details(f"serving_{name}_unified", checked)
+            return {"skip": reason}
         return measure(name, "unified")
 
 
