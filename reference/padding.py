@@ -84,10 +84,8 @@ def unpad(value: Any, batch: int, n: int, batched: Any = None) -> Any:
     every tensor whose dim 0 is n, in tuples, lists and dicts. Batch-sized outputs are new view objects on
     every call, also when batch == n: the objects a plan keeps must never reach the caller (a kept output
     would then be the next call's)."""
-    if batched is False:
-        return value
-    if batched is True:
-        return value[:batch]
+    if isinstance(batched, bool):  # a leaf's mark
+        return value[:batch] if batched else value
     if batched is not None:  # a container's marks
         items, rebuild = container_items(value)
         return rebuild([unpad(v, batch, n, m) for v, m in zip(items, batched)])

@@ -229,15 +229,13 @@ def _gelu_tanh(x):
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
-@pytest.mark.parametrize("what", ["function model", "forward hook", "partial", "closure", "no source file"])
+@pytest.mark.parametrize("what", ["function model", "forward hook", "closure", "no source file"])
 def test_what_the_key_cannot_cover_gets_no_record(what):
     model = Scaled()
     if what == "function model":
         model = lambda x: x * 2  # noqa: E731 - the model under test is itself a lambda
     elif what == "forward hook":
         model.register_forward_hook(lambda module, args, out: out * 10)
-    elif what == "partial":
-        model.act = functools.partial(torch.nn.functional.gelu, approximate="tanh")
     elif what == "closure":
         factor = 3.0
         model.act = lambda x: x * factor
@@ -249,6 +247,21 @@ def test_what_the_key_cannot_cover_gets_no_record(what):
     functions = Scaled()
     functions.act = _gelu  # a function without a closure is keyed by its code
     assert record.model_key(functions, [], CompilationConfig(splitting_ops=["silly::attention"])) is not None
+
+
+def test_a_partial_is_keyed_by_its_function_and_bound_arguments():
+    """Gemma 2's activation, `functools.partial(gelu, approximate="tanh")`: the model warm-starts, and another
+    bound argument or function is another key."""
+    keys = []
+    for act in (
+        functools.partial(torch.nn.functional.gelu, approximate="tanh"),
+        functools.partial(torch.nn.functional.gelu, approximate="none"),
+        functools.partial(_gelu_tanh),
+    ):
+        model = Scaled()
+        model.act = act
+        keys.append(record.model_key(model, [], CompilationConfig(splitting_ops=["silly::attention"])))
+    assert None not in keys and len(set(keys)) == 3, keys
 
 
 SOURCE = """

@@ -30,6 +30,7 @@ class InputError(ValueError):
 
 
 _FIX = "Fix: pass arguments like the first call's, or compile another CompiledModel"
+_PAD = "Fix: pad every size but dim 0 (the batch) to the first call's, or compile another CompiledModel"
 
 
 class Arguments:
@@ -161,7 +162,9 @@ def check_arguments(args: Sequence[Any], signatures: list[tuple], labels: Sequen
                 got = f"Tensor(shape={tuple(a.shape)}, dtype={a.dtype}, device={a.device})"
             else:
                 got = f"{a!r} ({type(a).__name__})"
-            raise InputError(f"argument {i} is {got}, but the model was compiled for {expected}. {_FIX}")
+            # sizes alone differ (dtype, device, rank alike): padding serves it
+            fix = _PAD if isinstance(a, torch.Tensor) and signature(a)[:3] == want[:3] else _FIX
+            raise InputError(f"argument {i} is {got}, but the model was compiled for {expected}. {fix}")
     return batch
 
 

@@ -22,18 +22,18 @@ it gives no record; a library's files edited in place, its version unchanged, ar
 the environment (torch build, Triton, Python, GPU), the config's `compute_hash`, Dynamo's configuration, the
 default dtype and autocast state, the model's module tree (each module's class with the file it was loaded
 from, and its attributes, private ones included: numbers, strings, bools, None, enums, dtypes, devices,
-functions by their code, lists, dicts and dataclasses of them, an object with `uuid()` by it (per-call state
-such as an attention's host plan declares a constant one), objects with `to_dict()` such as transformers
-configs), its parameters and buffers (names, shapes, strides, dtypes, devices, sharing), and the call's
-signature (`arguments.signature` of each argument: all but the batch size; the keywords of a call made with
-them). What the trace read outside the model's module tree and the call (module globals, closure cells,
-functions' defaults, class attributes, a dict's keys where a guard reads only those: Dynamo's guards name
-them) is in the record as plain stand-ins, read back as a warm start will (`outside_reads`); a record whose
-values differ now is not used, and the log names the value (`changed_read`). A model the key cannot cover gets
-no record and traces every time: a callable that is not an nn.Module (not logged: such a model has no state
-to key), and, logged at INFO, a class without a source file (a notebook cell), forward hooks of its own (a
-global one refuses every call: watch.py), an attribute of another type (an object, a closure, a
-`functools.partial`), a value read outside the model that cannot be compared across processes or read back,
+functions by their code, a `functools.partial` by its function and arguments, lists, dicts and dataclasses of
+them, an object with `uuid()` by it (per-call state such as an attention's host plan declares a constant one),
+objects with `to_dict()` such as transformers configs), its parameters and buffers (names, shapes, strides,
+dtypes, devices, sharing), and the call's signature (`arguments.signature` of each argument: all but the batch
+size; the keywords of a call made with them). What the trace read outside the model's module tree and the call
+(module globals, closure cells, functions' defaults, class attributes, a dict's keys where a guard reads only
+those: Dynamo's guards name them) is in the record as plain stand-ins, read back as a warm start will
+(`outside_reads`); a record whose values differ now is not used, and the log names the value (`changed_read`).
+A model the key cannot cover gets no record and traces every time: a callable that is not an nn.Module (not
+logged: such a model has no state to key), and, logged at INFO, a class without a source file (a notebook
+cell), forward hooks of its own (a global one refuses every call: watch.py), an attribute of another type (an
+object, a closure), a value read outside the model that cannot be compared across processes or read back,
 traced code without a source file or module of one (`os.environ` read inside `forward`, code a notebook cell
 made).
 
@@ -108,14 +108,17 @@ def class_origin(cls: type) -> list[str]:
     return [cls.__module__, cls.__qualname__, os.path.abspath(path)]
 
 
-def _value(value: Any, where: str, closures: bool = False) -> Any:
+def plain_value(value: Any, where: str, closures: bool = False) -> Any:
     """A plain stand-in for a value the trace may have read: a function by its module, name and code (one
-    with a closure or defaults is unkeyable, unless `closures`: Dynamo guards those apart), anything else as
-    the key's `portable`; else `Unkeyable`."""
+    with a closure or defaults is unkeyable, unless `closures`: Dynamo guards those apart), a
+    `functools.partial` by its function and bound arguments, anything else as the key's `portable`; else
+    `Unkeyable`."""
     if isinstance(value, types.FunctionType):
         if not closures and (value.__closure__ or value.__defaults__ or value.__kwdefaults__):
             raise Unkeyable(f"{where} is a function with a closure or defaults")
         return [value.__module__, value.__qualname__, code_digest(value.__code__)]
+    if isinstance(value, functools.partial):  # a function and the arguments bound to it
+        return [plain_value(v, where, closures) for v in (value.func, value.args, value.keywords)]
     try:
         return core.portable(value, where)
     except (core.UnkeyableConfigError, RecursionError) as exc:
@@ -130,7 +133,7 @@ def plain_attributes(module: Any, where: str = "") -> dict[str, Any]:
         raise Unkeyable(f"{where or 'the model'} has forward hooks")
     apart = (torch.Tensor, torch.nn.Module)
     own = {n: v for n, v in vars(module).items() if n not in _MODULE_INTERNALS and not isinstance(v, apart)}
-    return {name: _value(value, f"{where}.{name}") for name, value in sorted(own.items())}
+    return {name: plain_value(value, f"{where}.{name}") for name, value in sorted(own.items())}
 
 
 def model_facts(
@@ -151,16 +154,12 @@ def model_facts(
         return None
     autocast = {d: [torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))] for d in ("cpu", "cuda")}
     modes: dict[str, Any] = {"default_dtype": str(torch.get_default_dtype()), "dynamo": _dynamo_config()}
-    modes["default_device"] = str(torch.get_default_device())
+    modes |= {"default_device": str(torch.get_default_device()), "autocast": autocast}
     modes["deterministic"] = torch.are_deterministic_algorithms_enabled()
-    modes["autocast"] = autocast
     state = state_facts(model)
-    facts = {
-        "version": RECORD_VERSION,
-        "environment": core.software_factors(),
-        "config": config.hash_factors(),
-    }
-    facts |= {"modules": modules, "state": state, "call": [repr(s) for s in signatures], "modes": modes}
+    facts = {"version": RECORD_VERSION, "environment": core.software_factors()}
+    facts |= {"config": config.hash_factors(), "modules": modules, "state": state}
+    facts |= {"call": [repr(s) for s in signatures], "modes": modes}
     # the dicts' keys are sorted when digested
     return facts | {"order": {"modules": list(modules), "state": list(state)}}
 
@@ -372,7 +371,7 @@ def stand_in(value: Any, guard: str, source: str) -> Any:
     if isinstance(value, types.ModuleType):
         return f"module {value.__name__}"
     try:
-        return _value(value, source, closures=True)
+        return plain_value(value, source, closures=True)
     except Unkeyable:
         what = f"a {type(value).__name__} that cannot be compared across processes"
         raise Unkeyable(f"the trace read {_readable(source)}, {what}") from None

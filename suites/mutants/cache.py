@@ -366,6 +366,20 @@ def index_rewritten_with_open(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant(
+    "the serving record keys a functools.partial by its function alone: "
+    "another bound argument serves a stale record",
+    cpu=_RECORD + "test_a_partial_is_keyed_by_its_function_and_bound_arguments",
+)
+def record_key_ignores_bound_arguments(mp: pytest.MonkeyPatch) -> None:
+    original = record.plain_value
+
+    def plain_value(value, where, closures=False):
+        return original(getattr(value, "func", value), where, closures)
+
+    mp.setattr(record, "plain_value", plain_value)
+
+
+@mutant(
     "the serving record's key ignores a parameter or buffer resized under the same name",
     cpu=_RECORD + "test_the_key_moves_with_what_changes_code_and_the_change_is_named",
 )
