@@ -1,7 +1,7 @@
 """The Triton paged-attention kernels (harness/models/attention_kernels.py, through the two ops) against the
 ATen oracle in float64, on random batches: decode tokens and prefill chunks of random lengths, scattered block
-tables, GQA ratios, head dims 64 and 128, padding rows, bf16 / fp16 / fp32; and what a CUDA graph may hold
-around each op."""
+tables, GQA ratios, head dims 64 and 128, padding rows, sliding windows, logit soft-capping, bf16 / fp16 /
+fp32; and what a CUDA graph may hold around each op."""
 
 from __future__ import annotations
 
@@ -97,17 +97,27 @@ def _batch(md, caches, sequences, padding: int, seed: int) -> list[torch.Tensor]
     ]
 
 
-def _run(op: str, md, q, k, v, caches, out) -> None:
+def _run(op: str, md, q, k, v, caches, out, window: int = 0, softcap: float = 0.0) -> None:
     with P.attention_context(md):
-        getattr(torch.ops.llama, op.split("::")[1])(q, k, v, *caches, out, q.shape[-1] ** -0.5)
+        getattr(torch.ops.llama, op.split("::")[1])(
+            q, k, v, *caches, out, q.shape[-1] ** -0.5, window, softcap
+        )
 
 
-def _oracle(md, q, k, v, caches) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _oracle(md, q, k, v, caches, window: int = 0, softcap: float = 0.0):
     """The oracle's output and caches, in float64, on copies."""
     expected_caches = [c.double() for c in caches]
     expected = torch.full(q.shape, float("nan"), dtype=torch.float64, device=q.device)
     P.reference_attention(
-        q.double(), k.double(), v.double(), *expected_caches, expected, q.shape[-1] ** -0.5, md
+        q.double(),
+        k.double(),
+        v.double(),
+        *expected_caches,
+        expected,
+        q.shape[-1] ** -0.5,
+        md,
+        window,
+        softcap,
     )
     return expected, expected_caches
 
@@ -125,19 +135,24 @@ def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
         HealthCheck.function_scoped_fixture,
     ],
 )
-@given(batch=batches())
-def test_kernels_match_the_oracle_on_random_batches(cuda, batch):
+@given(
+    batch=batches(), window=st.sampled_from([0, 0, 1, 5, 16, 37]), softcap=st.sampled_from([0.0, 0.0, 1.0])
+)
+def test_kernels_match_the_oracle_on_random_batches(cuda, batch, window, softcap):
+    """Sliding windows (0: none) and logit soft-capping (0: none) included."""
     config, sequences, padding, dtype, op, seed = batch
     md, caches = _metadata(config, seed, cuda), _caches(config, dtype, cuda)
     q, k, v = _batch(md, caches, sequences, padding, seed)
     with torch.no_grad():
-        expected, expected_caches = _oracle(md, q, k, v, caches)
+        expected, expected_caches = _oracle(md, q, k, v, caches, window, softcap)
         out = torch.full_like(q, float("nan"))  # poisoned: every row must be written
-        _run(op, md, q, k, v, caches, out)
+        _run(op, md, q, k, v, caches, out, window, softcap)
     torch.cuda.synchronize()
     real = md.plan.num_tokens
     error = _relative_error(out[:real], expected[:real])
-    assert error < TOLERANCE[dtype], f"{op} {dtype}: relative error {error:.2e}"
+    assert error < TOLERANCE[dtype], (
+        f"{op} {dtype} window {window} softcap {softcap}: relative error {error:.2e}"
+    )
     assert not out.isnan().any(), (
         f"{op}: NaN in rows {out.isnan().flatten(1).any(1).nonzero()[:, 0].tolist()}"
     )

@@ -14,9 +14,11 @@ v rows: no program reads a slot another program of the same launch writes.
   uniform decode batch (a sequence per row) it is a decode kernel.
 - `chunk_attention`: one program per (sequence, block of its query tokens, kv head), causal within the chunk;
   the grid comes from host values (sequences, longest query), as FlashAttention's varlen API plans it.
-Both accumulate in float32 with the online softmax, reading `BLOCK_N` positions at a time; masked positions
-are never loaded. `_Launcher` launches compiled kernels without the JIT's per-argument work after their first
-launch.
+Both accumulate in float32 with the online softmax, reading `BLOCK_N` positions at a time; positions past a
+token's own are never loaded, nor, under a sliding window (`WINDOW`), those before the window of the first
+query token a program computes. `WINDOW` and `SOFTCAP` (logit soft-capping) are compile-time constants: a
+model compiles one kernel per kind of layer. `_Launcher` launches compiled kernels without the JIT's
+per-argument work after their first launch.
 """
 
 from __future__ import annotations
@@ -47,14 +49,16 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, k_cache, v_cache, k, v, block_table, h, hi, first, first_row, q_pos, scale,
+def _attend(acc, m_i, l_i, q, k_cache, v_cache, k, v, block_table, h, lo, hi, first, first_row, q_pos, scale,
             stride_kt: tl.constexpr, stride_vt: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
-            BS: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
-    """Online softmax of rows `q` [R, D] over positions 0..hi-1: those below `first` from the cache through
+            BS: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr,
+            SOFTCAP: tl.constexpr):
+    """Online softmax of rows `q` [R, D] over positions lo..hi-1: those below `first` from the cache through
     `block_table`, the others from rows `first_row + (position - first)` of k, v; row r sees the positions up
-    to q_pos[r]."""
+    to q_pos[r], and (WINDOW > 0) none WINDOW or more before it; scores capped at SOFTCAP (> 0) by
+    SOFTCAP * tanh(score / SOFTCAP)."""
     d = tl.arange(0, D)
-    for start in range(0, hi, BLOCK_N):
+    for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         cached, new = (pos < hi) & (pos < first), (pos < hi) & (pos >= first)
         block = tl.load(block_table + pos // BS, mask=cached, other=0).to(tl.int64)
@@ -65,10 +69,16 @@ def _attend(acc, m_i, l_i, q, k_cache, v_cache, k, v, block_table, h, hi, first,
         vt = tl.load(v_cache + where[:, None] + d[None, :], mask=cached[:, None], other=0.0) + tl.load(
             v + row[:, None] * stride_vt + h * D + d[None, :], mask=new[:, None], other=0.0)
         s = _dot(q, tl.trans(kt), IEEE) * scale
-        s = tl.where((pos < hi)[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+        if SOFTCAP > 0:  # tanh(x) = 2 sigmoid(2x) - 1
+            s = SOFTCAP * (2 * tl.sigmoid(s * (2 / SOFTCAP)) - 1)
+        seen = (pos < hi)[None, :] & (pos[None, :] <= q_pos[:, None])
+        if WINDOW > 0:
+            seen = seen & (pos[None, :] > q_pos[:, None] - WINDOW)
+        s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + _dot(p.to(vt.dtype), vt, IEEE)
         m_i = m_new
@@ -95,7 +105,8 @@ def _token_attention(q, k, v, k_cache, v_cache, out, slot_mapping, rows, lens, f
                      stride_qt: tl.constexpr, stride_qh: tl.constexpr, stride_kt: tl.constexpr,
                      stride_vt: tl.constexpr, stride_ot: tl.constexpr, stride_oh: tl.constexpr,
                      stride_b: tl.constexpr, GROUP: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
-                     BS: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, GROUP_PAD: tl.constexpr):
+                     BS: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr,
+                     SOFTCAP: tl.constexpr, GROUP_PAD: tl.constexpr):
     t, h = tl.program_id(0), tl.program_id(1)
     _write(k, v, k_cache, v_cache, slot_mapping, t + tl.arange(0, 1), tl.full([1], 1, tl.int1), h, stride_kt,
            stride_vt, KVH, D)
@@ -110,9 +121,12 @@ def _token_attention(q, k, v, k_cache, v_cache, out, slot_mapping, rows, lens, f
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     last = tl.zeros([GROUP_PAD], dtype=tl.int32) + length - 1
-    acc, m_i, l_i = _attend(acc, m_i, l_i, qt, k_cache, v_cache, k, v, block_tables + row * stride_b, h,
+    lo = 0
+    if WINDOW > 0:
+        lo = tl.maximum(length - WINDOW, 0)
+    acc, m_i, l_i = _attend(acc, m_i, l_i, qt, k_cache, v_cache, k, v, block_tables + row * stride_b, h, lo,
                             length, first, t - (length - 1 - first), last, scale, stride_kt, stride_vt, KVH,
-                            D, BS, BLOCK_N, IEEE)
+                            D, BS, BLOCK_N, IEEE, WINDOW, SOFTCAP)
     tl.store(out + t * stride_ot + head[:, None] * stride_oh + d[None, :],
              (acc / l_i[:, None]).to(out.dtype.element_ty), mask=(g < GROUP)[:, None])
 
@@ -123,7 +137,8 @@ def _chunk_attention(q, k, v, k_cache, v_cache, out, slot_mapping, query_start, 
                      stride_kt: tl.constexpr, stride_vt: tl.constexpr, stride_ot: tl.constexpr,
                      stride_oh: tl.constexpr, stride_b: tl.constexpr, GROUP: tl.constexpr, KVH: tl.constexpr,
                      D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
-                     GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr):
+                     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, GROUP_P2: tl.constexpr,
+                     BLOCK_M: tl.constexpr):
     s, m, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     first_row = tl.load(query_start + s)
     q_len = tl.load(query_start + s + 1) - first_row
@@ -143,9 +158,12 @@ def _chunk_attention(q, k, v, k_cache, v_cache, out, slot_mapping, query_start, 
         acc = tl.zeros([BLOCK_M * GROUP_P2, D], dtype=tl.float32)
         m_i = tl.full([BLOCK_M * GROUP_P2], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M * GROUP_P2], dtype=tl.float32)
+        lo = 0
+        if WINDOW > 0:  # the window of the block's first query token
+            lo = tl.maximum(first + m * BLOCK_M - WINDOW + 1, 0)
         acc, m_i, l_i = _attend(acc, m_i, l_i, qt, k_cache, v_cache, k, v, block_tables + row * stride_b, h,
-                                first + tl.minimum((m + 1) * BLOCK_M, q_len), first, first_row, first + i,
-                                scale, stride_kt, stride_vt, KVH, D, BS, BLOCK_N, IEEE)
+                                lo, first + tl.minimum((m + 1) * BLOCK_M, q_len), first, first_row, first + i,
+                                scale, stride_kt, stride_vt, KVH, D, BS, BLOCK_N, IEEE, WINDOW, SOFTCAP)
         tl.store(out + where[:, None] * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
                  (acc / l_i[:, None]).to(out.dtype.element_ty), mask=real[:, None])
 # fmt: on
@@ -203,6 +221,11 @@ def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous()
 
 
+def _layout(q, k, v, k_cache, out, block_tables) -> tuple:
+    """What the compiled code depends on of the tensors' layout (`_Launcher`'s key)."""
+    return (q.stride(), k.stride(0), v.stride(0), out.stride(), k_cache.shape, block_tables.stride(0))
+
+
 def _constants(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -210,6 +233,8 @@ def _constants(
     k_cache: torch.Tensor,
     out: torch.Tensor,
     block_tables: torch.Tensor,
+    window: int,
+    softcap: float,
 ) -> dict:
     kvh, d, bs = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
     return {
@@ -226,6 +251,8 @@ def _constants(
         "BS": bs,
         "BLOCK_N": max(16, min(64, 4 * bs)),
         "IEEE": q.dtype == torch.float32,
+        "WINDOW": window,
+        "SOFTCAP": float(softcap),
     }
 
 
@@ -242,18 +269,21 @@ def token_attention(
     firsts: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
     """k[t], v[t] to cache slot `slot_mapping[t]`, and row t of `out`: attention of q[t] over the first
-    `lens[t]` positions of block-table row `rows[t]`, those from `firsts[t]` on being its chunk's; one launch
-    whose grid is fixed by q's row count."""
+    `lens[t]` positions of block-table row `rows[t]` (the last `window` of them where `window` > 0, scores
+    soft-capped at `softcap` where > 0), those from `firsts[t]` on being its chunk's; one launch whose grid is
+    fixed by q's row count."""
     k, v = _rows_contiguous(k), _rows_contiguous(v)
 
     def constants() -> dict:
-        found = _constants(q, k, v, k_cache, out, block_tables)
+        found = _constants(q, k, v, k_cache, out, block_tables, window, softcap)
         return {**found, "GROUP_PAD": max(16, triton.next_power_of_2(found["GROUP"]))}
 
     _launch_token(
-        (q.stride(), k.stride(0), v.stride(0), out.stride(), k_cache.shape, block_tables.stride(0)),
+        (_layout(q, k, v, k_cache, out, block_tables), window, softcap),
         (q.shape[0], k_cache.shape[2]),
         (q, k, v, k_cache, v_cache, out, slot_mapping, rows, lens, firsts, block_tables),
         (scale,),
@@ -276,17 +306,23 @@ def chunk_attention(
     scale: float,
     num_seqs: int,
     max_query_len: int,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
     """For s < `num_seqs`, rows query_start[s]..query_start[s+1]-1: k, v to their cache slots, and their
-    attention, the sequence's last query tokens of its `seq_lens[s]` positions, causal; one launch planned on
-    the host (`num_seqs`, `max_query_len`)."""
+    attention, the sequence's last query tokens of its `seq_lens[s]` positions, causal (windowed and
+    soft-capped as `token_attention`); one launch planned on the host (`num_seqs`, `max_query_len`)."""
     k, v = _rows_contiguous(k), _rows_contiguous(v)
     group_p2 = triton.next_power_of_2(q.shape[1] // k_cache.shape[2])
     block_m = max(1, 64 // group_p2)
     _launch_chunk(
-        (q.stride(), k.stride(0), v.stride(0), out.stride(), k_cache.shape, block_tables.stride(0)),
+        (_layout(q, k, v, k_cache, out, block_tables), window, softcap),
         (num_seqs, triton.cdiv(max_query_len, block_m), k_cache.shape[2]),
         (q, k, v, k_cache, v_cache, out, slot_mapping, query_start, seq_lens, seq_rows, block_tables),
         (scale,),
-        lambda: {**_constants(q, k, v, k_cache, out, block_tables), "GROUP_P2": group_p2, "BLOCK_M": block_m},
+        lambda: {
+            **_constants(q, k, v, k_cache, out, block_tables, window, softcap),
+            "GROUP_P2": group_p2,
+            "BLOCK_M": block_m,
+        },
     )

@@ -9,8 +9,9 @@ model's attention layers to a splitting op, registered with transformers (`regis
   window). What a layer asks for that it does not compute (an argument outside `COMPUTED`, dropout) is refused
   by name at the first call (`UnsupportedAttentionError`).
 - The paged route (`PAGED_ATTENTION_NAME`): the tokens of many sequences as one sequence, through the layer's
-  `KVCache` (hf_llama.py) and the paged-attention ops of paged_attention.py, which mask by position; no mask
-  function is registered for it.
+  `KVCache` (hf_llama.py) and the paged-attention ops of paged_attention.py, which mask by position (causal,
+  the layer's sliding window) and apply the layer's soft-capping; no mask function is registered for it.
+  Both routes refuse what they do not compute, by name.
 - transformers is the optional extra `hf` (`unavailable_reason()`); importing this module does not import it.
 """
 
@@ -31,10 +32,12 @@ PAGED_ATTENTION_NAME = "pieceworks_paged_attention"
 SPLITTING_OPS = ["hf_llama::attention"]
 
 # what transformers hands an attention function besides the tensors that the route computes: the sliding
-# window is in the mask transformers builds, positions were applied before (rotary), softcap enters the op
+# window is in the mask transformers builds, positions were applied before (rotary), softcap enters the op;
+# the call's output flags (attention weights: none, as transformers' sdpa; refused where eager returns them)
 COMPUTED = frozenset(
     {"sliding_window", "softcap", "position_ids", "cache_position", "use_cache", "is_causal"}
 )
+COMPUTED |= {"output_hidden_states", "output_attentions"}
 
 _lib = torch.library.Library("hf_llama", "FRAGMENT")
 _lib.define(
@@ -91,6 +94,20 @@ _lib.impl("attention", _attention, "CompositeExplicitAutograd")
 torch.library.register_fake("hf_llama::attention")(lambda *args: None)  # writes only into `out`
 
 
+def _checked(module: Any, head_dim: int, dropout: float, scaling: Any, kwargs: dict) -> tuple[float, bool]:
+    """The scale and causality a layer's call asks for; `UnsupportedAttentionError` where it asks for what the
+    routes do not compute (dropout, an argument outside `COMPUTED`)."""
+    if dropout:
+        raise UnsupportedAttentionError("attention dropout (a model in training mode). Fix: model.eval()")
+    if other := sorted(k for k, v in kwargs.items() if v is not None and k not in COMPUTED):
+        raise UnsupportedAttentionError(
+            f"{type(module).__name__} passes {other} to its attention, which pieceworks' attention routes do "
+            f"not compute. Fix: serve this model with its own attention (torch.compile), or extend the route"
+        )
+    scale = float(scaling) if scaling is not None else head_dim**-0.5
+    return scale, bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
+
+
 def split_attention(base: str) -> Any:
     """The attention function of route `base` ("sdpa" or "eager"): transformers' contract (query [b, heads,
     s, d] -> ([b, s, heads, d], no weights)), computed by `hf_llama::attention` as transformers' `base`
@@ -99,22 +116,19 @@ def split_attention(base: str) -> Any:
     def split_attention_forward(
         module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
     ):
-        if dropout:
-            raise UnsupportedAttentionError("attention dropout (a model in training mode). Fix: model.eval()")
+        scale, is_causal = _checked(module, query.shape[-1], dropout, scaling, kwargs)
+        if base == "eager" and kwargs.get("output_attentions"):
+            raise UnsupportedAttentionError(
+                "attention weights (output_attentions=True), which transformers' eager attention returns and "
+                "the split route does not. Fix: call without output_attentions"
+            )
         if base == "sdpa" and kwargs.get("softcap") is not None:
             raise UnsupportedAttentionError(
                 f"logit soft-capping (softcap={kwargs['softcap']}), which transformers' sdpa attention does "
                 "not compute either. Fix: attn_implementation='split_eager' (transformers runs it eagerly)"
             )
-        if other := sorted(k for k, v in kwargs.items() if v is not None and k not in COMPUTED):
-            raise UnsupportedAttentionError(
-                f"{type(module).__name__} passes {other} to its attention, which the split route does not "
-                f"compute. Fix: serve this model with its own attention (torch.compile), or extend the route"
-            )
         b, heads, s, _ = query.shape
         out = query.new_empty((b, s, heads, value.shape[-1]))  # contiguous, as the op's fake promises
-        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-        is_causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
         function = "sdpa" if base == "sdpa" else type(module).__module__
         torch.ops.hf_llama.attention(
             query, key, value, attention_mask, out, scale, is_causal, kwargs.get("softcap"), function
@@ -127,10 +141,17 @@ def split_attention(base: str) -> Any:
 def paged_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention-function contract over one sequence of T tokens, the batch's tokens: query [1,
     heads, T, d], key and value [1, kv_heads, T, d] -> ([1, T, heads, d], no weights), through the module's
-    `KVCache`."""
+    `KVCache`, with the layer's sliding window and soft-capping; a layer that attends both ways is refused
+    (the paged ops are causal by position)."""
+    scale, is_causal = _checked(module, query.shape[-1], dropout, scaling, kwargs)
+    if not is_causal:
+        raise UnsupportedAttentionError(
+            f"{type(module).__name__} attends both ways (is_causal=False); the paged route is causal. Fix: "
+            "serve it with attn_implementation='split', which computes it as transformers does"
+        )
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
     out = torch.empty_like(q)
-    module.kv_cache(q, k, v, out, float(scaling) if scaling is not None else q.shape[-1] ** -0.5)
+    module.kv_cache(q, k, v, out, scale, kwargs.get("sliding_window") or 0, kwargs.get("softcap") or 0.0)
     return out[None], None
 
 

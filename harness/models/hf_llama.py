@@ -21,8 +21,8 @@ download), their attention routed through a splitting op (hf_attention.py: the s
   buffers are the model's, so pieceworks binds them as any buffer). `config` is a harness `LlamaConfig`
   holding the model's shape and the serving sizes, so llama.py's helpers (`serve_tokens`, `decode_batch`,
   `prefill_batch`) and serving.py's (`KVBlocks`, `step_inputs`) serve it as they serve `Llama`. The op applies
-  the module's scaling and causal masking by position; sliding windows and logit soft-capping (Gemma 2) are
-  not applied.
+  the module's scaling, causal masking by position, sliding window and logit soft-capping (Gemma 2's), as
+  transformers' own attention does.
 - The conformance suite's `hf-llama`: `hf_llama(device)` builds `HFLlama` (tiny-llama): `forward(input_ids
   [batch, SEQ])` returns `{"logits": [batch, SEQ, vocab], "hidden_states": ([batch, SEQ, hidden],)}` (nested,
   for output unpadding); `POISON_TOKEN`'s embedding row is NaN, and `hf_llama_inputs` never draws it.
@@ -86,7 +86,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # a soft-cap that random logits reach (Gemma 2's own, 50, is far above them: it would change nothing)
     "gemma2": {"head_dim": 16, "sliding_window": 4, "attn_logit_softcapping": 0.05},
     "olmo2": {},
-    "gpt_neox": {},
+    "gpt_neox": {"num_key_value_heads": None},  # a key and value head per query head in this family
     "gpt_oss": {"head_dim": 16, "sliding_window": 4, "num_local_experts": 4, "num_experts_per_tok": 2},
 }
 # the architectures whose attention asks for what the route does not compute: what, as its refusal names it
@@ -176,15 +176,13 @@ class KVCache(nn.Module):
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float
-    ) -> None:
+    def forward(self, q, k, v, out, scale: float, window: int = 0, softcap: float = 0.0) -> None:
         op = (
             torch.ops.llama.paged_attention_varlen
             if self.attention == "varlen"
             else torch.ops.llama.paged_attention
         )
-        op(q, k, v, self.k_cache, self.v_cache, out, scale)
+        op(q, k, v, self.k_cache, self.v_cache, out, scale, window, softcap)
 
 
 class PagedModel(nn.Module):

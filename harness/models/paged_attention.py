@@ -11,8 +11,9 @@ kinds), Triton kernels on CUDA and the ATen oracle on the CPU.
   sequence slot; the last row, all zeros, is the padding rows'); and, on the host, the batch's `plan`
   (`num_tokens`, `num_seqs`, `max_query_len`, `uniform_decode`: one query token per sequence).
 - The ops read the current metadata (`attention_context`, or the model's, which the batch helpers make
-  current), as vLLM's attention reads its forward context. Both write k, v to their slots, then attend (GQA),
-  and differ in what a CUDA graph may hold around them (`pieceworks.declare_graph_support`):
+  current), as vLLM's attention reads its forward context. Both write k, v to their slots, then attend (GQA;
+  a sliding window and logit soft-capping where the call gives them, as transformers computes them), and
+  differ in what a CUDA graph may hold around them (`pieceworks.declare_graph_support`):
   * `llama::paged_attention` (ALWAYS): one kernel per token and kv head, lengths and block tables read from
     the device buffers, grid fixed by the token count: a graph captured for any batch of that size serves
     every batch of it (vLLM's Triton and FlashAttention-3 backends);
@@ -23,8 +24,8 @@ kinds), Triton kernels on CUDA and the ATen oracle on the CPU.
 - On CUDA: one launch per call (attention_kernels.py: each program writes its tokens' k, v and attends; one
   more to zero padding rows of a mixed batch under the varlen op). Elsewhere, or without Triton (warned once):
   `reference_attention`, ATen ops gathering each token's keys, the oracle the kernels are tested against.
-Masked positions are never read: a stale or NaN cache never reaches a real row; padding rows read only the
-zero slot.
+Positions that no token of a kernel program may see are never read: a stale or NaN cache never reaches a
+real row; padding rows read only the zero slot.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import pieceworks
 
@@ -191,24 +191,30 @@ def make_current(metadata: AttentionMetadata) -> None:
     _current[0] = metadata
 
 
-def reference_attention(q, k, v, k_cache, v_cache, out, scale: float, md: AttentionMetadata) -> None:
+def reference_attention(
+    q, k, v, k_cache, v_cache, out, scale: float, md: AttentionMetadata, window: int = 0, softcap: float = 0.0
+) -> None:
     """The oracle: k, v to their slots (`index_copy_`), then each token's attention over its sequence's first
-    `token_lens` positions, gathered through its block-table row, with `scaled_dot_product_attention`. Reads
-    the longest length on the host: never captured."""
+    `token_lens` positions (the last `window` of them where `window` > 0), gathered through its block-table
+    row: scores `scale` q.k, soft-capped to `softcap * tanh(score / softcap)` where `softcap` > 0, softmax in
+    float32 (float64 for float64). Reads the longest length on the host: never captured."""
     (n, heads, dim), kv_heads, bs = q.shape, k_cache.shape[2], k_cache.shape[1]
     k_flat, v_flat = k_cache.view(-1, kv_heads, dim), v_cache.view(-1, kv_heads, dim)
     k_flat.index_copy_(0, md.slot_mapping[:n], k)
     v_flat.index_copy_(0, md.slot_mapping[:n], v)
     lens = md.token_lens[:n].long()
     pos = torch.arange(int(lens.max()), device=q.device)
-    seen = pos < lens[:, None]  # [T, L]
+    seen = (pos < lens[:, None]) & ((pos >= lens[:, None] - window) if window > 0 else True)  # [T, L]
     blocks = md.block_tables[md.token_seq[:n].long()][:, pos // bs].long()
     slots = torch.where(seen, blocks * bs + pos % bs, ZERO_SLOT)
-    keys, values = k_flat[slots].transpose(1, 2), v_flat[slots].transpose(1, 2)  # [T, kv_heads, L, D]
-    grouped = q.view(n, kv_heads, heads // kv_heads, dim)  # GQA: the heads sharing kv head j are its queries
-    out.view(grouped.shape).copy_(
-        F.scaled_dot_product_attention(grouped, keys, values, scale=scale, attn_mask=seen[:, None, None])
-    )
+    exact = torch.promote_types(q.dtype, torch.float32)
+    keys, values = (flat[slots].transpose(1, 2).to(exact) for flat in (k_flat, v_flat))  # [T, kv_heads, L, D]
+    grouped = q.view(n, kv_heads, heads // kv_heads, dim).to(exact)  # GQA: heads sharing kv head j
+    scores = grouped @ keys.transpose(2, 3) * scale  # [T, kv_heads, group, L]
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    weights = scores.masked_fill(~seen[:, None, None], float("-inf")).softmax(-1)
+    out.view(grouped.shape).copy_(weights @ values)
 
 
 # the module the ops launch, imported at their first CUDA call
@@ -237,7 +243,8 @@ def check_rows(md: AttentionMetadata, rows: int) -> None:
         )
 
 
-def _attention(q, k, v, k_cache, v_cache, out, scale: float, planned: bool) -> None:
+def _attention(planned: bool, q, k, v, k_cache, v_cache, out, scale: float, *scores: Any) -> None:
+    """The ops' one body; `scores`: their window and soft-cap."""
     if (md := _current[0]) is None:
         raise RuntimeError(
             "llama paged attention: no metadata is current (the batch helpers or attention_context set it)"
@@ -245,7 +252,7 @@ def _attention(q, k, v, k_cache, v_cache, out, scale: float, planned: bool) -> N
     check_rows(md, q.shape[0])
     kernels = _triton_kernels() if q.is_cuda else None
     if kernels is None:
-        return reference_attention(q, k, v, k_cache, v_cache, out, scale, md)
+        return reference_attention(q, k, v, k_cache, v_cache, out, scale, md, *scores)
     plan = md.plan
     if (
         not planned or plan.uniform_decode
@@ -256,7 +263,19 @@ def _attention(q, k, v, k_cache, v_cache, out, scale: float, planned: bool) -> N
             else (md.token_seq, md.token_lens, md.token_first)
         )
         return kernels.token_attention(
-            q, k, v, k_cache, v_cache, out, md.slot_mapping, rows, lens, firsts, md.block_tables, scale
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            out,
+            md.slot_mapping,
+            rows,
+            lens,
+            firsts,
+            md.block_tables,
+            scale,
+            *scores,
         )
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
@@ -279,30 +298,32 @@ def _attention(q, k, v, k_cache, v_cache, out, scale: float, planned: bool) -> N
         scale,
         plan.num_seqs,
         plan.max_query_len,
+        *scores,
     )
     if q.shape[0] > plan.num_tokens:
         out[plan.num_tokens :].zero_()  # padding rows, as the per-token kernel leaves them
 
 
-def paged_attention(q, k, v, k_cache, v_cache, out, scale: float) -> None:
-    """q, out [T, heads, D]; k, v [T, kv_heads, D]; caches [num_blocks, block_size, kv_heads, D]; see the
-    module."""
-    _attention(q, k, v, k_cache, v_cache, out, scale, planned=False)
+def paged_attention(q, k, v, k_cache, v_cache, out, scale: float, window=0, softcap=0.0) -> None:
+    """q, out [T, heads, D]; k, v [T, kv_heads, D]; caches [num_blocks, block_size, kv_heads, D]; a token sees
+    the last `window` positions of its sequence where `window` > 0 (a sliding window, as transformers' masks
+    draw it), scores soft-capped at `softcap` where > 0 (Gemma 2's); see the module."""
+    _attention(False, q, k, v, k_cache, v_cache, out, scale, window, softcap)
 
 
-def paged_attention_varlen(q, k, v, k_cache, v_cache, out, scale: float) -> None:
+def paged_attention_varlen(q, k, v, k_cache, v_cache, out, scale: float, window=0, softcap=0.0) -> None:
     """As `paged_attention`, mixed batches planned on the host; see the module doc."""
-    _attention(q, k, v, k_cache, v_cache, out, scale, planned=True)
+    _attention(True, q, k, v, k_cache, v_cache, out, scale, window, softcap)
 
 
 _lib = torch.library.Library("llama", "FRAGMENT")  # not @custom_op: tens of µs less per eager call
 for _impl in (paged_attention, paged_attention_varlen):
     _lib.define(
         f"{_impl.__name__}(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor(c!) out, float scale) -> ()"
+        "Tensor(c!) out, float scale, int window=0, float softcap=0.0) -> ()"
     )
     _lib.impl(_impl.__name__, _impl, "CompositeExplicitAutograd")
     # writes only its mutable arguments
-    torch.library.register_fake(f"llama::{_impl.__name__}")(lambda *args: None)
+    torch.library.register_fake(f"llama::{_impl.__name__}")(lambda *args, **kwargs: None)
 pieceworks.declare_graph_support(ATTENTION_OPS["unified"], pieceworks.GraphSupport.ALWAYS)
 pieceworks.declare_graph_support(ATTENTION_OPS["varlen"], pieceworks.GraphSupport.UNIFORM_DECODE)

@@ -69,22 +69,29 @@ def rows_past_the_metadata(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(paged_attention, "check_rows", lambda md, rows: None)
 
 
+def _mutated_kernels(mp: pytest.MonkeyPatch, *changes: tuple[str, str, int]) -> None:
+    """The ops launch attention_kernels.py with each change's `old` replaced by `new` (where the source holds
+    it `count` times)."""
+    source = (Path(paged_attention.__file__).parent / "attention_kernels.py").read_text()
+    for old, new, count in changes:
+        assert source.count(old) == count, f"the kernels' {old!r} moved: update this mutant"
+        source = source.replace(old, new)
+    folder = Path(tempfile.mkdtemp(prefix="pieceworks-mutant-"))  # Triton compiles from source files
+    (folder / "mutated_attention_kernels.py").write_text(source)
+    mp.syspath_prepend(str(folder))
+    mp.setattr(paged_attention, "KERNELS", "mutated_attention_kernels")
+
+
 @mutant(
     "the attention kernels see one position past each sequence (an off-by-one in the length mask)",
     gpu="suites/test_attention_kernels_gpu.py::test_kernels_match_the_oracle_on_random_batches",
 )
 def attention_sees_one_position_more(mp: pytest.MonkeyPatch) -> None:
-    source = (Path(paged_attention.__file__).parent / "attention_kernels.py").read_text()
-    mutated = source.replace("length = tl.load(lens + t)", "length = tl.load(lens + t) + 1").replace(
-        "length, row = tl.load(seq_lens + s),", "length, row = tl.load(seq_lens + s) + 1,"
+    _mutated_kernels(
+        mp,
+        ("length = tl.load(lens + t)", "length = tl.load(lens + t) + 1", 1),
+        ("length, row = tl.load(seq_lens + s),", "length, row = tl.load(seq_lens + s) + 1,", 1),
     )
-    assert mutated.count("+ 1") == source.count("+ 1") + 2, (
-        "the kernels' length loads moved: update this mutant"
-    )
-    folder = Path(tempfile.mkdtemp(prefix="pieceworks-mutant-"))  # Triton compiles from source files
-    (folder / "mutated_attention_kernels.py").write_text(mutated)
-    mp.syspath_prepend(str(folder))
-    mp.setattr(paged_attention, "KERNELS", "mutated_attention_kernels")
 
 
 @mutant(
@@ -302,6 +309,68 @@ def split_route_without_window(mp: pytest.MonkeyPatch) -> None:
 @mutant("the split route drops Gemma 2's logit soft-capping", cpu=f"{_EQUAL}[gemma2]")
 def split_route_without_softcap(mp: pytest.MonkeyPatch) -> None:
     _split_route_calls(mp, lambda args, kwargs: (args, {k: v for k, v in kwargs.items() if k != "softcap"}))
+
+
+@mutant(
+    "the split route returns no attention weights where transformers' eager attention returns them, silently",
+    cpu=_ARCH + "test_attention_weights_are_refused_where_transformers_own_attention_returns_them",
+)
+def split_route_drops_attention_weights(mp: pytest.MonkeyPatch) -> None:
+    _split_route_calls(
+        mp, lambda args, kwargs: (args, {k: v for k, v in kwargs.items() if k != "output_attentions"})
+    )
+
+
+@mutant(
+    "the split route refuses a call that asks for hidden states",
+    cpu=_ARCH + "test_hidden_states_are_served_once_transformers_installed_its_output_hooks[llama]",
+)
+def split_route_refuses_hidden_states(mp: pytest.MonkeyPatch) -> None:
+    import pieceworks.harness.models.hf_attention as hf
+
+    mp.setattr(hf, "COMPUTED", hf.COMPUTED - {"output_hidden_states"})
+
+
+_PAGED = _ARCH + "test_each_architecture_served_paged_equals_transformers_own_attention_past_the_window"
+_PAGED_GPU = _ARCH + "test_windowed_architectures_served_paged_from_cuda_graphs_equal_their_own_attention"
+
+
+def _paged_route_calls(mp: pytest.MonkeyPatch, change) -> None:
+    """The paged route's attention function, each call's keywords changed first by `change(kwargs)`."""
+    import pieceworks.harness.models.hf_attention as hf
+
+    original = hf.paged_attention_forward
+    mp.setattr(hf, "paged_attention_forward", lambda *args, **kwargs: original(*args, **change(kwargs)))
+
+
+@mutant("the paged route leaves out the layer's sliding window", cpu=f"{_PAGED}[mistral]")
+def paged_route_without_window(mp: pytest.MonkeyPatch) -> None:
+    _paged_route_calls(mp, lambda kwargs: {k: v for k, v in kwargs.items() if k != "sliding_window"})
+
+
+@mutant("the paged route leaves out the layer's logit soft-capping", cpu=f"{_PAGED}[gemma2]")
+def paged_route_without_softcap(mp: pytest.MonkeyPatch) -> None:
+    _paged_route_calls(mp, lambda kwargs: {k: v for k, v in kwargs.items() if k != "softcap"})
+
+
+@mutant(
+    "the paged route serves an encoder causally (it attends both ways)",
+    cpu=_ARCH + "test_an_encoder_served_paged_is_refused_by_name_the_paged_ops_being_causal",
+)
+def paged_route_serves_both_ways_causally(mp: pytest.MonkeyPatch) -> None:
+    _paged_route_calls(mp, lambda kwargs: {**kwargs, "is_causal": True})
+
+
+@mutant("the attention kernels ignore the sliding window", gpu=f"{_PAGED_GPU}[mistral-unified-FULL]")
+def kernels_without_window(mp: pytest.MonkeyPatch) -> None:
+    _mutated_kernels(mp, ("if WINDOW > 0", "if WINDOW < 0", 3))
+
+
+@mutant(
+    "the attention kernels ignore logit soft-capping", gpu=f"{_PAGED_GPU}[gemma2-varlen-FULL_AND_PIECEWISE]"
+)
+def kernels_without_softcap(mp: pytest.MonkeyPatch) -> None:
+    _mutated_kernels(mp, ("if SOFTCAP > 0", "if SOFTCAP < 0", 1))
 
 
 @mutant(
