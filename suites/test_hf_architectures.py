@@ -112,18 +112,6 @@ def test_each_architecture_equals_transformers_own_attention_on_left_padded_rows
         check_equal(compiled, own, [3, 1, 5])
 
 
-@pytest.mark.slow
-@pytest.mark.inductor
-def test_each_architecture_warm_starts_in_a_new_process_without_a_trace(early_processes):
-    (proc,) = early_processes.results(test_each_architecture_warm_starts_in_a_new_process_without_a_trace)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    cold, warm = json.loads(proc.stdout.splitlines()[-1])
-    assert list(cold) == list(warm) == SERVED
-    for name in SERVED:
-        assert cold[name]["num_dynamo_traces"] == 1, (name, cold[name])
-        assert warm[name] == dict.fromkeys(COUNTED, 0) | {"num_traces_reused": 1}, (name, warm[name])
-
-
 @pytest.mark.inductor
 def test_phi3s_fused_projection_compiles_with_inductor_and_equals_its_own_attention():
     """Phi-3's query, key and value are slices of one fused projection: the op's output is contiguous in the
@@ -322,3 +310,16 @@ def test_windowed_architectures_replay_piecewise_cuda_graphs_equal_to_their_own_
         compiled.capture()
         check_equal(compiled, own, [3, 1, 5, 8], "cuda")
     assert compiled.runtime.captured_sizes == (8, 4, 2, 1)
+
+
+# last in the module: its processes run beside the tests above
+@pytest.mark.slow
+@pytest.mark.inductor
+def test_each_architecture_warm_starts_in_a_new_process_without_a_trace(early_processes):
+    (proc,) = early_processes.results(test_each_architecture_warm_starts_in_a_new_process_without_a_trace)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    cold, warm = json.loads(proc.stdout.splitlines()[-1])
+    assert list(cold) == list(warm) == SERVED
+    for name in SERVED:
+        assert cold[name]["num_dynamo_traces"] == 1, (name, cold[name])
+        assert warm[name] == dict.fromkeys(COUNTED, 0) | {"num_traces_reused": 1}, (name, warm[name])
