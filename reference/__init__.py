@@ -23,11 +23,11 @@ from .piece import BatchSizeError
 from .split import split_graph
 
 # compiling and serving a model, and configuring it; the torch.compile door
-__all__ = ["compile", "CompiledModel", "CompilationConfig", "CUDAGraphMode", "default_capture_sizes"]
-__all__ += ["Backend"]
+__all__ = ["compile", "CompiledModel", "CompilationConfig", "CUDAGraphMode", "Backend"]
 # the batch kind of a call, and what a CUDA graph around a splitting op may hold; the split itself
 __all__ += ["uniform_decode", "is_uniform_decode", "declare_graph_support", "GraphSupport", "split_graph"]
-__all__ += ["counters", "CompilationCounter", "batch_of"]  # what happened; a call's batch size
+# what happened; a call's batch size; the capture sizes a config takes by default
+__all__ += ["counters", "CompilationCounter", "batch_of", "default_capture_sizes"]
 # the errors, each naming the problem and the fix
 __all__ += ["BatchSizeError", "CaptureMismatchError", "ConfigError", "InputError"]
 __all__ += ["GlobalHookError", "StateReplacedError"]

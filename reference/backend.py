@@ -19,7 +19,7 @@ import torch.fx
 
 from .batch_kind import is_uniform_decode
 from .compiled import compile_pieces
-from .config import CompilationConfig
+from .config import CompilationConfig, ConfigError
 from .runtime import Runtime
 
 
@@ -54,6 +54,12 @@ def own_config(config: CompilationConfig | None) -> CompilationConfig:
     return copy.deepcopy(config.freeze()) if config is not None else CompilationConfig().freeze()
 
 
-def registered_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Any:
-    """`backend="pieceworks"`: `options` are `CompilationConfig` fields."""
+def registered_backend(gm: torch.fx.GraphModule, example_inputs: list, options=None, mode=None) -> Any:
+    """`backend="pieceworks"`: `options` are `CompilationConfig` fields; `mode` (Inductor's presets) is
+    refused by name: pieceworks captures its own CUDA graphs (`cudagraph_mode`)."""
+    if mode not in (None, "default"):
+        raise ConfigError(
+            f"torch.compile(mode={mode!r}) selects Inductor's presets, which pieceworks does not read. Fix: "
+            "leave mode out; CompilationConfig fields go in options= ({'cudagraph_mode': 'FULL', ...})"
+        )
     return Backend(CompilationConfig(**(options or {})))(gm, example_inputs)

@@ -248,9 +248,13 @@ class CompileCache:
     def inductor_dir(self) -> str | None:
         """Where Inductor's own cache lives while pieceworks compiles and loads: `<root>/inductor`, so that
         the pieceworks cache carries the kernels a warm start would otherwise rebuild (C++ libraries on
-        CPU). None when the cache is read-only (Inductor must write) or `TORCHINDUCTOR_CACHE_DIR` names a
-        folder of the user's choosing (it wins, as in SGLang)."""
-        own = self.writable and not _user_chose_inductor_dir()
+        CPU). None when the cache is read-only (Inductor must write), its path holds a space (Inductor's C++
+        build splits its command at spaces; kernels then go to Inductor's default folder) or
+        `TORCHINDUCTOR_CACHE_DIR` names a folder of the user's choosing (it wins, as in SGLang)."""
+        # Inductor writes its default into the environment once it has used it: set is not chosen, another is
+        default = os.path.abspath(inductor_default_cache_dir())
+        chosen = os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default)
+        own = self.writable and " " not in self.root and chosen == default
         return os.path.join(self.root, "inductor") if own else None
 
     # ---- locks --------------------------------------------------------------------------------------------
@@ -396,10 +400,3 @@ def _flocked(file: BinaryIO, operation: int, waiting_for: str | None = None) -> 
                 log.info("pieceworks cache: another process is compiling %s; waiting for it", waiting_for)
             fcntl.flock(file, operation)
         yield
-
-
-def _user_chose_inductor_dir() -> bool:
-    """Whether TORCHINDUCTOR_CACHE_DIR names a folder other than Inductor's default (Inductor writes its
-    default into the environment itself once it has used it, so "set" alone does not mean "chosen")."""
-    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
-    return bool(chosen) and os.path.abspath(chosen) != os.path.abspath(inductor_default_cache_dir())

@@ -128,7 +128,9 @@ class CapturePool:
 
     def reset(self) -> None:
         """Start a fresh pool for later captures (same stream and warm-up MemPool): the old pool is freed
-        with the last graph captured into it. The caller drops those graphs."""
+        with the last graph captured into it (the caller drops those graphs, or keeps them and it). After a
+        failed capture, which may have been its pool's one hold, a capture never begins in that pool again:
+        the allocator forgets a pool whose graphs are gone."""
         if self.handle is not None:
             torch.cuda.synchronize()
             self.handle = torch.cuda.graph_pool_handle()

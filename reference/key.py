@@ -99,9 +99,7 @@ def graph_fingerprint(gm: torch.fx.GraphModule, example_args: list[Any] | None =
         if isinstance(a, dict):
             items = sorted(a.items(), key=lambda kv: str(kv[0]))
             return "{" + ",".join(f"{k}:{arg(v)}" for k, v in items) + "}"
-        if isinstance(a, torch.Tensor):
-            return f"tensor:{_tensor_digest(a)}"
-        return constant_text(a)
+        return f"tensor:{_tensor_digest(a)}" if isinstance(a, torch.Tensor) else constant_text(a)
 
     given, lines = iter(example_args or ()), []
     for n in gm.graph.nodes:

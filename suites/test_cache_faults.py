@@ -17,6 +17,7 @@ import os
 import pathlib
 import shutil
 import sys
+import tempfile
 import time
 
 import pytest
@@ -165,6 +166,28 @@ def test_unusable_cache_directory_warns_once_and_runs_uncached(tmp_path, caplog,
     caplog.clear()
     _compile_silly(path)  # once per location and process
     assert "unusable" not in caplog.text
+
+
+@inductor
+def test_a_cache_path_holding_a_space_compiles_and_warm_starts(tmp_path, monkeypatch):
+    """Inductor's C++ build splits its command at spaces, so its kernels go to its own default folder then
+    (here under a temporary folder of the test's); the pieceworks cache in the folder with a space still
+    serves a warm start."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # the session's: pieceworks would not use it
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where Inductor's default folder is
+    torch.manual_seed(0)
+    model = models.ToyLlama(models.ToyLlamaConfig(num_layers=1, hidden_size=24, mlp_size=40))
+    config = CompilationConfig(
+        splitting_ops=models.SPLITTING_OPS, cudagraph_mode="NONE", cache_dir=str(tmp_path / "my cache")
+    )
+    args = models.toy_llama_inputs(3, model.config)
+    with torch.no_grad():
+        with counters.expect(num_compiled_artifacts_loaded=0):
+            torch.testing.assert_close(pieceworks.compile(model, config)(*args), model(*args))
+        torch._dynamo.reset()
+        with counters.expect(num_inductor_compiles=0):
+            torch.testing.assert_close(pieceworks.compile(model, config)(*args), model(*args))
 
 
 # ---- read-only: load what is valid, compile the rest in memory, warn once ----------------------------------

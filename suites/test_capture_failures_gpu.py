@@ -58,20 +58,20 @@ def _served_right(compiled, model) -> bool:
     return True
 
 
-def capture_fails(failure: str, mode: str) -> dict:
+def capture_fails(failure: str, mode: str, second_compiler: str = "eager") -> dict:
     """A model whose splitting op fails its capture as `failure` says, compiled in `mode` and captured, its
-    calls checked, then freed; then a healthy model captured, its calls checked. Run by `run_case` in its own
-    process."""
+    calls checked, then freed; then a healthy model compiled with `second_compiler`, captured, its calls
+    checked (each draws random inputs on the GPU). Run by `run_case` in its own process."""
     import pieceworks
     from pieceworks import CompilationConfig
 
-    def compiled_of(how: int):
+    def compiled_of(how: int, compiler: str = "eager"):
         torch.manual_seed(0)
         model = _Model(how).cuda()
         config = CompilationConfig(
             splitting_ops=["pwfail::op"],
             cudagraph_mode=mode,
-            compiler="eager",
+            compiler=compiler,
             cudagraph_capture_sizes=[1, 4, 8],
         )
         compiled = pieceworks.compile(model, config)
@@ -92,7 +92,7 @@ def capture_fails(failure: str, mode: str) -> dict:
         torch.cuda.synchronize()
         # frees what the failed capture's model held: where the allocator used to abort
         torch.cuda.empty_cache()
-        compiled, model = compiled_of(FAILURES.index("none"))
+        compiled, model = compiled_of(FAILURES.index("none"), second_compiler)
         result["second_graphs"] = compiled.capture()["graphs"]
         result["second_served_right"] = _served_right(compiled, model)
     return result
@@ -113,6 +113,21 @@ def test_a_failed_full_capture_leaves_the_process_healthy(cuda, failure):
         assert result["capture"] == "interrupted"
     else:  # served without the FULL graph, with the reason
         assert result["full_reason"].startswith("capture failed"), result
+
+
+@pytest.mark.parametrize("failure", ["host_sync", "raises"])
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"])
+def test_after_a_failed_capture_in_any_mode_inductor_compiles_and_captures_another_model(cuda, mode, failure):
+    """What a failed capture touched (the allocator's routing, the CUDA generators it registered) is as it
+    was: the next model compiles with Inductor, captures and serves right."""
+    from pieceworks.harness.testing.scenario import run_case
+
+    result = run_case(
+        "suites.test_capture_failures_gpu:capture_fails",
+        {"failure": failure, "mode": mode, "second_compiler": "inductor"},
+        timeout=280,
+    )
+    assert result["first_served_right"] and result["second_served_right"] and result["second_graphs"], result
 
 
 def test_a_piecewise_capture_around_a_host_sync_in_a_splitting_op_needs_no_fallback(cuda):

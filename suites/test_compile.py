@@ -140,6 +140,16 @@ def test_registered_backend_and_backend_object():
     assert len(backend.runtimes) == 1 and len(backend.runtimes[0].compiled.pieces) == 5
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_torch_compiles_mode_is_refused_by_name_naming_the_options_that_set_cuda_graphs(mode):
+    """`mode` selects Inductor's presets (its own CUDA graphs, autotuning), which pieceworks does not read."""
+    torch._dynamo.reset()
+    fn = torch.compile(models.SillyModel(), backend="pieceworks", fullgraph=True, mode=mode)
+    with pytest.raises(Exception, match=rf"mode='{mode}'.*Fix: leave mode out.*cudagraph_mode"):
+        fn(torch.randn(4))
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("recipe", [True, False])
 def test_torch_compile_traces_once_for_every_batch_size_with_the_recipe(recipe):
     """docs/your-model.md's recipe for `torch.compile(model, backend="pieceworks")`: dim 0 of the first call's

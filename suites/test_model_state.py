@@ -115,6 +115,47 @@ def test_a_change_after_the_first_call_is_served_by_a_new_trace_logged_once(chan
     assert words in warning and "tracing and compiling the model again" in warning, warning
 
 
+class Shifted(nn.Module):
+    """The splitting op, then a tensor made in `forward`: it takes the default dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        return out + torch.ones(x.shape[-1])
+
+
+def test_global_modes_changed_after_the_first_call_are_traced_for_never_served_stale(caplog):
+    """Autocast entered after the first call, left again, the default dtype set: each call computes what eager
+    computes under its own modes (its output's dtype included), one trace per change, each logged."""
+    model, compiled, x = _served()
+    caplog.set_level(logging.WARNING, logger="pieceworks")
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16), counters.expect(num_dynamo_traces=1):
+            got, expected = compiled(x), model(x)
+        torch.testing.assert_close(got, expected)  # the projection in bfloat16, as eager runs it
+        with counters.expect(num_dynamo_traces=1):
+            assert compiled(x).dtype == model(x).dtype == torch.float32
+        shifted = Shifted()
+        config = CompilationConfig(
+            splitting_ops=["silly::attention"], compiler="eager", cudagraph_mode="NONE"
+        )
+        compiled = pieceworks.compile(shifted, config)
+        compiled(x)
+        try:
+            torch.set_default_dtype(torch.float64)
+            with counters.expect(num_dynamo_traces=1):
+                got, expected = compiled(x), shifted(x)
+        finally:
+            torch.set_default_dtype(torch.float32)
+        assert got.dtype == expected.dtype == torch.float64
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [w.split(" after")[0] for w in warnings] == [
+        "pieceworks: CPU autocast was False, is True",
+        "pieceworks: CPU autocast was True, is False",
+        "pieceworks: the default dtype was torch.float32, is torch.float64",
+    ], warnings
+
+
 def test_a_hook_the_trace_ran_that_is_removed_is_served_by_a_new_trace():
     torch.manual_seed(0)
     model = Stack()

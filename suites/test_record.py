@@ -18,6 +18,7 @@ import torch.nn as nn
 import pieceworks
 from pieceworks import CompilationConfig, counters
 from pieceworks.harness.models import toy as models  # noqa: F401 - registers silly::attention
+from pieceworks.harness.testing.scenario import run_case
 from pieceworks.key import first_change
 from pieceworks.model import record
 
@@ -219,6 +220,21 @@ def test_a_warm_start_that_traces_again_names_what_changed(tmp_path, caplog):
         "tracing the model: its serving record's key changed since the last record of Scaled was stored: "
         "modules.<root>.attributes.scale was 2.0, is 3.0"
     ) in caplog.text
+
+
+def key_here() -> str | None:
+    """In a process of its own: `Scaled()`'s serving-record key, as a first call in this folder has it."""
+    return record.model_key(Scaled(), [], CompilationConfig(splitting_ops=["silly::attention"]))
+
+
+def test_the_same_model_started_from_another_folder_has_the_same_key(tmp_path):
+    """Dynamo's configuration holds folders (`debug_dir_root`: `<working directory>/torch_compile_debug`); no
+    folder enters the key, so a warm start from another folder serves the record."""
+    keys = []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        keys.append(run_case(f"{__file__}:key_here", cwd=tmp_path / name))
+    assert keys[0] is not None and keys[0] == keys[1], keys
 
 
 def _gelu(x):

@@ -13,6 +13,7 @@ import gc
 import io
 import logging
 import sys
+import threading
 
 import pytest
 import torch
@@ -92,6 +93,41 @@ def _check_data_dependent_model(compiler: str, compile_sizes: list[int]) -> piec
     assert [p.is_splitting_graph for p in pieces] == [False, True, False, True, False]
     assert _data_dependent_pieces(compiled) == {pieces[2].submod_name, pieces[4].submod_name}
     return compiled
+
+
+def test_compiling_a_compiled_model_is_refused_saying_it_is_compiled():
+    compiled = pieceworks.compile(models.SillyModel(), CompilationConfig(splitting_ops=models.SPLITTING_OPS))
+    with pytest.raises(TypeError, match="a model it already compiled"):
+        pieceworks.compile(compiled)
+
+
+def test_first_calls_from_several_threads_trace_once_and_each_gets_its_answer():
+    """One thread traces and compiles; the others wait for it, then are served."""
+    torch.manual_seed(0)
+    model = models.ToyLlama(models.ToyLlamaConfig(num_layers=2))
+    config = CompilationConfig(splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_mode="NONE")
+    compiled = pieceworks.compile(model, config)
+    inputs = [models.toy_llama_inputs(batch, seed=batch) for batch in (2, 3, 5, 7)]
+    start, results = threading.Barrier(len(inputs)), {}
+
+    def call(k: int) -> None:
+        start.wait()
+        try:
+            with torch.no_grad():
+                results[k] = compiled(*inputs[k])
+        except Exception as exc:  # noqa: BLE001 - the test reports it below
+            results[k] = exc
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(len(inputs))]
+    with counters.expect(num_dynamo_traces=1):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    with torch.no_grad():
+        for k, args in enumerate(inputs):
+            assert not isinstance(results[k], Exception), results[k]
+            torch.testing.assert_close(results[k], model(*args))
 
 
 def test_data_dependent_sizes_split_compile_and_run_eager():

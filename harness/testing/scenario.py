@@ -39,7 +39,7 @@ def _function(target: str) -> Any:
         return pkgutil.resolve_name(target)
     spec = importlib.util.spec_from_file_location(f"pieceworks_case_{os.path.basename(where)[:-3]}", where)
     assert spec is not None and spec.loader is not None  # a .py path always has a spec with a loader
-    module = importlib.util.module_from_spec(spec)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # as an import leaves it
     spec.loader.exec_module(module)
     return getattr(module, name)
 
@@ -221,10 +221,11 @@ def run_case(
     timeout: float = 120,
     env: dict[str, str] | None = None,
     unset: tuple[str, ...] = (),
+    cwd: str | os.PathLike | None = None,
 ) -> Any:
     """Call `target(**kwargs)` ("path/to/file.py:function" or "package.module:function") in a fresh
-    interpreter; return what it returned (JSON in, JSON out). `env` adds to this process's environment for the
-    child; `unset` names variables the child must not inherit.
+    interpreter, in folder `cwd` (default this process's); return what it returned (JSON in, JSON out). `env`
+    adds to this process's environment for the child; `unset` names variables the child must not inherit.
 
     For cases whose failure can be a sticky CUDA error (a device-side assert, an illegal address), which
     poisons the CUDA context for the rest of its process: in a child only the child dies, and the calling test
@@ -246,6 +247,7 @@ def run_case(
             text=True,
             timeout=timeout,
             env=child_env,
+            cwd=cwd,
         )
     except subprocess.TimeoutExpired as exc:
         out = [

@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any, cast
 
 import torch
-import torch.fx
 
 from ..core import torch_compat
 

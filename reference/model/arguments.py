@@ -47,8 +47,7 @@ class Arguments:
     def flat(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         if len(args) == self.count and kwargs.keys() == self.keys:
             return [*args, *map(kwargs.__getitem__, self.names)]
-        form = (len(args), tuple(sorted(kwargs)))
-        if form not in self._forms:
+        if (form := (len(args), tuple(sorted(kwargs)))) not in self._forms:
             self._forms[form] = self.plan(*form)
         sources, extras = self._forms[form]
         for place, where, default, label in extras:
@@ -68,13 +67,13 @@ class Arguments:
     def plan(self, count: int, names: tuple[str, ...]) -> tuple[list, list]:
         """Per place of the first call's form, where a call of form (`count`, `names`) has its value (or the
         parameter's default); and the call's arguments the first call left to defaults."""
-        signature = inspect.signature(self.fn)
+        sig = inspect.signature(self.fn)
         called = f"compiled for {_form(self.count, self.names)}, called with {_form(count, names)}"
-        first = _bound(signature, self.count, self.names, called)  # where the first call had each value
-        now = _bound(signature, count, names, called)
+        # where the first call had each value, and where this call has it
+        first, now = _bound(sig, self.count, self.names, called), _bound(sig, count, names, called)
         # `empty`: no default (a required parameter, a `*args` item, a `**kwargs` entry)
         empty = inspect.Parameter.empty
-        default = {k: signature.parameters[k].default if isinstance(k, str) else empty for k in first | now}
+        default = {k: sig.parameters[k].default if isinstance(k, str) else empty for k in first | now}
         missing = [(key, "is missing, but the first call passed it") for key in first if key not in now]
         extra = [(key, "was not passed in the first call") for key in now if key not in first]
         for key, why in missing + extra:

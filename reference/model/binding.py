@@ -52,9 +52,7 @@ class Binder:
     def outputs(self, flat: Sequence[Any]) -> Any:
         if type(self.template) is int:
             return flat[self.template]
-        return tree_map(
-            lambda k: flat[k] if type(k) is int else (None if k is None else k.value), self.template
-        )
+        return tree_map(lambda k: flat[k] if type(k) is int else getattr(k, "value", None), self.template)
 
     def describe(self, model: Any) -> tuple[list[tuple[int, Any]], Any]:
         """`(sources, template)` in plain values, bound tensors named by their parameter or buffer name in

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 import types
 import weakref
@@ -129,7 +130,8 @@ class Trace:
 
 
 class CompiledModel:
-    """What `pieceworks.compile` returns. Call it like the model. Not thread-safe: one caller at a time.
+    """What `pieceworks.compile` returns. Call it like the model. Not thread-safe: one caller at a time, but
+    for first calls (one traces and compiles; the others wait for it, then are served).
 
     Public view for tools (read it; only this object writes it): `runtime` (the `Runtime`, None before the
     first call; `runtime.compiled` is the `CompiledPieces` with its pieces and build seconds), `binder` (the
@@ -143,8 +145,11 @@ class CompiledModel:
     _entry_points = 0  # made in this process: each has a name of its own
 
     def __init__(self, model: Callable[..., Any], config: core.CompilationConfig | None = None) -> None:
-        if not callable(model):
-            raise TypeError(f"pieceworks.compile needs a callable (an nn.Module), got {type(model).__name__}")
+        if not callable(model) or isinstance(model, CompiledModel):
+            got = (
+                "a model it already compiled (call it as it is)" if callable(model) else type(model).__name__
+            )
+            raise TypeError(f"pieceworks.compile needs a callable (an nn.Module), got {got}")
         # a frozen copy of `config` (itself frozen too, see CompilationConfig); TypeError for another type
         self.model, self.config = model, core.own_config(config)
         self._dynamo_fn = self._entry()
@@ -163,6 +168,7 @@ class CompiledModel:
         self._flat_by_size: dict[int, list[Any]] = {}
         self._state_watch: StateWatch | None = None
         self._uniform = False  # the kind of the call under way, for calls through Dynamo
+        self._first_call_lock = threading.Lock()  # one thread traces; the others wait, then are served
         core.counters.num_models_seen += 1
 
     def _entry(self) -> Callable[..., Any]:
@@ -179,16 +185,15 @@ class CompiledModel:
         self._traced.guards = list(entries)
         return [False] * len(entries)
 
-    def graph_inputs(self, padded_size: int) -> list[Any]:
-        """The stitching module's flat inputs for a replay of `padded_size`: the static buffers' views and the
-        bound parameters, the same objects on every call. Raises where calls have no static buffers or go
-        through Dynamo."""
+    def graph_inputs(self, size: int) -> list[Any]:
+        """The stitching module's flat inputs for a replay at padded size `size`: the static buffers' views
+        and the bound parameters, the same objects on every call. Raises where calls have no static buffers or
+        go through Dynamo."""
         if self.static_inputs is None or self.binder is None:
             raise RuntimeError("no graph inputs: no static buffers, or calls go through Dynamo")
-        if padded_size not in self._flat_by_size:
-            views = self.static_inputs.views(padded_size)
-            self._flat_by_size[padded_size] = self.binder.inputs(views, padded_size)
-        return self._flat_by_size[padded_size]
+        if size not in self._flat_by_size:
+            self._flat_by_size[size] = self.binder.inputs(self.static_inputs.views(size), size)
+        return self._flat_by_size[size]
 
     # ---- the first call -----------------------------------------------------------------------------------
     def _first_call(self, args: Sequence[Any], uniform: bool) -> Any:
@@ -201,8 +206,7 @@ class CompiledModel:
         traced on contiguous copies of 2 (or batch) rows, the model state that run wrote is restored, and
         the call runs."""
         refuse_global_hooks()
-        batch = batch_of(args, self._labels)
-        self._signatures = [signature(a) for a in args]
+        batch, self._signatures = batch_of(args, self._labels), [signature(a) for a in args]
         keywords = [("keywords", self._arguments.names)] if self._arguments.names else []
         reuse = self.config.reuse_trace and self.config.cache_active()
         facts = record.model_facts(self.model, self._signatures + keywords, self.config) if reuse else None
@@ -223,8 +227,7 @@ class CompiledModel:
             with _compat.data_dependent_tracing():
                 output = self._dynamo_call(trace_args)
         except _compat.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
-            inner = getattr(exc, "inner_exception", None) or exc.__cause__
-            if isinstance(inner, core.ConfigError):
+            if isinstance(inner := getattr(exc, "inner_exception", None) or exc.__cause__, core.ConfigError):
                 raise inner from None
             raise
         seconds = time.perf_counter() - start
@@ -241,8 +244,7 @@ class CompiledModel:
         from the record's graph and the cache (pieces load; one the cache lost is compiled from the
         record's graph, as the traced path would) and the serving state from the record. False (a WARNING
         where a record was found but could not be used) when the call must trace."""
-        found = record.load(self.config, record.key_of(facts), facts)
-        if found is None:
+        if (found := record.load(self.config, record.key_of(facts), facts)) is None:
             return False
         # globals(): the entry point's module globals
         if (changed := record.changed_read(found.reads, self.model, globals())) is not None:
@@ -314,9 +316,7 @@ class CompiledModel:
         dims = [str(v.shape[0]) if torch.is_tensor(v) and v.ndim else None for v in graph.output_values]
         cut = {id(t) for t, dim in zip(flat, dims) if dim in graph.batch_symbols}
         cut |= set(ids) - {id(t) for t in flat}
-        self._serve_with(
-            trace_args, binder, core.batched_outputs(output, lambda leaf: id(leaf) in cut), mutated
-        )
+        self._serve_with(trace_args, binder, core.batched_outputs(output, lambda t: id(t) in cut), mutated)
         if facts is None or binder is None or graph.cache_dir is None:
             return
         if trace.code is None or trace.gm is None:  # this torch does not list the traced code
@@ -371,12 +371,13 @@ class CompiledModel:
         if torch.is_grad_enabled():
             refuse_grad(args, self._labels)
         with torch.no_grad():
-            watch = self._state_watch
-            if watch is not None and (watch.changed or watch.handles != _compat.HookHandle.next_id):
+            if (watch := self._state_watch) is not None and watch.stale():
                 self._state_changed(watch)
             uniform = is_uniform_decode()  # the batch kind, read once, here
             if self.runtime is None:
-                return self._first_call(args, uniform)
+                with self._first_call_lock:
+                    if self.runtime is None:
+                        return self._first_call(args, uniform)
             return self._serve(args, check_arguments(args, self._signatures, self._labels), uniform)
 
     def _in_order(self, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
@@ -412,8 +413,7 @@ class CompiledModel:
 
     def _serve(self, args: Sequence[Any], batch: int, uniform: bool) -> Any:
         """One call with checked `args` of batch `batch` and kind `uniform`; see the module doc."""
-        padded = self.padded_size(batch, uniform)
-        if padded is not None:
+        if (padded := self.padded_size(batch, uniform)) is not None:
             self.static_inputs.load(args, batch)
             out = self._run(padded, uniform)
             self.static_inputs.copy_back(args, batch, self._mutated_args)
@@ -460,11 +460,9 @@ class CompiledModel:
             raise RuntimeError(f"call the model once before {method}(): the first call compiles it")
         return self.runtime
 
-    def _run_phase(
-        self, capture_phase: contextlib.AbstractContextManager[core.CapturePhase]
-    ) -> dict[str, Any]:
+    def _run_phase(self, context: contextlib.AbstractContextManager[core.CapturePhase]) -> dict[str, Any]:
         """Run a capture phase's plan on the static buffers, one padded size and kind at a time."""
-        with torch.no_grad(), capture_phase as phase:
+        with torch.no_grad(), context as phase:
             for size, uniform in core.progress(phase.plan, "capture sizes"):
                 self._run(size, uniform)
         return phase.report

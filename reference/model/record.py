@@ -69,7 +69,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .. import core
-from ..core import log
+from ..core import CompilationConfig, log
 from . import _compat
 from .watch import original_class
 
@@ -136,9 +136,7 @@ def plain_attributes(module: Any, where: str = "") -> dict[str, Any]:
     return {name: plain_value(value, f"{where}.{name}") for name, value in sorted(own.items())}
 
 
-def model_facts(
-    model: Any, signatures: Sequence[tuple], config: core.CompilationConfig
-) -> dict[str, Any] | None:
+def model_facts(model: Any, signatures: Sequence[tuple], config: CompilationConfig) -> dict[str, Any] | None:
     """What the key of `model` called with arguments of `signatures` (`arguments.signature`) under `config`
     covers (see the module doc), by name; None for a model a record cannot be keyed for: not an nn.Module,
     or (logged at INFO) a class without a source file, forward hooks, an attribute of another type."""
@@ -169,7 +167,7 @@ def key_of(facts: dict[str, Any]) -> str:
     return core.cache_key(facts)
 
 
-def model_key(model: Any, signatures: Sequence[tuple], config: core.CompilationConfig) -> str | None:
+def model_key(model: Any, signatures: Sequence[tuple], config: CompilationConfig) -> str | None:
     """`key_of(model_facts(...))`, or None where the model cannot be keyed."""
     return None if (facts := model_facts(model, signatures, config)) is None else key_of(facts)
 
@@ -188,9 +186,12 @@ def _layout(t: torch.Tensor) -> dict[str, Any]:
 
 def _dynamo_config() -> dict[str, Any]:
     """Dynamo's configuration, each value as `portable` keys it (one it cannot, such as a set of functions,
-    by its type: the same in every process)."""
+    by its type: the same in every process), but folders (`debug_dir_root` is in the working directory): the
+    same model started from another folder is the same model."""
     found = {}
     for name, value in sorted(_compat.dynamo_config().items()):
+        if isinstance(value, str) and os.path.isabs(value):  # a folder (the working directory's): not code
+            continue
         found[name] = type(value).__name__
         with contextlib.suppress(core.UnkeyableConfigError, RecursionError):
             found[name] = core.portable(value, name)
@@ -417,17 +418,16 @@ def changed_read(reads: Sequence[Read], model: Any, frame_globals: dict[str, Any
     return None
 
 
-def _store(config: core.CompilationConfig, key: str, facts: dict[str, Any]) -> core.CompileCache | None:
+def _store(config: CompilationConfig, key: str, facts: dict[str, Any]) -> core.CompileCache | None:
     """The cache folder of the record of `facts` (`model_facts`, keyed `key`), whose factors.json holds
     them (what `load` explains a later miss with)."""
     return core.CompileCache.open(config.resolved_cache_dir(), f"model-{key}", core.as_json(facts))
 
 
-def save(config: core.CompilationConfig, key: str, record: Record, facts: dict[str, Any]) -> bool:
+def save(config: CompilationConfig, key: str, record: Record, facts: dict[str, Any]) -> bool:
     """Store `record` under `key`, the digest of `facts` (`model_facts`); False (logged by the cache) where
     it cannot be written."""
-    cache = _store(config, key, facts)
-    data = pickle.dumps(tuple(record), protocol=pickle.HIGHEST_PROTOCOL)
+    cache, data = _store(config, key, facts), pickle.dumps(tuple(record), protocol=pickle.HIGHEST_PROTOCOL)
 
     def write(path: str) -> None:  # `store`'s `save` returns nothing (write_bytes returns a count)
         Path(path).write_bytes(data)
@@ -439,7 +439,7 @@ def _read(path: str) -> Record:
     return Record(*pickle.loads(Path(path).read_bytes()))  # noqa: S301 - see the module doc on trust
 
 
-def load(config: core.CompilationConfig, key: str, facts: dict[str, Any]) -> Record | None:
+def load(config: CompilationConfig, key: str, facts: dict[str, Any]) -> Record | None:
     """The record stored under `key` (the digest of `facts`) whose traced files are unchanged, or None.
     Where there is none but a record of the model's class is stored under another key, the log names the
     first fact that differs from the newest such record's (`key_change`)."""

@@ -1,9 +1,9 @@
-"""What a compiled model watches of its model after the first call, and how, at no cost per call.
+"""What a compiled model watches of its model after the first call, and how, at a few reads per call.
 
 The trace read the model as it was at the first call: its parameters and buffers (bound by object, read where
 they live) and the rest of its Python state, baked into the graph (`self.scale`, `norm.eps`, `self.training`,
 the forward hooks it ran). Every change to that state is seen when it happens, by an event; a call reads one
-flag (`StateWatch.changed`) and torch's count of hook handles (`handles`):
+flag (`StateWatch.changed`), torch's count of hook handles (`handles`) and the global modes (`stale()`):
 
 - a parameter, buffer or submodule replaced (setattr, `load_state_dict(assign=True)`, a new submodule), or a
   parameter or buffer reallocated (`.to()`, `.cuda()`, `.half()`): `replaced`, and the call raises
@@ -18,6 +18,10 @@ flag (`StateWatch.changed`) and torch's count of hook handles (`handles`):
   set (`_TORCH_MARKERS`). Seen by the watched class (`__setattr__`, `__delattr__`, `register_forward_hook`,
   `register_forward_pre_hook`) and, for the hooks the trace ran, by a stand-in in the module's hook table that
   calls the hook and flags the change once torch's handle removes it (`_HookStandIn`);
+- the process-wide modes a trace bakes in (`global_modes`: the default dtype, CPU and CUDA autocast and their
+  dtypes, deterministic algorithms), which no event announces: read per call (under a microsecond), and a
+  change is `changed` as above (a later call under other modes is traced for them, never served the first
+  call's);
 - a global module forward hook (`register_module_forward_hook`, `register_module_forward_pre_hook`): it runs
   on every nn.Module, the compiled model's own graph modules included, so no compiled model can give eager's
   result while one is registered: `GlobalHookError` at any call (the first one included) until it is removed.
@@ -76,6 +80,17 @@ def refuse_global_hooks() -> None:
 
 
 # the live watches; the process-wide hooks and the watched classes call each
+# what `global_modes` reads, by name
+_MODES = ("the default dtype", "CPU autocast", "its dtype", "CUDA autocast", "its dtype", "determinism")
+
+
+def global_modes() -> tuple:
+    """The process-wide modes a trace bakes in (`_MODES`), read in under a microsecond."""
+    enabled, dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
+    cpu, cuda = (enabled("cpu"), dtype("cpu")), (enabled("cuda"), dtype("cuda"))
+    return torch.get_default_dtype(), *cpu, *cuda, torch.are_deterministic_algorithms_enabled()
+
+
 _WATCHES: set[StateWatch] = set()
 
 
@@ -143,8 +158,7 @@ def _watched_class(cls: Any) -> type:  # Any: mypy reads `cls.__setattr__` as th
         return type(self) if name == "__class__" else self.__dict__.get(name, _ABSENT)
 
     class Watched(cls):  # of `cls`'s own metaclass
-        __module__ = cls.__module__
-        __qualname__ = cls.__qualname__
+        __module__, __qualname__ = cls.__module__, cls.__qualname__
         _pieceworks_watches = cls
 
         def register_forward_hook(self, *args: Any, **kwargs: Any) -> Any:
@@ -204,15 +218,14 @@ class StateWatch:
         self._watched: dict[tuple[int, str], tuple[str, Any, tuple | None]] = {}
         # the table holds the stand-in
         self._stand_ins: list[tuple[dict, Any, weakref.finalize[..., _HookStandIn]]] = []
-        for prefix, module in self._paths.values():
+        for path, module in self._paths.values():
             for name, value in _attributes(module):
-                full = f"{prefix}.{name}" if prefix else name
-                self._watched[id(module), name] = (full, value, _place(value))
+                self._watched[id(module), name] = (f"{path}.{name}" if path else name, value, _place(value))
             module.__class__ = _watched_class(original_class(type(module)))
             for table, what in _HOOK_TABLES.items():
                 self._stand_in(module, getattr(module, table), what)
         _register_hooks_once()
-        self.handles = _compat.HookHandle.next_id
+        self.handles, self.modes = _compat.HookHandle.next_id, global_modes()
         _WATCHES.add(self)
         weakref.finalize(owner, self.close)
 
@@ -221,6 +234,13 @@ class StateWatch:
             table[key] = stand_in = _HookStandIn(hook)
             gone = weakref.finalize(stand_in, self.note, module, f"a {what} the trace ran was removed from")
             self._stand_ins.append((table, key, gone))
+
+    def stale(self) -> bool:
+        """Whether the next call must look closer (`changed`, hook handles moved); notes changed modes."""
+        if self.changed is None and (now := global_modes()) != self.modes:
+            found = next((n, a, b) for n, a, b in zip(_MODES, self.modes, now) if a != b)
+            self.changed = "{} was {}, is {}".format(*found)
+        return self.changed is not None or self.handles != _compat.HookHandle.next_id
 
     def __enter__(self) -> None:
         """`with watch:` pauses it: the compiled model itself runs forward through Dynamo."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import types
 
 import pytest
 import torch
@@ -363,6 +364,37 @@ def index_rewritten_with_open(mp: pytest.MonkeyPatch) -> None:
             f.write(data)
 
     mp.setattr(cache, "atomic_write", write)
+
+
+@mutant(
+    "Inductor's kernels go into a pieceworks cache whose path holds a space: its C++ build fails",
+    cpu=_FAULTS + "test_a_cache_path_holding_a_space_compiles_and_warm_starts",
+)
+def inductor_dir_with_a_space(mp: pytest.MonkeyPatch) -> None:
+    original = cache.CompileCache.inductor_dir.fget
+
+    def inductor_dir(self):  # the rule for a root without a space, applied to any root
+        found = original(types.SimpleNamespace(root="root", writable=self.writable))
+        return None if found is None else os.path.join(self.root, "inductor")
+
+    mp.setattr(cache.CompileCache, "inductor_dir", property(inductor_dir))
+
+
+@mutant(
+    "the serving record's key holds Dynamo's debug folder, in the working directory: "
+    "the same model started from another folder traces again",
+    cpu=_RECORD + "test_the_same_model_started_from_another_folder_has_the_same_key",
+)
+def record_key_holds_the_working_directory(mp: pytest.MonkeyPatch) -> None:
+    original = record.model_facts
+
+    def model_facts(model, signatures, config):
+        facts = original(model, signatures, config)
+        if facts is not None:
+            facts["modes"]["dynamo"]["debug_dir_root"] = torch._dynamo.config.debug_dir_root
+        return facts
+
+    mp.setattr(record, "model_facts", model_facts)
 
 
 @mutant(

@@ -4,7 +4,9 @@ bindings, the first call, replay plans, and cutting outputs back to the batch.""
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
+import types
 import weakref
 
 import pytest
@@ -25,6 +27,23 @@ _PROPS_GPU = "suites/test_properties_gpu.py::"
 _RUNTIME = "suites/test_runtime.py::"
 _FAULTS = "suites/test_user_faults.py::"
 _STATE = "suites/test_model_state.py::"
+
+
+@mutant(
+    "first calls from several threads are not serialised: each traces, over the others' trace",
+    cpu=_FAULTS + "test_first_calls_from_several_threads_trace_once_and_each_gets_its_answer",
+)
+def first_calls_not_serialised(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(api, "threading", types.SimpleNamespace(Lock=contextlib.nullcontext))
+
+
+@mutant(
+    "the state watch reads no global modes: "
+    "a call under autocast or another default dtype is served the first call's trace",
+    cpu=_STATE + "test_global_modes_changed_after_the_first_call_are_traced_for_never_served_stale",
+)
+def global_modes_unwatched(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(watch, "global_modes", lambda: ())
 
 
 @mutant(

@@ -43,6 +43,15 @@ def failed_capture_keeps_routing(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant(
+    "after a failed FULL capture, the PIECEWISE captures begin in its pool, which the allocator forgot",
+    gpu="suites/test_capture_failures_gpu.py::"
+    "test_after_a_failed_capture_in_any_mode_inductor_compiles_and_captures_another_model[FULL_AND_PIECEWISE-raises]",
+)
+def failed_capture_pool_reused(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(cudagraph.CapturePool, "reset", lambda self: torch.cuda.synchronize())
+
+
+@mutant(
     "modes are never lowered to what the splitting ops support: a FULL graph holds a host-planned attention",
     cpu="suites/test_modes_cpu.py::test_modes_are_lowered_to_what_the_splitting_ops_support",
     gpu="suites/test_llama.py::test_cuda_graphs_serve_decode_and_mixed_batches_like_eager",
