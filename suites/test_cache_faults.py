@@ -173,7 +173,7 @@ def test_a_cache_path_holding_a_space_compiles_and_warm_starts(tmp_path, monkeyp
     """Inductor's C++ build splits its command at spaces, so its kernels go to its own default folder then
     (here under a temporary folder of the test's); the pieceworks cache in the folder with a space still
     serves a warm start."""
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # the session's: pieceworks would not use it
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # the suite's folder: pieceworks ignores it
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where Inductor's default folder is
     torch.manual_seed(0)
