@@ -36,9 +36,12 @@ PLANTED_FILE = REPO / "suites" / "planted_runtimes.py"
 SEED = 7
 
 
-def _start(early_processes, test, folder, *args, cuda_visible: str | None = None) -> None:
-    """Start `test`'s conformance run as a user types it (the installed suite, from `folder`), with `args`."""
-    env = {**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"}
+def _start(
+    early_processes, test, folder, *args, cuda_visible: str | None = None, profile: str = "ci"
+) -> None:
+    """Start `test`'s conformance run as a user types it (the installed suite, from `folder`), with `args`,
+    under hypothesis profile `profile`."""
+    env = {**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": profile}
     if cuda_visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible
     early_processes.start(
@@ -74,6 +77,7 @@ def folders(early_processes, tmp_path_factory):
         test_cuda_asked_for_without_cuda_is_a_usage_error_naming_the_fix,
         test_a_usage_error_is_reported_once,
         test_the_seed_profile_and_size_options_reach_the_plan,
+        test_a_run_drawing_its_seed_prints_the_seed_and_sizes_it_served,
     )
     folder = {test.__name__: tmp_path_factory.mktemp(test.__name__[5:35]) for test in tests}
 
@@ -180,6 +184,16 @@ def folders(early_processes, tmp_path_factory):
         "--conformance-sizes",
         "6",
     )
+
+    test = test_a_run_drawing_its_seed_prints_the_seed_and_sizes_it_served
+    _start(
+        early_processes,
+        test,
+        folder[test.__name__],
+        *("--impl", "eager", "--conformance-model", "silly", "--conformance-device", "cpu"),
+        *("--conformance-json", folder[test.__name__] / "run.json"),
+        profile="dev",  # randomized: the run draws its seed
+    )
     return folder
 
 
@@ -274,6 +288,18 @@ def test_the_device_defaults_to_what_the_machine_has(run):
     assert [r["outcome"] for r in outcomes.values()].count("pass") >= 1
     assert conformance_table.render(document).startswith("# Conformance: cpu")
     assert "seed 0 (replay: --hypothesis-seed 0)" in proc.stdout
+
+
+def test_a_run_drawing_its_seed_prints_the_seed_and_sizes_it_served(run):
+    """The suite is reproducible from what it prints: the header's seed and capture sizes are the run's (its
+    JSON's), also when pytest imports the suite's files under a second package name."""
+    proc, folder = run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    meta = _outcomes(folder)[0]["meta"]
+    assert meta["capture_sizes"] == list(Plan.draw(meta["seed"]).capture_sizes)
+    seed, sizes = meta["seed"], meta["capture_sizes"]
+    printed = f"seed {seed} (replay: --hypothesis-seed {seed}), capture sizes {sizes}"
+    assert printed in proc.stdout, proc.stdout[:2000]
 
 
 def test_a_run_in_which_nothing_ran_fails_saying_why(run):

@@ -23,9 +23,11 @@ from typing import Any
 import pytest
 import torch
 
-from .plan import Plan
-from .run import resolve
-from .subjects import (
+# by their installed names, as the plugin imports them: pytest imports this file under another package name
+# (suites.conformance, conformance), and a second copy of run.py would draw a second seed
+from pieceworks.conformance.plan import Plan
+from pieceworks.conformance.run import resolve
+from pieceworks.conformance.subjects import (
     PROPERTIES,
     Builds,
     Subject,
