@@ -156,6 +156,20 @@ def test_global_modes_changed_after_the_first_call_are_traced_for_never_served_s
     ], warnings
 
 
+def test_a_model_class_whose_forward_is_replaced_after_the_first_call_is_served_by_a_new_trace(
+    monkeypatch, caplog
+):
+    """The class is as much the model as its instance: `Layer.forward = f` is seen at the next call."""
+    model, compiled, x = _served()
+    caplog.set_level(logging.WARNING, logger="pieceworks")
+    monkeypatch.setattr(Layer, "forward", lambda self, x: self.proj(x) * 7)
+    with counters.expect(num_dynamo_traces=1):
+        torch.testing.assert_close(compiled(x), model(x))
+    # the first WARNING; then another says the new forward calls no splitting op
+    warning = next(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert "Layer.forward was" in warning and "tracing and compiling the model again" in warning, warning
+
+
 def test_a_hook_the_trace_ran_that_is_removed_is_served_by_a_new_trace():
     torch.manual_seed(0)
     model = Stack()

@@ -242,8 +242,7 @@ def _distribution_names(path: str) -> Iterator[str]:
     parts = Path(path).parts
     sites = [i for i, part in enumerate(parts[:-1]) if part in ("site-packages", "dist-packages")]
     if sites:
-        top = parts[sites[-1] + 1].removesuffix(".py")
-        yield top
+        yield (top := parts[sites[-1] + 1].removesuffix(".py"))
         yield from importlib.metadata.packages_distributions().get(top, ())
 
 

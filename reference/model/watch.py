@@ -19,9 +19,9 @@ flag (`StateWatch.changed`), torch's count of hook handles (`handles`) and the g
   `register_forward_pre_hook`) and, for the hooks the trace ran, by a stand-in in the module's hook table that
   calls the hook and flags the change once torch's handle removes it (`_HookStandIn`);
 - the process-wide modes a trace bakes in (`global_modes`: the default dtype, CPU and CUDA autocast and their
-  dtypes, deterministic algorithms), which no event announces: read per call (under a microsecond), and a
-  change is `changed` as above (a later call under other modes is traced for them, never served the first
-  call's);
+  dtypes, deterministic algorithms) and each watched module's class's `forward` (`Layer.forward = f`), which
+  no event announces: read per call (`now()`, a microsecond or two), and a change is `changed` as above (a
+  later call is traced for it, never served the first call's);
 - a global module forward hook (`register_module_forward_hook`, `register_module_forward_pre_hook`): it runs
   on every nn.Module, the compiled model's own graph modules included, so no compiled model can give eager's
   result while one is registered: `GlobalHookError` at any call (the first one included) until it is removed.
@@ -118,10 +118,8 @@ def _register_hooks_once() -> None:
     """One registration hook of each type (parameter, buffer, submodule) for the whole process, never removed:
     Dynamo guards on torch's dicts of global hooks, and a hook removed while another model was being traced (a
     compiled model collected) broke that trace's guards."""
-    hooks = torch.nn.modules.module
-    hooks.register_module_parameter_registration_hook(_replaced)
-    hooks.register_module_buffer_registration_hook(_replaced)
-    hooks.register_module_module_registration_hook(_replaced)
+    for kind in ("parameter", "buffer", "module"):
+        getattr(torch.nn.modules.module, f"register_module_{kind}_registration_hook")(_replaced)
 
 
 def _same(old: Any, new: Any) -> bool:
@@ -225,7 +223,8 @@ class StateWatch:
             for table, what in _HOOK_TABLES.items():
                 self._stand_in(module, getattr(module, table), what)
         _register_hooks_once()
-        self.handles, self.modes = _compat.HookHandle.next_id, global_modes()
+        self.classes: list[Any] = list({original_class(type(m)): None for _, m in self._paths.values()})
+        self.handles, self.modes = _compat.HookHandle.next_id, self.now()
         _WATCHES.add(self)
         weakref.finalize(owner, self.close)
 
@@ -235,10 +234,15 @@ class StateWatch:
             gone = weakref.finalize(stand_in, self.note, module, f"a {what} the trace ran was removed from")
             self._stand_ins.append((table, key, gone))
 
+    def now(self) -> tuple:
+        """What no event announces, read per call: the global modes and each watched class's `forward`."""
+        return (*global_modes(), *(cls.forward for cls in self.classes))
+
     def stale(self) -> bool:
-        """Whether the next call must look closer (`changed`, hook handles moved); notes changed modes."""
-        if self.changed is None and (now := global_modes()) != self.modes:
-            found = next((n, a, b) for n, a, b in zip(_MODES, self.modes, now) if a != b)
+        """Whether the next call must look closer (`changed`, hook handles moved); notes a change of now()."""
+        if self.changed is None and (now := self.now()) != self.modes:
+            names = (*_MODES, *(f"{cls.__qualname__}.forward" for cls in self.classes))
+            found = next((n, a, b) for n, a, b in zip(names, self.modes, now) if a != b)
             self.changed = "{} was {}, is {}".format(*found)
         return self.changed is not None or self.handles != _compat.HookHandle.next_id
 

@@ -30,6 +30,15 @@ _STATE = "suites/test_model_state.py::"
 
 
 @mutant(
+    "the state watch reads no class's forward: Layer.forward replaced after the first call is served the old "
+    "trace",
+    cpu=_STATE + "test_a_model_class_whose_forward_is_replaced_after_the_first_call_is_served_by_a_new_trace",
+)
+def class_forward_unwatched(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(watch.StateWatch, "now", lambda self: watch.global_modes())
+
+
+@mutant(
     "first calls from several threads are not serialised: each traces, over the others' trace",
     cpu=_FAULTS + "test_first_calls_from_several_threads_trace_once_and_each_gets_its_answer",
 )
