@@ -128,9 +128,10 @@ class CapturePool:
 
     def reset(self) -> None:
         """Start a fresh pool for later captures (same stream and warm-up MemPool): the old pool is freed
-        with the last graph captured into it (the caller drops those graphs, or keeps them and it). After a
-        failed capture, which may have been its pool's one hold, a capture never begins in that pool again:
-        the allocator forgets a pool whose graphs are gone."""
+        with the last graph captured into it (the caller drops those graphs, or keeps them and it). A caller
+        that captures again after a failed capture resets first (the runtime does, after a failed FULL
+        capture): the failed one may have been its pool's one hold, and the allocator forgets a pool whose
+        graphs are gone, so no capture may begin in it again."""
         if self.handle is not None:
             torch.cuda.synchronize()
             self.handle = torch.cuda.graph_pool_handle()
