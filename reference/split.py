@@ -6,7 +6,8 @@ Rules (the behaviour engine authors know from vLLM):
 - each splitting op gets a piece of its own; consecutive splitting ops share one;
 - a `getitem` stays with the node it unpacks, so a splitting op with several outputs never makes a cycle;
 - `x.size()` is decomposed into one `sym_size` per dimension first, because a `torch.Size` cannot cross a
-  piece boundary;
+  piece boundary; a `sym_size`, and a scalar read from a graph input (`.item()`), is read again in each
+  piece that uses it;
 - a `sym_size` that binds a data-dependent (unbacked) size, e.g. of a splitting op's output made with
   `new_dynamic_size()`, stays with the node that made the tensor and crosses boundaries as an argument: the
   piece that reads the tensor reads the size from the piece that bound it (else `split_module` sees the size
@@ -129,18 +130,19 @@ def assign_pieces(gm: GraphModule, splitting_ops: set[str]) -> tuple[dict, set[i
     return piece_of, {piece for piece in piece_of.values() if piece % 2}
 
 
-def _recompute_sizes_in_consumers(graph: Graph, piece_of: dict) -> None:
-    """Give every piece that reads a `sym_size` of another piece its own copy, placed just before its first
-    use.
+def _recompute_scalars_in_consumers(graph: Graph, piece_of: dict) -> None:
+    """Give every piece that reads a `sym_size` of another piece, or a scalar another piece read from a graph
+    input (`x.item()`: Dynamo passes a Python float it saw change as a 0-d tensor), its own copy, placed just
+    before its first use.
 
-    Then no compiled piece returns a SymInt of the batch, and node order (hence `keep_original_order`) is
-    unchanged: the copy reads the tensor, which crosses the boundary as any tensor does. A data-dependent size
-    is not copied: its first `sym_size` is where the symbol is bound, and it must come before every use.
+    Then no compiled piece returns a SymInt or a SymFloat (Inductor cannot), and node order (hence
+    `keep_original_order`) is unchanged: the copy reads the tensor, which crosses the boundary as any tensor
+    does. A data-dependent size is not copied: its first `sym_size` is where the symbol is bound, and it must
+    come before every use.
     """
     order = {n: i for i, n in enumerate(graph.nodes)}  # the copies made below are never users of a `sym_size`
-    for node in graph.find_nodes(op="call_function", target=_SYM_SIZE):
-        if binds_unbacked_size(node):
-            continue
+    sizes = [n for n in graph.find_nodes(op="call_function", target=_SYM_SIZE) if not binds_unbacked_size(n)]
+    for node in sizes + [n for n in graph.find_nodes(op="call_method", target="item") if input_scalar(n)]:
         copies: dict[int, Node] = {}  # piece -> its copy, made before the piece's first user
         for user in sorted(node.users, key=order.__getitem__):
             piece = piece_of.get(user, piece_of[node])  # the output node is in no piece
@@ -152,6 +154,11 @@ def _recompute_sizes_in_consumers(graph: Graph, piece_of: dict) -> None:
                 user.replace_input_with(node, copies[piece])
         if not node.users:  # its entry in `piece_of` stays, unread: `split_module` asks only about live nodes
             graph.erase_node(node)
+
+
+def input_scalar(node: Node) -> bool:
+    """Whether `node` reads a scalar from a graph input (`x.item()` of a placeholder)."""
+    return isinstance(source := node.args[0], Node) and source.op == "placeholder"
 
 
 def batch_symbols(gm: GraphModule) -> frozenset[str]:
@@ -169,7 +176,7 @@ def split_graph(gm: GraphModule, splitting_ops: Sequence[str]) -> tuple[GraphMod
     symbols = batch_symbols(gm)
     decompose_sizes(gm.graph)
     piece_of, splitting_pieces = assign_pieces(gm, set(splitting_ops))
-    _recompute_sizes_in_consumers(gm.graph, piece_of)
+    _recompute_scalars_in_consumers(gm.graph, piece_of)
     gm.recompile()
     split_gm = split_module(gm, lambda node: piece_of[node], keep_original_order=True)
     names = [n.target for n in split_gm.graph.nodes if n.op == "call_module"]

@@ -258,3 +258,28 @@ def test_pieces_with_different_constants_never_share_compiled_code():
 
     assert fingerprint(1.0) == fingerprint(1.0)
     assert fingerprint(1.0) != fingerprint(2.0)
+
+
+SCALE = 1.0  # a module global the model below reads on both sides of its splitting op
+
+
+class ScaledAttention(torch.nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        y = x * SCALE
+        torch.ops.silly.attention(y, y, y, out)
+        return out * SCALE + 1
+
+
+def test_torch_compile_recompiling_for_a_changed_python_float_serves_it(monkeypatch):
+    """Dynamo recompiles a graph for a module-level float it saw change, passing it as a 0-d tensor read with
+    `.item()`; that scalar is read on both sides of the splitting op, so no piece may hand it to the next
+    (Inductor compiles no piece that returns a SymFloat): each piece reads it again."""
+    torch._dynamo.reset()
+    options = {"splitting_ops": models.SPLITTING_OPS, "cudagraph_mode": "NONE"}
+    fn = torch.compile(ScaledAttention(), backend="pieceworks", fullgraph=True, options=options)
+    x = torch.randn(4, 8)
+    for scale in (1.0, 2.0, 3.0):
+        monkeypatch.setitem(globals(), "SCALE", scale)
+        torch.testing.assert_close(fn(x), ScaledAttention()(x))
+    torch._dynamo.reset()

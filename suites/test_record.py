@@ -416,6 +416,46 @@ def test_a_value_read_outside_the_model_that_changed_is_traced_again_naming_it(
             assert f"{name} is 2.0, the record's trace read 1.0" in caplog.text, caplog.text
 
 
+@pytest.mark.parametrize("start", ["traced", "record"])
+def test_a_module_global_changed_in_the_process_is_traced_again_naming_it(
+    start, tmp_path, caplog, monkeypatch
+):
+    """Nothing announces a module global set after the first call: the state watch reads the ones the trace
+    read (Dynamo's guards) per call, whether the first call traced or was served from the record."""
+    path, x = tmp_path / "reads_global.py", torch.randn(3, 4)
+    path.write_text(OUTSIDE.replace("READ", READS["module global"][0]))
+    module = _import(path, "reads_global", monkeypatch)
+    if start == "record":
+        _compile(module.ReadsOutside(), tmp_path / "cache")(x)
+    compiled = _compile(module.ReadsOutside(), tmp_path / "cache")
+    with counters.expect(num_traces_reused=int(start == "record")):
+        compiled(x)
+    caplog.set_level("WARNING", logger="pieceworks")
+    monkeypatch.setattr(module, "VALUE", 5.0)
+    with counters.expect(num_dynamo_traces=1):
+        torch.testing.assert_close(compiled(x), 15 * x)
+    assert "reads_global.VALUE was 1.0, is 5.0 after the first call: tracing" in caplog.text, caplog.text
+    with counters.expect(num_dynamo_traces=0):
+        torch.testing.assert_close(compiled(x), 15 * x)
+
+
+@pytest.mark.parametrize(
+    "read", ["os.environ.get('PIECEWORKS_TEST_VALUE', '1')", "os.getenv('PIECEWORKS_TEST_VALUE', '1')"]
+)
+def test_an_environment_variable_read_inside_forward_gets_no_record(read, tmp_path, caplog, monkeypatch):
+    """Dynamo guards `os.getenv` on nothing: a warm start could not tell another value from the trace's, so
+    such a model traces in every process (named at INFO)."""
+    path, x = tmp_path / "reads_environment.py", torch.randn(3, 4)
+    path.write_text(OUTSIDE.replace("READ", f"out * float({read})"))
+    caplog.set_level("INFO", logger="pieceworks")
+    for value in ("1", "2"):
+        monkeypatch.setenv("PIECEWORKS_TEST_VALUE", value)
+        model = _import(path, "reads_environment", monkeypatch).ReadsOutside()
+        with counters.expect(num_dynamo_traces=1, num_traces_reused=0):
+            torch.testing.assert_close(_compile(model, tmp_path / "cache")(x), 3 * x * float(value))
+    assert "the trace read an environment variable" in caplog.text, caplog.text
+
+
 @pytest.mark.parametrize(
     "source", ["object.__getattribute__(model.linear, '__dict__')", "getattr(model.linear, '__dict__')"]
 )

@@ -130,6 +130,51 @@ def test_first_calls_from_several_threads_trace_once_and_each_gets_its_answer():
             torch.testing.assert_close(results[k], model(*args))
 
 
+class BranchesOnBatch(nn.Module):
+    """Doubles its output where `rule` holds for the batch size: Python control flow on dim 0."""
+
+    RULES = {
+        "above 8": (lambda b: b > 8, "batch <= 8"),
+        "even": (lambda b: b % 2 == 0, "Eq(Mod(batch, 2), 0)"),
+    }
+
+    def __init__(self, rule: str) -> None:
+        super().__init__()
+        self.rule = rule
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        return out * 2 if self.RULES[self.rule][0](x.shape[0]) else out
+
+
+@pytest.mark.parametrize("start", ["traced", "record"])
+@pytest.mark.parametrize("rule", list(BranchesOnBatch.RULES))
+def test_a_batch_on_another_branch_than_the_trace_is_refused_naming_the_branch(rule, start, tmp_path):
+    """The trace of a batch of 4 took one branch; every batch on the same branch is served as eager computes
+    it, every other is refused by name, whether the first call traced or was served from the record."""
+    config = CompilationConfig(
+        splitting_ops=models.SPLITTING_OPS, cudagraph_mode="NONE", cache_dir=str(tmp_path)
+    )
+    model = BranchesOnBatch(rule)
+    if start == "record":
+        pieceworks.compile(model, config)(torch.randn(4, 8))
+    compiled = pieceworks.compile(model, config)
+    with counters.expect(num_traces_reused=int(start == "record")):
+        compiled(torch.randn(4, 8))
+    for batch in range(1, 13):
+        x = torch.randn(batch, 8)
+        if BranchesOnBatch.RULES[rule][0](batch) == BranchesOnBatch.RULES[rule][0](4):
+            torch.testing.assert_close(compiled(x), model(x))
+            continue
+        guard = BranchesOnBatch.RULES[rule][1].replace("(", r"\(").replace(")", r"\)")
+        with pytest.raises(
+            pieceworks.InputError,
+            match=f"branches on the batch size: the trace holds where {guard}, not at {batch}",
+        ):
+            compiled(x)
+
+
 def test_data_dependent_sizes_split_compile_and_run_eager():
     """A splitting op with a fresh size splits without a cycle; its size crosses to the next piece as an
     argument. Compile sizes of a data-dependent piece are served by its range code: a static compile would

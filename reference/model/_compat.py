@@ -5,10 +5,11 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
 - Dynamo's `torch._dynamo.config.patch(capture_scalar_outputs=, capture_dynamic_output_shape_ops=)`: both
   flags in 2.11-2.15 (newer Dynamo implies them under fullgraph=True; setting them keeps every version alike);
 - Dynamo's `torch._dynamo.exc.BackendCompilerFailed`, which wraps an error raised inside a backend;
-- for a warm start without tracing (record.py): the code objects Dynamo traced, `TracingContext.traced_code`
-  (2.11-2.15); Dynamo's configuration (`save_config_portable`) and nn.Module's global forward hooks, for its
-  key; `torch.fx._graph_pickler.GraphPickler` (`dumps`, `loads(data, fake_mode)`, `Options(ops_filter=)`),
-  which pickles a Dynamo graph with its FakeTensor and SymInt metadata; torch's own sympy functions pickle by
+- for a warm start without tracing (record.py): the code objects Dynamo traced, `TracingContext.traced_code`,
+  and its shape guards, `TracingContext.fake_mode.shape_env.guards` (2.11-2.15); Dynamo's configuration
+  (`save_config_portable`) and nn.Module's global forward hooks, for its key;
+  `torch.fx._graph_pickler.GraphPickler` (`dumps`, `loads(data, fake_mode)`, `Options(ops_filter=)`), which
+  pickles a Dynamo graph with its FakeTensor and SymInt metadata; torch's own sympy functions pickle by
   `_torch_unpickler`, and a fake mode is not pickled (the loader supplies a fresh one); the graph is rebuilt
   under `torch._guards.tracing(TracingContext(fake_mode))`, as a backend call would be. Where any of this is
   missing or fails, the record is not written and warm starts trace as before;
@@ -50,6 +51,13 @@ def traced_code() -> list[Any] | None:
     this torch does not list them."""
     codes = getattr(torch._guards.TracingContext.try_get(), "traced_code", None)
     return None if codes is None else list(codes)
+
+
+def shape_guards() -> list[Any]:
+    """The shape guards of the graph being compiled (call inside a backend; sympy expressions such as `s0 <=
+    8`), [] where this torch gives none."""
+    fake_mode = getattr(torch._guards.TracingContext.try_get(), "fake_mode", None)
+    return [guard.expr for guard in getattr(getattr(fake_mode, "shape_env", None), "guards", ())]
 
 
 def dynamo_config() -> dict[str, Any]:

@@ -9,15 +9,17 @@ non-tensor argument), since the trace baked it in.
 
 Every call is checked against the first (`check_arguments`): the same count, dtypes, devices, ranks and
 non-batch sizes, and non-tensor arguments of the same type and value; dim 0 of every tensor argument is the
-batch (`batch_of`). A mismatch raises `InputError` naming the argument and the fix.
+batch (`batch_of`). A mismatch raises `InputError` naming the argument and the fix. Where `forward` branched
+on the batch size, every size a call runs at must take the trace's branch (`BatchRule`).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
+import sympy
 import torch
 
 # Where a call holds a parameter's value (`Arguments`): a position, a keyword, or the default (plain ints:
@@ -182,3 +184,34 @@ def refuse_grad(args: Sequence[Any], labels: Sequence[str] | None = None) -> Non
 def contiguous(args: Sequence[Any]) -> list[Any]:
     """The arguments in the layout pieces are compiled for: contiguous (a copy where an argument is not)."""
     return [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+BATCH = sympy.Symbol("batch", integer=True, positive=True)  # the batch size in `batch_guards`
+
+
+def batch_guards(guards: Sequence[Any], symbols: Collection[str]) -> list[Any]:
+    """Of a trace's shape guards (sympy), those over the batch `symbols` alone, as guards on `BATCH`: where
+    `forward` branched on the batch size (`batch <= 8`, `Eq(Mod(batch, 2), 0)`). The guard tying every
+    argument's dim 0 together becomes `True` and is left out."""
+    on_batch = [g for g in guards if {str(s) for s in g.free_symbols} <= set(symbols)]
+    return [
+        g for g in (g.xreplace(dict.fromkeys(g.free_symbols, BATCH)) for g in on_batch) if g is not sympy.true
+    ]
+
+
+class BatchRule:
+    """`check(batch, padded)`: `InputError` where a size a call runs at (its batch, its padded size) fails one
+    of the trace's `batch_guards`: eager takes another branch there than the trace took. Once per size."""
+
+    def __init__(self, guards: Sequence[Any]) -> None:
+        self.guards, self._met = list(guards), set[int | None]([None])
+
+    def check(self, batch: int, padded: int | None) -> None:
+        for size in {batch, padded} - self._met:
+            if failed := [str(g) for g in self.guards if not g.subs(BATCH, size)]:
+                raise InputError(
+                    f"forward branches on the batch size: the trace holds where {', '.join(failed)}, not at "
+                    f"{size} (this call: {batch} rows, run at {padded or batch}). Fix: keep forward's "
+                    "control flow off the batch size (torch.where, not `if`), or compile one model per branch"
+                )
+            self._met.add(size)

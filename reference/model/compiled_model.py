@@ -69,7 +69,7 @@ import torch
 
 from .. import core
 from ..core import CUDAGraphMode, Phase, is_uniform_decode, log, padded_size, unpad  # bound once: per call
-from . import _compat, record
+from . import _compat, arguments, record
 from .arguments import Arguments, batch_of, check_arguments, contiguous, refuse_grad, signature
 from .binding import Binder, bind
 from .watch import StateReplacedError, StateWatch, refuse_global_hooks
@@ -125,6 +125,7 @@ class Trace:
     gm: torch.fx.GraphModule | None = None
     code: list[Any] | None = None
     example_inputs: list[Any] = dataclasses.field(default_factory=list)
+    batch_guards: list[Any] = dataclasses.field(default_factory=list)
     saved: list[tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=list)
     graph_output: Any = None
 
@@ -167,6 +168,7 @@ class CompiledModel:
         self._mutated_args: list[int] = []
         self._flat_by_size: dict[int, list[Any]] = {}
         self._state_watch: StateWatch | None = None
+        self._batch_rule: arguments.BatchRule | None = None  # where forward branched on the batch size
         self._uniform = False  # the kind of the call under way, for calls through Dynamo
         self._first_call_lock = threading.Lock()  # one thread traces; the others wait, then are served
         core.counters.num_models_seen += 1
@@ -255,7 +257,7 @@ class CompiledModel:
             with _compat.tracing(fake_mode):
                 self._compiled = core.compile_pieces(gm, self.config)
             binder = Binder.restore(found.binding, self.model)
-            self._serve_with(args, binder, found.batched_outputs, found.mutated_args)
+            self._serve_with(args, binder, found)
         # a graph this torch cannot unpickle or compile, a state name the model lacks: nothing of it is kept,
         # and the call traces, as without a record
         except Exception as exc:  # noqa: BLE001
@@ -277,9 +279,11 @@ class CompiledModel:
                 "(was torch._dynamo.reset() called?). A CompiledModel never compiles while "
                 "serving. Fix: create a new CompiledModel with pieceworks.compile"
             )
+        guards = _compat.shape_guards()  # Dynamo's: a hit in Inductor's cache adds its artifact's guards
         self._compiled = core.compile_pieces(gm, self.config)
         trace = self._traced
         trace.gm, trace.code, trace.example_inputs = gm, _compat.traced_code(), list(example_inputs)
+        trace.batch_guards = arguments.batch_guards(guards, self._compiled.batch_symbols)
         if trace.copies is not None:
             written = [example_inputs[i] for i in self._compiled.mutated_inputs]
             trace.saved = [(t, t.clone()) for t in written if id(t) not in trace.copies]
@@ -316,7 +320,10 @@ class CompiledModel:
         dims = [str(v.shape[0]) if torch.is_tensor(v) and v.ndim else None for v in graph.output_values]
         cut = {id(t) for t, dim in zip(flat, dims) if dim in graph.batch_symbols}
         cut |= set(ids) - {id(t) for t in flat}
-        self._serve_with(trace_args, binder, core.batched_outputs(output, lambda t: id(t) in cut), mutated)
+        sources = [] if trace.guards is None else record.outside_sources(trace.guards, globals())
+        batched = core.batched_outputs(output, lambda t: id(t) in cut)
+        served = record.Record(b"", (), batched, mutated, {}, sources, trace.batch_guards)
+        self._serve_with(trace_args, binder, served)
         if facts is None or binder is None or graph.cache_dir is None:
             return
         if trace.code is None or trace.gm is None:  # this torch does not list the traced code
@@ -325,19 +332,27 @@ class CompiledModel:
             graph_file, binding = _compat.pickle_graph(trace.gm), binder.describe(self.model)
             files = record.file_digests(trace.code)
             reads = record.outside_reads(trace.guards, self.model, globals())  # the entry point's globals
-            stored = record.Record(graph_file, binding, self.batched_outputs, mutated, files, reads)
+            stored = served._replace(graph=graph_file, binding=binding, files=files, reads=reads)
             record.save(self.config, record.key_of(facts), stored, facts)
         # no record: the next process traces, as it would without one
         except Exception as exc:  # noqa: BLE001
             log.info("pieceworks: no serving record for this model (%s: %s)", type(exc).__name__, exc)
 
-    def _serve_with(self, args: Sequence, binder: Binder | None, batched: Any, mutated: list[int]) -> None:
+    def _serve_with(self, args: Sequence, binder: Binder | None, served: record.Record) -> None:
         """The serving state over `self._compiled`, in one place, from the tracing call or the serving
-        record: binding, outputs to cut, written arguments, runtime, state watch and, where graphs will be
-        captured, static buffers shaped like `args`."""
-        self.binder, self.batched_outputs, self._mutated_args = binder, batched, mutated
+        record (`served`: the tracing call's facts, or the record's): binding, outputs to cut, written
+        arguments, the batch sizes the trace holds for (`BatchRule`), runtime, state watch (of the module
+        globals the trace read) and, where graphs will be captured, static buffers shaped like `args`."""
+        self.binder, self.batched_outputs, self._mutated_args = (
+            binder,
+            served.batched_outputs,
+            served.mutated_args,
+        )
+        self._batch_rule = arguments.BatchRule(served.batch_guards) if served.batch_guards else None
         self.runtime = core.Runtime(cast(core.CompiledPieces, self._compiled), self.config)
-        self._state_watch = StateWatch(self.model, self) if isinstance(self.model, torch.nn.Module) else None
+        if isinstance(self.model, torch.nn.Module):  # globals(): the entry point's module globals
+            read = record.module_globals([r[0] for r in served.reads], globals())
+            self._state_watch = StateWatch(self.model, self, read)
         if self.runtime.mode is not CUDAGraphMode.NONE and self.config.cudagraph_capture_sizes:
             self.static_inputs = core.StaticInputs(args, max(self.config.cudagraph_capture_sizes))
 
@@ -346,6 +361,7 @@ class CompiledModel:
         if self._state_watch is not None:
             self._state_watch.close()
         self._compiled = self.runtime = self.binder = self.static_inputs = self._state_watch = None
+        self._batch_rule = None
         self._flat_by_size = {}
 
     def _state_changed(self, watch: StateWatch) -> None:
@@ -413,7 +429,10 @@ class CompiledModel:
 
     def _serve(self, args: Sequence[Any], batch: int, uniform: bool) -> Any:
         """One call with checked `args` of batch `batch` and kind `uniform`; see the module doc."""
-        if (padded := self.padded_size(batch, uniform)) is not None:
+        padded = self.padded_size(batch, uniform)
+        if self._batch_rule is not None:
+            self._batch_rule.check(batch, padded)
+        if padded is not None:
             self.static_inputs.load(args, batch)
             out = self._run(padded, uniform)
             self.static_inputs.copy_back(args, batch, self._mutated_args)

@@ -62,7 +62,7 @@ import platform
 import re
 import sys
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -73,7 +73,7 @@ from ..core import CompilationConfig, log
 from . import _compat
 from .watch import original_class
 
-RECORD_VERSION = 5  # in the key: a record of another version is never found
+RECORD_VERSION = 6  # in the key: a record of another version is never found
 ENTRY = "serving-record"
 # A value the trace read outside the model (`outside_reads`): (Dynamo's source, guard type, stand-in of the
 # value)
@@ -88,7 +88,8 @@ class Record(NamedTuple):
     batched_outputs: Any  # `padding.batched_outputs`
     mutated_args: list[int]  # argument positions the graph writes in place
     files: dict[str, str]  # traced source file -> `file_identity`
-    reads: list[Read]  # `outside_reads`
+    reads: list[tuple]  # `outside_reads` (a tracing call's own: `outside_sources`)
+    batch_guards: list[Any]  # `arguments.batch_guards`
 
 
 class Unkeyable(ValueError):
@@ -217,6 +218,7 @@ def _compiled_code(path: str) -> dict[tuple[str, int], str]:
 
 
 _FROZEN = re.compile(r"<frozen ([\w.]+)>")
+_ENVIRON_FILE = type(os.environ).__getitem__.__code__.co_filename  # os.py, or "<frozen os>"
 
 
 def source_file(code: types.CodeType) -> str:
@@ -260,13 +262,21 @@ def file_identity(path: str) -> str:
     return "sha256:" + core.file_sha256(path)[0]
 
 
+def reads_environment(code: types.CodeType) -> bool:
+    """Whether `code` is `os.environ`'s: what `os.environ[...]`, `os.environ.get` and `os.getenv` run."""
+    return code.co_filename == _ENVIRON_FILE and code.co_qualname.startswith("_Environ.")
+
+
 def file_digests(codes: Sequence[types.CodeType]) -> dict[str, str]:
     """`file_identity` of the file of each traced code object (`source_file`); a file known by its SHA-256
     must still hold that code (a file edited after the process imported it would pair the old graph with
     the new file). `Unkeyable` where a traced code object has no file, or its file no longer compiles to
-    it."""
+    it, or it reads `os.environ` (Dynamo guards no value `os.getenv` reads: a warm start could not check
+    it)."""
     digests, compiled = {}, functools.cache(_compiled_code)
     for code in codes:
+        if reads_environment(code):
+            raise Unkeyable("the trace read an environment variable (os.environ, os.getenv) inside forward")
         if (path := source_file(code)) not in digests:
             digests[path] = file_identity(path)
         by_sha256 = digests[path].startswith("sha256:") and path == code.co_filename
@@ -377,6 +387,32 @@ def stand_in(value: Any, guard: str, source: str) -> Any:
         raise Unkeyable(f"the trace read {_readable(source)}, {what}") from None
 
 
+def outside_sources(guards: Sequence[Any], frame_globals: dict[str, Any]) -> list[tuple[str, str]]:
+    """Of Dynamo's guard entries, those on what the trace read outside the model's module tree and the call:
+    (`portable_source`, guard type)."""
+    found = []
+    for guard in guards:
+        source, guard_type = portable_source(guard.name, frame_globals), guard.guard_type
+        covered = not guard.has_value or guard_type in _COVERED or _CALL.match(source)
+        in_model = not guard.is_global and "__" not in source and _MODEL_STATE.fullmatch(source)
+        if not (covered or in_model or _GLOBAL_HOOKS.match(source)):
+            found.append((source, guard_type))
+    return found
+
+
+def module_globals(sources: Iterable[str], frame_globals: dict[str, Any]) -> list[tuple[str, dict, str]]:
+    """Of `outside_sources`, those that read a module's global (`G['__import_m'].NAME`, `m.F.linear`), once
+    each: (its name, the module's dict, NAME). Nothing announces a change to one, so the state watch reads
+    them per call (watch.py)."""
+    found = {}
+    for source in sources:
+        owner, _, name = source.rpartition(".")
+        with contextlib.suppress(Exception):  # not an attribute of something a warm start can read back
+            if isinstance(module := read_back(owner, None, frame_globals), types.ModuleType):
+                found[f"{module.__name__}.{name}"] = (vars(module), name)
+    return [(label, *place) for label, place in found.items()]
+
+
 def outside_reads(guards: Sequence[Any] | None, model: Any, frame_globals: dict[str, Any]) -> list[Read]:
     """What the trace read outside the model's module tree and the call, from Dynamo's guard entries
     (`guards`, as `guard_filter_fn` gets them): module globals, closure cells, functions' defaults, class
@@ -385,12 +421,7 @@ def outside_reads(guards: Sequence[Any] | None, model: Any, frame_globals: dict[
     if guards is None:
         raise Unkeyable("Dynamo reported no guards for the trace")
     reads = []
-    for guard in guards:
-        source, guard_type = portable_source(guard.name, frame_globals), guard.guard_type
-        covered = not guard.has_value or guard_type in _COVERED or _CALL.match(source)
-        in_model = not guard.is_global and "__" not in source and _MODEL_STATE.fullmatch(source)
-        if covered or in_model or _GLOBAL_HOOKS.match(source):
-            continue
+    for source, guard_type in outside_sources(guards, frame_globals):
         read = f"the trace read {_readable(source)}"
         if any(_named_by_id(found, frame_globals) is not None for found in _BY_ID.finditer(source)):
             raise Unkeyable(f"{read}, a value Dynamo names by its id in this process only")

@@ -205,7 +205,7 @@ class StateWatch:
     global hook. Events update them (see the module doc); reading them is all a call costs. `close()` ends
     the watch."""
 
-    def __init__(self, model: torch.nn.Module, owner: object) -> None:
+    def __init__(self, model: torch.nn.Module, owner: object, module_globals: Sequence[tuple] = ()) -> None:
         self.replaced: str | None = None
         self.changed: str | None = None
         # while the compiled model itself runs forward through Dynamo (its writes are its own)
@@ -224,6 +224,9 @@ class StateWatch:
                 self._stand_in(module, getattr(module, table), what)
         _register_hooks_once()
         self.classes: list[Any] = list({original_class(type(m)): None for _, m in self._paths.values()})
+        # the module globals the trace read (record.module_globals): (name, the module's dict, key)
+        self.labels: tuple[str, ...] = tuple(label for label, _, _ in module_globals)
+        self._dicts, self._keys = [d for _, d, _ in module_globals], [k for _, _, k in module_globals]
         self.handles, self.modes = _compat.HookHandle.next_id, self.now()
         _WATCHES.add(self)
         weakref.finalize(owner, self.close)
@@ -235,13 +238,18 @@ class StateWatch:
             self._stand_ins.append((table, key, gone))
 
     def now(self) -> tuple:
-        """What no event announces, read per call: the global modes and each watched class's `forward`."""
-        return (*global_modes(), *(cls.forward for cls in self.classes))
+        """What no event announces, read per call: the global modes, each watched class's `forward` and the
+        module globals the trace read."""
+        return (
+            *global_modes(),
+            *(cls.forward for cls in self.classes),
+            *map(dict.get, self._dicts, self._keys),
+        )
 
     def stale(self) -> bool:
         """Whether the next call must look closer (`changed`, hook handles moved); notes a change of now()."""
         if self.changed is None and (now := self.now()) != self.modes:
-            names = (*_MODES, *(f"{cls.__qualname__}.forward" for cls in self.classes))
+            names = (*_MODES, *(f"{cls.__qualname__}.forward" for cls in self.classes), *self.labels)
             found = next((n, a, b) for n, a, b in zip(names, self.modes, now) if a != b)
             self.changed = "{} was {}, is {}".format(*found)
         return self.changed is not None or self.handles != _compat.HookHandle.next_id

@@ -522,3 +522,20 @@ def record_key_ignores_order(mp: pytest.MonkeyPatch) -> None:
         return facts and {k: v for k, v in facts.items() if k != "order"}
 
     mp.setattr(record, "model_facts", unordered)
+
+
+@mutant(
+    "an environment variable read inside forward is keyed by nothing: a warm start with another value is "
+    "served the record's trace",
+    cpu=_RECORD + "test_an_environment_variable_read_inside_forward_gets_no_record",
+)
+def environment_reads_recorded(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "reads_environment", lambda code: False)
+
+
+@mutant(
+    "the state watch reads no module global: one set after the first call is served the old trace",
+    cpu=_RECORD + "test_a_module_global_changed_in_the_process_is_traced_again_naming_it",
+)
+def module_globals_unwatched(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "module_globals", lambda sources, frame_globals: [])

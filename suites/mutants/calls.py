@@ -39,6 +39,14 @@ def class_forward_unwatched(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant(
+    "the trace's guards on the batch size are dropped: a batch on another branch is served the trace's",
+    cpu=_FAULTS + "test_a_batch_on_another_branch_than_the_trace_is_refused_naming_the_branch",
+)
+def batch_branches_unchecked(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(arguments, "batch_guards", lambda guards, symbols: [])
+
+
+@mutant(
     "first calls from several threads are not serialised: each traces, over the others' trace",
     cpu=_FAULTS + "test_first_calls_from_several_threads_trace_once_and_each_gets_its_answer",
 )
@@ -239,8 +247,8 @@ def replaced_state_served(mp: pytest.MonkeyPatch) -> None:
 def global_hooks_per_model(mp: pytest.MonkeyPatch) -> None:
     original = watch.StateWatch.__init__
 
-    def init(self, model, owner) -> None:
-        original(self, model, owner)
+    def init(self, model, owner, module_globals=()) -> None:
+        original(self, model, owner, module_globals)
         handle = torch.nn.modules.module.register_module_module_registration_hook(lambda *args: None)
         weakref.finalize(owner, handle.remove)
 

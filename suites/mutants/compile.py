@@ -70,6 +70,14 @@ def unbacked_size_bound_in_its_reader(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant(
+    "a scalar read from a graph input (a Python float Dynamo recompiled for) crosses piece boundaries",
+    cpu="suites/test_compile.py::test_torch_compile_recompiling_for_a_changed_python_float_serves_it",
+)
+def input_scalar_handed_between_pieces(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(split, "input_scalar", lambda node: False)
+
+
+@mutant(
     "pieces with data-dependent sizes get static compiles",
     cpu=_FAULTS + "test_data_dependent_sizes_split_compile_and_run_eager",
 )
