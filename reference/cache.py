@@ -66,7 +66,7 @@ _WARNINGS = {
     "CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR at a writable folder, or set "
     "PIECEWORKS_DISABLE_CACHE=1 to run uncached without this warning",
     "read-only": "pieceworks compile cache %s cannot be written (%s): loading the valid artifacts it holds "
-    "and compiling the rest in memory, without saving them. Fix: make it writable, point "
+    "and compiling the rest in memory, without saving them. Fix: make it writable or free space, point "
     "CompilationConfig.cache_dir or PIECEWORKS_CACHE_DIR elsewhere, or set PIECEWORKS_DISABLE_CACHE=1",
     "index": "pieceworks cache index %s is unreadable (%s); ignoring it and recompiling",
     "corrupt": "pieceworks cache: %s is %s (a corrupt cache); removing it, its entries will be recompiled",

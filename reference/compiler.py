@@ -79,10 +79,16 @@ class PieceCompiler:
         if self.cache is None or not computes_tensors(piece):
             self.done[key] = self._compile(piece, target, example_args)[0]
         else:
-            options = self.config.inductor_compile_config
-            isa_record = os.path.join(self.cache.directory, "cpu-isa.json")
-            with inductor_cache_dir(self.cache.inductor_dir, options), known_cpu_isa(isa_record):
-                self.done[key] = self._get_cached(self.cache, piece, target, example_args)
+            options, inductor_dir = self.config.inductor_compile_config, self.cache.inductor_dir
+            try:
+                isa_record = os.path.join(self.cache.directory, "cpu-isa.json")
+                with inductor_cache_dir(inductor_dir, options), known_cpu_isa(isa_record):
+                    self.done[key] = self._get_cached(self.cache, piece, target, example_args)
+            except Exception as exc:  # Inductor could not write its files into the cache (a full disk)
+                if inductor_dir is None or (error := os_error_of(exc)) is None:
+                    raise
+                self.cache.mark_read_only(error)  # one WARNING; every compile from here on is uncached
+                self.done[key] = self._compile(piece, target, example_args)[0]
         return self.done[key]
 
     def _get_cached(
@@ -122,6 +128,13 @@ class PieceCompiler:
         result = compile_inductor(piece.fx_graph, args, static=static, inductor_config=options)
         self.seconds["compile"] += time.perf_counter() - start
         return result
+
+
+def os_error_of(exc: BaseException | None) -> OSError | None:
+    """The `OSError` `exc` is or was raised from (Inductor wraps its errors), or None."""
+    while exc is not None and not isinstance(exc, OSError):
+        exc = exc.__cause__ or exc.__context__
+    return exc
 
 
 def computes_tensors(piece: Piece) -> bool:

@@ -20,7 +20,8 @@ Contracts (the ones vLLM's users rely on):
 - **Inputs must sit where they were captured.** `check_addresses` compares `data_ptr()`s before a replay and
   raises `ReplayAddressError` naming the graph and the input; nothing is computed from stale memory.
 - **A failed capture leaves the process healthy** (`_captured`): the stream capture is ended and the allocator
-  stops routing to the pool before the error reaches the caller, so memory frees and later captures work.
+  stops routing to the pool before the error reaches the caller, so memory frees; later captures begin in a
+  fresh pool (`reset`), since the allocator may have forgotten the failed capture's.
 - Not thread-safe: one forward pass at a time per model.
 """
 
@@ -128,10 +129,9 @@ class CapturePool:
 
     def reset(self) -> None:
         """Start a fresh pool for later captures (same stream and warm-up MemPool): the old pool is freed
-        with the last graph captured into it (the caller drops those graphs, or keeps them and it). A caller
-        that captures again after a failed capture resets first (the runtime does, after a failed FULL
-        capture): the failed one may have been its pool's one hold, and the allocator forgets a pool whose
-        graphs are gone, so no capture may begin in it again."""
+        with the last graph captured into it (the caller drops those graphs, or keeps them and it). `capture`
+        resets after a failed capture: the failed one may have been its pool's one hold, and the allocator
+        forgets a pool whose graphs are gone, so no capture may begin in it again."""
         if self.handle is not None:
             torch.cuda.synchronize()
             self.handle = torch.cuda.graph_pool_handle()
@@ -173,7 +173,11 @@ class CapturePool:
                 args[i].copy_(value)
                 value.record_stream(stream)  # freed below, while the copy may still be queued on this stream
             del saved
-            outputs = _captured(graph, fn, args, self.handle)
+            try:
+                outputs = _captured(graph, fn, args, self.handle)
+            except BaseException:
+                self.reset()  # the failed capture may have been its pool's one hold
+                raise
         torch.cuda.current_stream().wait_stream(stream)
         graph.replay()  # the capture recorded work without doing it: compute this call's real outputs
         counters.num_cudagraph_captured += 1

@@ -194,7 +194,6 @@ class Runtime:
                     cuda_graph, out = self.pool.capture(stitching, args, restored, self.pool.num_warmups)
                 except Exception as exc:  # noqa: BLE001 - a refused capture falls back, it never crashes
                     self._no_full(f"capture failed: {type(exc).__name__}: {exc}")
-                    self.pool.reset()  # the failed capture may have been the pool's one hold: a fresh one
                 else:
                     full = FullReplay(padded_size, cuda_graph, out, stitching, args)
                     return self._keep(padded_size, mode, full, out)

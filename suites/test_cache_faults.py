@@ -12,7 +12,9 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import io
 import json
+import logging
 import os
 import pathlib
 import shutil
@@ -62,9 +64,9 @@ def _tree(root):
 
 
 @contextlib.contextmanager
-def _writes_fail_under(root):
-    """Every write below `root` fails with EROFS (see the module docstring): opens for writing, creates,
-    renames, deletes. Reads, and shared locks on read-only descriptors, work."""
+def _writes_fail_under(root, error=errno.EROFS):
+    """Every write below `root` fails with `error` (EROFS: see the module docstring): opens for writing,
+    creates, renames, deletes. Reads, and shared locks on read-only descriptors, work."""
     root = os.path.abspath(root) + os.sep
 
     def under(path):
@@ -73,7 +75,7 @@ def _writes_fail_under(root):
         )
 
     def refuse(path):
-        raise OSError(errno.EROFS, "Read-only file system (simulated)", os.fsdecode(path))
+        raise OSError(error, f"{os.strerror(error)} (simulated)", os.fsdecode(path))
 
     real_open, real_os_open = builtins.open, os.open
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -99,6 +101,7 @@ def _writes_fail_under(root):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(builtins, "open", fake_open)
+        mp.setattr(io, "open", fake_open)  # `Path.open`'s
         mp.setattr(os, "open", fake_os_open)
         for name, at in [
             ("mkdir", (0,)),
@@ -188,6 +191,22 @@ def test_a_cache_path_holding_a_space_compiles_and_warm_starts(tmp_path, monkeyp
         torch._dynamo.reset()
         with counters.expect(num_inductor_compiles=0):
             torch.testing.assert_close(pieceworks.compile(model, config)(*args), model(*args))
+
+
+@inductor
+def test_a_cache_on_a_full_disk_warns_once_and_runs_uncached(tmp_path, caplog, monkeypatch):
+    """On a full disk a cache folder still opens (an empty file fits), but Inductor's writes of its kernels'
+    sources into `<cache>/inductor` fail: one WARNING naming the reason, and every piece compiles in memory
+    and runs, saved nowhere."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # the suite's folder: Inductor's would win
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where Inductor's default folder is
+    root = tmp_path / "cache"
+    caplog.set_level("WARNING", logger="pieceworks")
+    with _writes_fail_under(root / "inductor", errno.ENOSPC), counters.expect(num_compiled_artifacts_saved=0):
+        _compile_silly(root)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "cannot be written (no space left on device" in warnings[0], warnings
 
 
 # ---- read-only: load what is valid, compile the rest in memory, warn once ----------------------------------

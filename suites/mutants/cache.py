@@ -539,3 +539,11 @@ def environment_reads_recorded(mp: pytest.MonkeyPatch) -> None:
 )
 def module_globals_unwatched(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(record, "module_globals", lambda sources, frame_globals: [])
+
+
+@mutant(
+    "Inductor's failed writes into the cache (a full disk) are not seen: the first call fails in Inductor",
+    cpu=_FAULTS + "test_a_cache_on_a_full_disk_warns_once_and_runs_uncached",
+)
+def full_disk_unseen(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(compiler, "os_error_of", lambda exc: None)

@@ -42,10 +42,15 @@ def failed_capture_keeps_routing(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(torch._C, "_cuda_endAllocateToPool", lambda device, pool: None)
 
 
+_FAILURES = "suites/test_capture_failures_gpu.py::"
+
+
 @mutant(
-    "after a failed FULL capture, the PIECEWISE captures begin in its pool, which the allocator forgot",
-    gpu="suites/test_capture_failures_gpu.py::"
-    "test_after_a_failed_capture_in_any_mode_inductor_compiles_and_captures_another_model[FULL_AND_PIECEWISE-raises]",
+    "after a failed capture, later captures begin in its pool, which the allocator forgot",
+    gpu=_FAILURES + "test_after_a_failed_capture_in_any_mode_inductor_compiles_and_captures_another_model"
+    "[FULL_AND_PIECEWISE-raises] "
+    + _FAILURES
+    + "test_after_a_failed_piecewise_capture_the_next_capture_begins_in_a_fresh_pool",
 )
 def failed_capture_pool_reused(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(cudagraph.CapturePool, "reset", lambda self: torch.cuda.synchronize())
