@@ -10,10 +10,16 @@ writes copied back), but for its `bug`:
 - same-tensors: nothing is copied in when the arguments are the tensors of the previous call (same address and
   shape), so an argument rewritten in place is served stale;
 - last-output: a call of the previous call's batch size returns the previous call's outputs;
-- no-write-back: what the model writes into its arguments stays in the static buffers.
+- no-write-back: what the model writes into its arguments stays in the static buffers;
+- far-rows: a batch above 100 rows (far above every capture size) gets rows past 100 zeroed;
+- float32: the model runs in float32 (a bfloat16 model's output comes back in float32).
+
+`caught_on` names the suite model each is checked with.
 """
 
 from __future__ import annotations
+
+import copy
 
 from pieceworks.conformance.padded_runner import PaddedRunner, cut
 from pieceworks.harness.adapters import Built
@@ -22,8 +28,10 @@ from pieceworks.harness.adapters import Built
 class Planted(PaddedRunner):
     bug: str | None = None
     caught_by: str = ""
+    caught_on = "silly"
 
     def build(self, model, make_inputs, capture_sizes, splitting_ops):
+        model = copy.deepcopy(model).float() if self.bug == "float32" else model
         sizes = sorted(capture_sizes)
         static = [a.clone() for a in make_inputs(sizes[-1])]
         last: dict = {}
@@ -32,7 +40,10 @@ class Planted(PaddedRunner):
             batch = args[0].shape[0]
             n = next((size for size in sizes if size >= batch), None)
             if n is None:
-                return model(*args)
+                out = model(*args)
+                if self.bug == "far-rows" and batch > 100:
+                    out[100:] = 0
+                return out
             if self.bug == "last-output" and last.get("batch") == batch:
                 return last["out"]
             key = [(a.data_ptr(), a.shape) for a in args]
@@ -68,6 +79,16 @@ class LastOutput(Planted):
 
 class NoWriteBack(Planted):
     name, bug, caught_by = "no-write-back", "no-write-back", "argument-writes-reach-the-caller"
+    caught_on = "silly-inplace"
 
 
-PLANTED = [StaleRow, Uncut, SameTensors, LastOutput, NoWriteBack]
+class FarRows(Planted):
+    name, bug, caught_by = "far-rows", "far-rows", "replay-matches-eager"
+
+
+class Float32(Planted):
+    name, bug, caught_by = "float32", "float32", "replay-matches-eager"
+    caught_on = "toy-llama-bf16"
+
+
+PLANTED = [StaleRow, Uncut, SameTensors, LastOutput, NoWriteBack, FarRows, Float32]

@@ -1,18 +1,19 @@
 """The conformance suite's plan (pieceworks.conformance.plan), without building anything: a seed draws the
-same capture sizes every time and different seeds draw different ones; the sweep serves every batch up to just
-above the largest size, both ways, each capture size twice in a row; drawn sequences reach repeats, both
-orders, capture sizes, their neighbours and the largest batch; `serve` runs the sweep, then drawn sequences
-(the same for the same seed), and a failure names the batches served up to the failing call, shrunk where a
-drawn sequence found it."""
+same capture sizes every time and different seeds draw different ones; the sweep serves every batch up to
+just above the largest size and batches far above it, both ways, each capture size twice in a row; drawn
+sequences reach repeats, both orders, capture sizes, their neighbours and the largest batch; `serve` runs
+the sweep, then drawn sequences (the same for the same seed), and a failure names the batches served up to
+the failing call, shrunk where a drawn sequence found it."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
+import torch
 from hypothesis import Phase, find, settings
 
-from pieceworks.conformance.plan import Plan, serve
+from pieceworks.conformance.plan import FAR_BATCH, Plan, serve
 
 
 def test_a_seed_draws_the_same_capture_sizes_and_other_seeds_draw_others():
@@ -34,13 +35,19 @@ def test_the_size_options_bound_the_draw():
         Plan.draw(0, max_size=0)
 
 
-def test_the_sweep_serves_every_batch_up_to_just_above_the_largest_both_ways():
+def test_the_sweep_serves_every_batch_up_to_just_above_the_largest_and_far_above_both_ways():
     plan = Plan(0, (3, 8))
-    assert plan.sweep == [*range(1, 11), 8, 8, 3, 3, *range(10, 0, -1)]
-    assert plan.batches == list(range(1, 11)) and plan.largest_batch == 10
+    assert plan.sweep == [*range(1, 11), 17, FAR_BATCH, 8, 8, 3, 3, FAR_BATCH, 17, *range(10, 0, -1)]
+    assert plan.batches == [*range(1, 11), 17, FAR_BATCH] and plan.largest_batch == 10
     large = Plan(0, (100, 200))
-    assert {1, 2, 99, 100, 101, 199, 200, 201, 202} <= set(large.sweep) and len(large.batches) == 9
-    assert large.largest_batch == 250
+    assert {1, 2, 99, 100, 101, 199, 200, 201, 202, 401, 801} == set(
+        large.sweep
+    ) and large.largest_batch == 250
+
+
+def test_a_models_largest_batch_caps_the_far_batches():
+    assert Plan(0, (3, 8), max_batch=64).far == [17]
+    assert Plan(0, (3, 8), max_batch=12).far == []
 
 
 BOUNDARIES = {
@@ -103,3 +110,13 @@ def test_a_failure_only_drawn_sequences_meet_is_shrunk_to_one_call():
         AssertionError, match=r"^batches \[3\]: call 0 \(batch 3\): a first call above batch 1"
     ):
         serve(Plan(0, (3, 8)), step, "test_probe")
+
+
+def test_the_default_models_hold_a_bfloat16_one():
+    """A runtime that computes a bfloat16 model in float32 meets one in the default run."""
+    from pieceworks.conformance import cases, subjects
+
+    dtypes = {
+        p.dtype for name in subjects.DEFAULT_MODELS[:4] for p in cases.CASES[name].make("cpu").parameters()
+    }
+    assert {torch.float32, torch.bfloat16} <= dtypes, dtypes

@@ -113,6 +113,8 @@ def folders(early_processes, tmp_path_factory):
         "silly",
         "--conformance-model",
         "silly-inplace",
+        "--conformance-model",
+        "toy-llama-bf16",
         *impls,
         "--hypothesis-seed",
         str(SEED),
@@ -244,8 +246,7 @@ def test_each_planted_bug_fails_its_property(run):
     assert document["meta"]["seed"] == SEED
     assert document["meta"]["capture_sizes"] == list(Plan.draw(SEED).capture_sizes)
     for planted in PLANTED:
-        model = "silly-inplace" if planted.caught_by == "argument-writes-reach-the-caller" else "silly"
-        result = outcomes[planted.name, model, planted.caught_by]
+        result = outcomes[planted.name, planted.caught_on, planted.caught_by]
         assert result["outcome"] == "fail", (planted.name, result)
         assert result["example"].endswith(f"replay: --hypothesis-seed {SEED}"), result["example"]
     others = {

@@ -75,13 +75,13 @@ class WritesItsArgument(torch.nn.Module):
 
 
 # ---- ToyLlama (random weights, and the tractable identity variant) -----------------------------------------
-def _toy(tractable: bool) -> Callable[[torch.device], torch.nn.Module]:
+def _toy(tractable: bool, dtype: torch.dtype = torch.float32) -> Callable[[torch.device], torch.nn.Module]:
     def make(device: torch.device) -> torch.nn.Module:
         torch.manual_seed(0)
         model = models.tractable_toy_llama(_TOY) if tractable else models.ToyLlama(_TOY)
         with torch.no_grad():
             model.embed_tokens.weight[_TOY_POISON] = float("nan")
-        return model.to(device)
+        return model.to(device, dtype)
 
     return make
 
@@ -230,6 +230,13 @@ CASES: dict[str, ModelCase] = {
         ),
         ModelCase(
             "toy-llama", tuple(models.SPLITTING_OPS), _toy(False), _toy_inputs, _poison_tokens(_TOY_POISON)
+        ),
+        ModelCase(
+            "toy-llama-bf16",
+            tuple(models.SPLITTING_OPS),
+            _toy(False, torch.bfloat16),
+            _toy_inputs,
+            _poison_tokens(_TOY_POISON),
         ),
         ModelCase(
             "toy-llama-tractable",

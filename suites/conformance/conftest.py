@@ -173,8 +173,12 @@ def device(request) -> str:
 
 @pytest.fixture
 def plan(request) -> Plan:
-    """The run's seed, capture sizes and batch sequences."""
-    return resolve(request.config).plan
+    """The run's seed, capture sizes and batch sequences; for a test of one subject, its far batches capped
+    at the batches its model serves."""
+    plan = resolve(request.config).plan
+    if "subject" in request.fixturenames:
+        plan = dataclasses.replace(plan, max_batch=request.getfixturevalue("subject").case.max_batch)
+    return plan
 
 
 @pytest.fixture

@@ -4,10 +4,12 @@ property.
 - `Plan.draw(seed, max_size, max_count)`: capture sizes drawn by hypothesis under `@seed(seed)` (the same
   seed, the same sizes): the largest between min(8, max_size) and max_size, and 1 to max_count - 1 more below
   it.
-- `Plan.sweep`: every batch from 1 to the largest capture size + 2 ascending, each capture size served twice
-  in a row, largest first, then every batch descending (above `SWEEP_EVERY_BATCH`: 1, 2, each capture size and
-  its neighbours, the largest + 2). Every property that serves sequences serves the sweep first, so a runtime
-  wrong at any one batch size up to just above the largest fails whatever the draw.
+- `Plan.sweep`: every batch from 1 to the largest capture size + 2 ascending, then the `far` batches (2 x the
+  largest + 1, and at least `FAR_BATCH`: served without CUDA graphs), each capture size served twice in a row,
+  largest first, then every batch descending (above `SWEEP_EVERY_BATCH`: 1, 2, each capture size and its
+  neighbours, the largest + 2). Every property that serves sequences serves the sweep first, so a runtime
+  wrong at any one batch size up to just above the largest, or far above it, fails whatever the draw. A
+  model's `max_batch` caps the far batches (the `plan` fixture sets it per subject).
 - `Plan.sequences()`: hypothesis' batch sequences up to a quarter above the largest size (at least 2 above):
   random, ascending, descending, repeated, rich in capture sizes and their neighbours.
 - `serve(plan, step, name)`: `step(i, batch)` (one call and its checks) over the sweep, then over drawn
@@ -25,13 +27,14 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 
-__all__ = ["Plan", "serve", "DEFAULT_MAX_SIZE", "DEFAULT_MAX_COUNT"]
+__all__ = ["Plan", "serve", "DEFAULT_MAX_SIZE", "DEFAULT_MAX_COUNT", "FAR_BATCH"]
 
 DEFAULT_MAX_SIZE = 12  # a sweep of 1..14 per property keeps the default CPU run short; widen for nightly runs
 DEFAULT_MAX_COUNT = 4
 SWEEP_EVERY_BATCH = (
     64  # sweeps up to this batch serve every batch; larger ones each capture size and its neighbours
 )
+FAR_BATCH = 129  # the sweep reaches at least this batch, past the largest capture size (`Plan.far`)
 _QUIET: dict[str, Any] = dict(
     database=None,
     deadline=None,
@@ -76,6 +79,7 @@ class Plan:
 
     seed: int
     capture_sizes: tuple[int, ...]
+    max_batch: int | None = None  # the largest batch the subject's model serves: caps `far`
 
     @classmethod
     def draw(
@@ -94,6 +98,13 @@ class Plan:
         return top + max(2, top // 4)
 
     @property
+    def far(self) -> list[int]:
+        """Batches far above the largest capture size: 2 x it + 1, and at least `FAR_BATCH`; none above
+        `max_batch`."""
+        top, cap = max(self.capture_sizes), self.max_batch or float("inf")
+        return sorted({b for b in (2 * top + 1, max(FAR_BATCH, 4 * top + 1)) if top + 2 < b <= cap})
+
+    @property
     def sweep(self) -> list[int]:
         top = max(self.capture_sizes)
         if top + 2 <= SWEEP_EVERY_BATCH:
@@ -102,6 +113,7 @@ class Plan:
             up = sorted(
                 {1, 2, *(b for s in self.capture_sizes for b in (s - 1, s, s + 1) if b >= 1), top + 2}
             )
+        up += self.far
         return up + [size for size in sorted(self.capture_sizes, reverse=True) for _ in (0, 1)] + up[::-1]
 
     @property

@@ -58,7 +58,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         metavar="NAME|PATH",
         help="model to test, or the path of a Hugging Face config.json (repeatable; default: silly, "
-        "silly-inplace, toy-llama, hf-llama, llama; 'all': every model)",
+        "silly-inplace, toy-llama, toy-llama-bf16, hf-llama, llama; 'all': every model)",
     )
     group.addoption(
         "--conformance-device",

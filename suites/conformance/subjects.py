@@ -111,10 +111,10 @@ class Subject:
         return f"{self.impl.name}@{self.case.name}"
 
 
-# The default models: one of each kind (tiny, writing its argument, llama-shaped, Hugging Face, paged-KV
-# attention). ToyLlama's closed-form variant (`toy-llama-tractable`) repeats ToyLlama's pieces with an answer
-# known in closed form: name it, or "all", to run it too.
-DEFAULT_MODELS = ("silly", "silly-inplace", "toy-llama", "hf-llama", "llama")
+# The default models: one of each kind (tiny, writing its argument, llama-shaped in float32 and in bfloat16,
+# Hugging Face, paged-KV attention). ToyLlama's closed-form variant (`toy-llama-tractable`) repeats ToyLlama's
+# pieces with an answer known in closed form: name it, or "all", to run it too.
+DEFAULT_MODELS = ("silly", "silly-inplace", "toy-llama", "toy-llama-bf16", "hf-llama", "llama")
 
 
 def select(impl_specs: list[str], model_names: list[str]) -> list[Subject]:

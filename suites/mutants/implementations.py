@@ -14,7 +14,9 @@ import torch
 from hypothesis import strategies as st
 
 import pieceworks
+import pieceworks.conformance.plan as plan
 import pieceworks.conformance.plugin as conformance
+import pieceworks.conformance.subjects as subjects
 import pieceworks.harness.adapters as impls
 import pieceworks.harness.adapters.base as adapter_base
 import pieceworks.harness.measure.breakdown as breakdown
@@ -382,3 +384,19 @@ def split_route_takes_any_argument(mp: pytest.MonkeyPatch) -> None:
 
     everything = type("Everything", (), {"__contains__": lambda self, key: True})()
     mp.setattr(hf, "COMPUTED", everything)
+
+
+@mutant(
+    "the conformance sweep stops just above the largest capture size: a runtime wrong above batch 100 passes",
+    cpu="suites/test_conformance_suite.py::test_each_planted_bug_fails_its_property",
+)
+def conformance_sweep_stops_near_the_largest(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(plan.Plan, "far", property(lambda self: []))
+
+
+@mutant(
+    "the conformance suite's default models are all float32",
+    cpu="suites/test_conformance_plan.py::test_the_default_models_hold_a_bfloat16_one",
+)
+def conformance_models_all_float32(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(subjects, "DEFAULT_MODELS", ("silly", "silly-inplace", "toy-llama", "hf-llama", "llama"))
