@@ -89,6 +89,8 @@ def test_host_overhead_cpu(benchmark, one_thread):
         benchmark.extra_info.update(parts, device="cpu", model="ToyLlama(2 layers, hidden 16)", mode="NONE")
         benchmark.pedantic(compiled, args=args, rounds=15, iterations=10, warmup_rounds=2)
     assert parts["pieces"] == len(work)
+    low, high = parts["overhead_per_piece_range_us"]
+    assert low <= parts["overhead_per_piece_us"] <= high
 
 
 def test_the_breakdown_takes_the_route_from_the_model(monkeypatch):
@@ -183,3 +185,34 @@ def test_host_overhead_gpu(benchmark, shared_cache_dir, mode, batch):
             torch=torch.__version__,
         )
         benchmark.pedantic(compiled, args=args, rounds=50, iterations=20, warmup_rounds=5)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_the_breakdown_records_each_call_as_full_decode_only_runs_it():
+    """Under FULL_DECODE_ONLY a mixed call runs unpadded on its own tensors, without CUDA graphs, and a
+    uniform decode call replays its FULL graph at the padded size: the breakdown records each as it ran."""
+    torch.manual_seed(0)
+    model = models.ToyLlama(models.ToyLlamaConfig(num_layers=2)).cuda()
+    config = pieceworks.CompilationConfig(
+        splitting_ops=models.SPLITTING_OPS,
+        compiler="eager",
+        cudagraph_mode="FULL_DECODE_ONLY",
+        cudagraph_capture_sizes=[4, 8],
+    )
+    compiled = pieceworks.compile(model, config)
+    compiled(*models.toy_llama_inputs(3, device="cuda"))
+    compiled.capture()
+    args = models.toy_llama_inputs(5, device="cuda", seed=5)
+    out, work = breakdown.record(compiled, args)
+    out = out.clone()
+    _covers_every_piece_in_order(compiled, work)
+    assert not any(w.graph_replay for w in work)
+    for w in work:
+        last = w.run()
+    assert _output_like(last, out).shape[0] == 5  # the call's own rows, not the 8 of the static buffers
+    torch.testing.assert_close(_output_like(last, out), out, rtol=0, atol=0)
+    out, work = breakdown.record(compiled, args, uniform=True)
+    out = out.clone()
+    assert [w.graph_replay for w in work] == [True]
+    torch.testing.assert_close(_output_like(work[0].run(), out)[:5], out, rtol=0, atol=0)

@@ -209,6 +209,22 @@ def test_pytest_benchmarks_file_is_read_by_the_commit_it_records(tmp_path, same_
     assert ("(1 result files of other commits, or recording none, are left out)" in text) != same_commit
 
 
+def test_the_host_overhead_per_piece_shows_its_range_over_rounds(tmp_path):
+    """One number from runs that differ 7x on a shared machine says nothing: a row that recorded its
+    overhead per piece's range over rounds shows it beside the median; one from before shows the median."""
+    _regenerate(tmp_path)
+    path = tmp_path / "results" / "bench" / MACHINE / "host_overhead.json"
+    doc = json.loads(path.read_text())
+    doc["commit_info"]["id"] = SAMPLE_COMMIT
+    rows = [b for b in doc["benchmarks"] if "mode" in b.get("extra_info", {})]
+    rows[0]["extra_info"].update(overhead_per_piece_us=0.85, overhead_per_piece_range_us=[0.8, 5.93])
+    rows[1]["extra_info"].pop("overhead_per_piece_range_us", None)
+    path.write_text(json.dumps(doc))
+    text = _report(tmp_path / "results")
+    assert "| 0.85 (0.80-5.93) |" in text, text
+    assert f"| {rows[1]['extra_info']['overhead_per_piece_us']:.2f} |" in text
+
+
 def test_a_partial_serving_run_says_so(tmp_path):
     """A serving run stopped by its time limit (its details written after each phase, `partial` naming the
     last) is shown as partial; a whole one is not."""

@@ -43,7 +43,13 @@ TRACKS: dict[str, tuple[str, ...]] = {
         "capture_seconds",
     ),
     "starts": ("first_call_seconds", "process_seconds", "inductor_compiles", "artifacts_loaded"),
-    "host_overhead": ("forward_us", "overhead_per_forward_us", "overhead_per_piece_us"),
+    "host_overhead": (
+        "forward_us",
+        "overhead_per_forward_us",
+        "overhead_per_piece_us",
+        "overhead_per_piece_min_us",
+        "overhead_per_piece_max_us",
+    ),
     "dispatch": (),
     "code_size": ("lines",),
 }

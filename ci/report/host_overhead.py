@@ -15,7 +15,7 @@ HOST_COLUMNS = {
     "compiled pieces alone (graph replays)": "compiled_pieces_alone_us",
     "splitting ops alone": "splitting_ops_alone_us",
     "overhead µs": "overhead_us",
-    "per piece µs": "overhead_per_piece_us",
+    "per piece µs (range over rounds)": "overhead_per_piece_us",
     "replay µs": "replay_run_us",
     "forward / replay": "call_over_replay",
     "wall µs": "wall_us",
@@ -44,7 +44,7 @@ def host_overhead(r: Results) -> Part:
             *md_table(
                 list(HOST_COLUMNS),
                 "llrrrrrrrrrr",
-                ([fmt(x.get(k), digits.get(k, 1)) for k in HOST_COLUMNS.values()] for x in rows),
+                ([_cell(x, k, digits.get(k, 1)) for k in HOST_COLUMNS.values()] for x in rows),
             ),
         ]
     else:
@@ -79,7 +79,7 @@ def host_overhead(r: Results) -> Part:
             reason,
         )
     )
-    name = BENCHMARKS["host_overhead"]["cpu"]  # forward, overhead per forward, per piece
+    name = BENCHMARKS["host_overhead"]["cpu"]  # forward, overhead per forward, per piece, its range
     cpu = {
         m: [r.value(f"{name}.track_{k}", m) for k in TRACKS["host_overhead"]] for m in ("tiny", "toy_llama")
     }
@@ -93,10 +93,22 @@ def host_overhead(r: Results) -> Part:
                 "asv, CPU (mode NONE, host clock), µs:",
                 "",
                 *md_table(
-                    ["model", "forward", "overhead per forward", "per piece"],
+                    ["model", "forward", "overhead per forward", "per piece (range over rounds)"],
                     "lrrr",
-                    ([m, fmt(f), fmt(o), fmt(p, 2)] for m, (f, o, p) in cpu.items()),
+                    ([m, fmt(f), fmt(o), with_range(p, lo, hi)] for m, (f, o, p, lo, hi) in cpu.items()),
                 ),
             ]
         )
     )
+
+
+def with_range(value: float | None, low: float | None, high: float | None) -> str:
+    """`value` to 2 digits, with its range over rounds where the run recorded one (runs before it did not)."""
+    return fmt(value, 2) + (f" ({low:.2f}-{high:.2f})" if low is not None and high is not None else "")
+
+
+def _cell(row: dict, field: str, digits: int) -> str:
+    """A cell of the pytest-benchmark table: the overhead per piece with its range over rounds."""
+    if field == "overhead_per_piece_us":
+        return with_range(row.get(field), *row.get("overhead_per_piece_range_us", (None, None)))
+    return fmt(row.get(field), digits)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -173,16 +174,17 @@ def measure(
     work: Sequence[PieceWork],
     time_us: Callable[..., dict[str, float]],
     replay: Callable[[], Any] | None = None,
-) -> dict[str, float]:
-    """Median µs of `forward()`, of the compiled pieces' and of the splitting pieces' work (each back to
-    back), each timed by `time_us` (timing.cuda_time_us, host_time_us), and the rest: host overhead, per
-    forward and per piece. With `replay` (`replay_run`): its median µs and forward / replay."""
-    compiled_work = [w.run for w in work if not w.splitting]
-    splitting_work = [w.run for w in work if w.splitting]
-    forward_us = time_us(forward)["median_us"]
-    compiled_us = time_us(in_order(compiled_work))["median_us"] if compiled_work else 0.0
-    splitting_us = time_us(in_order(splitting_work))["median_us"] if splitting_work else 0.0
-    overhead = forward_us - compiled_us - splitting_us
+    rounds: int = 5,
+) -> dict[str, Any]:
+    """Median µs over `rounds` rounds (each timing every part in turn with `time_us`: timing.cuda_time_us,
+    host_time_us) of `forward()` and of the compiled and the splitting pieces' work (each back to back), and
+    the rest: host overhead, per forward and per piece (with its per-round range). With `replay`
+    (`replay_run`): its median µs and forward / replay."""
+    parts = ([w.run for w in work if w.splitting is splitting] for splitting in (False, True))
+    runs = [forward, *(in_order(fns) if fns else None for fns in parts)]
+    samples = [[time_us(fn)["median_us"] if fn else 0.0 for fn in runs] for _ in range(rounds)]
+    forward_us, compiled_us, splitting_us = (statistics.median(column) for column in zip(*samples))
+    overheads, pieces = sorted(f - c - s for f, c, s in samples), max(len(work), 1)
     extra = {}
     if replay is not None:
         replay_us = time_us(replay)["median_us"]
@@ -191,8 +193,9 @@ def measure(
         "forward_us": forward_us,
         "compiled_pieces_alone_us": compiled_us,
         "splitting_ops_alone_us": splitting_us,
-        "overhead_us": overhead,
+        "overhead_us": statistics.median(overheads),
         "pieces": len(work),
         "graph_replays": sum(w.graph_replay for w in work),
-        "overhead_per_piece_us": overhead / len(work) if work else float("nan"),
+        "overhead_per_piece_us": statistics.median(overheads) / pieces if work else float("nan"),
+        "overhead_per_piece_range_us": [overheads[0] / pieces, overheads[-1] / pieces],
     }

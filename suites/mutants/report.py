@@ -16,6 +16,7 @@ import pieceworks.harness.measure.warm_start as warm_start
 import pieceworks.harness.testing.scenario as scenario
 import pieceworks.report as report
 import pieceworks.report.document as document
+import pieceworks.report.host_overhead as host_overhead
 import pieceworks.report.latency as latency
 import pieceworks.report.notes as notes
 import pieceworks.report.parts as parts
@@ -280,3 +281,11 @@ def user_model_unchecked_on_a_cpu(mp: pytest.MonkeyPatch) -> None:
     import suites.benchmarks.serving as serving_benchmark
 
     mp.setattr(serving_benchmark, "cpu_check", lambda path: "built as a paged model on the CPU (not checked)")
+
+
+@mutant(
+    "the host-overhead report prints one number per cell, the range over rounds left out",
+    cpu=_REPORT + "test_the_host_overhead_per_piece_shows_its_range_over_rounds",
+)
+def host_overhead_range_hidden(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(host_overhead, "with_range", lambda value, low, high: parts.fmt(value, 2))
