@@ -46,6 +46,15 @@ def fresh_dynamo_and_cache(tmp_path, monkeypatch):
     torch._dynamo.reset()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`slow` tests are opt-in: they run where `-m` names them (`-m slow`), and are deselected (counted in
+    pytest's summary) otherwise."""
+    if "slow" not in (config.option.markexpr or ""):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
 @pytest.fixture
 def cuda():
     if not torch.cuda.is_available():

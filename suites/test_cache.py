@@ -185,7 +185,6 @@ def test_cache_key_changes_with_config_not_with_path(tmp_path):
     assert str(tmp_path) not in json.dumps(factors)
 
 
-@pytest.mark.slow
 def test_concurrent_cold_processes_share_the_work(tmp_path):
     """3 processes start one model on one empty cache at once: each entry is compiled by one of them (under
     that entry's lock) and loaded by the others; nothing is lost, torn or left behind."""

@@ -1,0 +1,560 @@
+"""The new-user sweep: what a new user tries on a compiled model, each try judged against eager.
+
+`python -m suites.new_user_sweep` (CPU, about a minute) runs every try of `TRIES` and prints a line each and
+the totals; it exits 1 where a try gave a silent difference or a crash from inside torch, or another outcome
+than it declares. `suites/test_new_user_sweep.py` runs it in the test suite. A try does something to a
+compiled model, its arguments, the process, the config or the cache (after the first call, where it says so),
+then calls the eager and the compiled model alike; its outcome is
+
+- `right`: the compiled call gives eager's output (or raises eager's exception type);
+- `refused`: it raises an error that names pieceworks' problem and fix (a pieceworks error class, or a
+  message naming pieceworks), where eager may run;
+- `silent`: another output than eager's, without an error;
+- `crash`: any other exception (from inside torch, say).
+
+Every try declares the outcome it must have (`right` or `refused`): the sweep fails on any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+import pieceworks
+from pieceworks import CompilationConfig
+from pieceworks.harness.models import toy  # noqa: F401 - registers silly::attention
+
+GAIN = 1.0  # a module global `Layer.forward` reads
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:  # a module-level helper `Layer.forward` calls
+    return torch.nn.functional.gelu(x)
+
+
+class Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.eps, self.heads = 1e-6, 4
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        h = gelu(h.view(h.shape[0], self.heads, -1).softmax(-1).flatten(1)) * GAIN
+        out = torch.empty_like(h)
+        torch.ops.silly.attention(h, h, h, out)
+        return out + x
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = 2.0
+        self.layers = nn.ModuleList([Layer(), Layer()])
+        self.register_buffer("shift", torch.linspace(-1, 1, 8))
+
+    def forward(self, x: torch.Tensor, factor: float = 1.0) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x) * self.scale
+        return x * factor + self.shift
+
+
+class Branches(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        return out * 2 if x.shape[0] > 8 else out
+
+
+class ReadsEnvironment(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        return out * float(os.getenv("PIECEWORKS_SWEEP_VALUE", "1"))
+
+
+@dataclasses.dataclass
+class Setup:
+    """A try's model, its compiled model (first called with `x`) and the config it was compiled with."""
+
+    model: nn.Module
+    compiled: Any
+    x: torch.Tensor
+    config: CompilationConfig
+
+
+def config(**fields: Any) -> CompilationConfig:
+    return CompilationConfig(
+        **{"splitting_ops": ["silly::attention"], "compiler": "eager", "cudagraph_mode": "NONE", **fields}
+    )
+
+
+def served(model: nn.Module | None = None, first: int = 5, **fields: Any) -> Setup:
+    """`model` (default `Model()`, seed 0) compiled and called once with a batch of `first` rows."""
+    torch.manual_seed(0)
+    model, frozen = Model() if model is None else model, config(**fields)
+    setup = Setup(model, pieceworks.compile(model, frozen), torch.randn(first, 8), frozen)
+    with torch.no_grad():
+        setup.compiled(setup.x)
+    return setup
+
+
+@dataclasses.dataclass
+class Try:
+    """`run()` returns (eager call, compiled call): each a callable of no arguments, called in that order."""
+
+    name: str
+    area: str
+    expect: str  # "right" or "refused"
+    run: Callable[[], tuple[Callable[[], Any], Callable[[], Any]]]
+
+
+TRIES: list[Try] = []
+
+
+def attempt(area: str, expect: str = "right") -> Callable:
+    def register(fn: Callable) -> Callable:
+        TRIES.append(Try(fn.__name__.replace("_", " "), area, expect, fn))
+        return fn
+
+    return register
+
+
+def after_first_call(change: Callable[[Setup], Any], batch: int = 3, **fields: Any) -> tuple:
+    """The eager and compiled calls of a batch of `batch` rows after `change(setup)`."""
+    s = served(**fields)
+    change(s)
+    y = torch.randn(batch, 8)
+    return (lambda: s.model(y)), (lambda: s.compiled(y))
+
+
+@contextlib.contextmanager
+def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, old)
+
+
+# ---- the model's state after the first call --------------------------------------------------------------
+for _name, _change in {
+    "an attribute set": lambda s: setattr(s.model, "scale", 3.0),
+    "an attribute set to the same value": lambda s: setattr(s.model, "scale", 2.0),
+    "a submodule's attribute set": lambda s: setattr(s.model.layers[0], "eps", 10.0),
+    "an attribute baked into a view set": lambda s: setattr(s.model.layers[1], "heads", 2),
+    "train mode": lambda s: s.model.train(),
+    "a forward hook registered": lambda s: s.model.layers[0].register_forward_hook(lambda m, a, o: o * 10),
+    "a forward pre-hook registered": lambda s: s.model.register_forward_pre_hook(lambda m, a: (a[0] * 3,)),
+    "an instance's forward replaced": lambda s: setattr(s.model.layers[1], "forward", lambda x: x * 7),
+    "weights loaded in place": lambda s: s.model.load_state_dict(
+        {k: torch.randn_like(v) for k, v in s.model.state_dict().items()}
+    ),
+    "a parameter copied into": lambda s: s.model.layers[0].proj.weight.data.mul_(3),
+    "a buffer written in place": lambda s: s.model.shift.add_(5),
+    "a submodule's parameters reinitialised in place": lambda s: s.model.layers[1].proj.reset_parameters(),
+    "deterministic algorithms on": lambda s: torch.use_deterministic_algorithms(True),
+    "a weight parametrized": lambda s: torch.nn.utils.parametrize.register_parametrization(
+        s.model.layers[0].proj, "weight", _Double()
+    ),
+}.items():
+
+    def _state_try(change: Callable = _change) -> tuple:
+        try:
+            return after_first_call(change)
+        finally:
+            torch.use_deterministic_algorithms(False)
+
+    TRIES.append(Try(_name, "model state", "right", _state_try))
+
+
+class _Double(nn.Module):
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return w * 2
+
+
+for _name, _change in {
+    "a parameter replaced": lambda s: setattr(
+        s.model.layers[0].proj, "weight", nn.Parameter(torch.ones(8, 8))
+    ),
+    "weights loaded with assign=True": lambda s: s.model.load_state_dict(s.model.state_dict(), assign=True),
+    "the model moved to float64": lambda s: s.model.double(),
+    "a submodule replaced": lambda s: setattr(s.model.layers[0], "proj", nn.Linear(8, 8)),
+}.items():
+    TRIES.append(Try(_name, "model state", "refused", lambda change=_change: after_first_call(change)))
+
+
+@attempt("model state")
+def a_hook_the_trace_ran_removed() -> tuple:
+    torch.manual_seed(0)
+    model = Model()
+    handle = model.layers[0].register_forward_hook(lambda m, a, o: o + 1)
+    s = served(model)
+    handle.remove()
+    return (lambda: s.model(s.x)), (lambda: s.compiled(s.x))
+
+
+@attempt("model state")
+def the_class_forward_replaced() -> tuple:
+    s = served()
+    eager, compiled = (lambda: s.model(s.x)), (lambda: s.compiled(s.x))
+
+    def with_new_forward(fn: Callable) -> Callable:
+        def call() -> Any:
+            with patched(Layer, "forward", lambda self, x: self.proj(x) * 7):
+                return fn()
+
+        return call
+
+    return with_new_forward(eager), with_new_forward(compiled)
+
+
+@attempt("model state", "refused")
+def a_global_forward_hook_registered() -> tuple:
+    s = served()
+
+    def hooked(fn: Callable) -> Callable:
+        def call() -> Any:
+            handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: o)
+            try:
+                return fn()
+            finally:
+                handle.remove()
+
+        return call
+
+    return hooked(lambda: s.model(s.x)), hooked(lambda: s.compiled(s.x))
+
+
+# ---- what the process holds: globals, modes, the environment ----------------------------------------------
+def _in_process(name: str, value: Any, owner: Any = None) -> tuple:
+    s = served()
+    target = sys.modules[__name__] if owner is None else owner
+
+    def changed(fn: Callable) -> Callable:
+        def call() -> Any:
+            with patched(target, name, value):
+                return fn()
+
+        return call
+
+    return changed(lambda: s.model(s.x)), changed(lambda: s.compiled(s.x))
+
+
+@attempt("process")
+def a_module_global_changed() -> tuple:
+    return _in_process("GAIN", 5.0)
+
+
+@attempt("process")
+def a_module_level_helper_replaced() -> tuple:
+    return _in_process("gelu", torch.tanh)
+
+
+def _under(context: Callable[[], Any], first_under: bool = False) -> tuple:
+    s = served() if not first_under else None
+    if first_under:
+        with context():
+            s = served()
+    assert s is not None
+
+    def call(fn: Callable) -> Callable:
+        def run() -> Any:
+            with contextlib.nullcontext() if first_under else context():
+                return fn()
+
+        return run
+
+    return call(lambda: s.model(s.x)), call(lambda: s.compiled(s.x))
+
+
+@attempt("process")
+def autocast_entered_after_the_first_call() -> tuple:
+    return _under(lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+
+
+@attempt("process")
+def the_first_call_made_under_autocast() -> tuple:
+    return _under(lambda: torch.autocast("cpu", dtype=torch.bfloat16), first_under=True)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+@attempt("process")
+def the_default_dtype_set() -> tuple:
+    s = served(model=ReadsDefaultDtype())
+    return _wrapped(s, lambda: _default_dtype(torch.float64))
+
+
+class ReadsDefaultDtype(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        return out + torch.ones(x.shape[-1])
+
+
+def _wrapped(s: Setup, context: Callable[[], Any]) -> tuple:
+    def call(fn: Callable) -> Callable:
+        def run() -> Any:
+            with context():
+                return fn()
+
+        return run
+
+    return call(lambda: s.model(s.x)), call(lambda: s.compiled(s.x))
+
+
+@contextlib.contextmanager
+def _environment(value: str) -> Iterator[None]:
+    os.environ["PIECEWORKS_SWEEP_VALUE"] = value
+    try:
+        yield
+    finally:
+        del os.environ["PIECEWORKS_SWEEP_VALUE"]
+
+
+@attempt("process")
+def an_environment_variable_read_in_forward_changed_in_a_warm_start() -> tuple:
+    folder = tempfile.mkdtemp(prefix="pieceworks-sweep-")
+    with _environment("1"):
+        served(model=ReadsEnvironment(), cache_dir=folder, compiler="inductor")
+    torch._dynamo.reset()
+    model, x = ReadsEnvironment(), torch.randn(5, 8)
+    compiled = pieceworks.compile(model, config(cache_dir=folder, compiler="inductor"))
+    s = Setup(model, compiled, x, config())
+    return _wrapped(s, lambda: _environment("6"))
+
+
+# ---- inputs -----------------------------------------------------------------------------------------------
+def _call(args: Callable[[], tuple], kwargs: Callable[[], dict] | None = None, **fields: Any) -> tuple:
+    s = served(**fields)
+    a, k = args(), (kwargs or dict)()
+    return (lambda: s.model(*a, **k)), (lambda: s.compiled(*a, **k))
+
+
+for _name, (_args, _expect) in {
+    "batch 1 after a first call of 5": (lambda: (torch.randn(1, 8),), "right"),
+    "batch 1000": (lambda: (torch.randn(1000, 8),), "right"),
+    "a transposed argument": (lambda: (torch.randn(8, 7).t(),), "right"),
+    "a sliced argument": (lambda: (torch.randn(6, 16)[:, ::2],), "right"),
+    "NaN rows": (lambda: (torch.full((3, 8), float("nan")),), "right"),
+    "float64 where the first call had float32": (
+        lambda: (torch.randn(3, 8, dtype=torch.float64),),
+        "refused",
+    ),
+    "another trailing size": (lambda: (torch.randn(3, 9),), "refused"),
+    "another rank": (lambda: (torch.randn(3, 8, 1),), "refused"),
+    "a 0-d tensor": (lambda: (torch.tensor(1.0),), "refused"),
+    "an empty batch": (lambda: (torch.randn(0, 8),), "refused"),
+    "another non-tensor value": (lambda: (torch.randn(3, 8), 2.0), "refused"),
+    "an int where the first call left a float default": (lambda: (torch.randn(3, 8), 1), "refused"),
+}.items():
+    TRIES.append(Try(_name, "inputs", _expect, lambda args=_args: _call(args)))
+
+
+@attempt("inputs")
+def a_keyword_call_after_a_positional_one() -> tuple:
+    return _call(tuple, lambda: {"x": torch.randn(3, 8)})
+
+
+@attempt("inputs", "refused")
+def a_keyword_forward_does_not_take() -> tuple:
+    return _call(lambda: (torch.randn(3, 8),), lambda: {"y": 1})
+
+
+@attempt("inputs, grad on", "refused")
+def an_argument_that_requires_grad_with_grad_on() -> tuple:
+    s = served()
+    x = torch.randn(3, 8, requires_grad=True)
+    return (lambda: s.model(x)), (lambda: s.compiled(x))
+
+
+@attempt("inputs", "refused")
+def a_batch_on_another_branch_than_the_trace() -> tuple:
+    s = served(model=Branches())
+    y = torch.randn(12, 8)
+    return (lambda: s.model(y)), (lambda: s.compiled(y))
+
+
+# ---- threads ----------------------------------------------------------------------------------------------
+@attempt("threads")
+def first_calls_from_four_threads() -> tuple:
+    torch.manual_seed(0)
+    model = Model()
+    compiled = pieceworks.compile(model, config())
+    inputs = [torch.randn(b, 8) for b in (2, 3, 5, 7)]
+
+    def threaded(fn: Callable) -> Callable:
+        def run() -> Any:
+            results: dict[int, Any] = {}
+            start = threading.Barrier(len(inputs))
+
+            def call(k: int) -> None:
+                start.wait()
+                with torch.no_grad():
+                    results[k] = fn(inputs[k])
+
+            threads = [threading.Thread(target=call, args=(k,)) for k in range(len(inputs))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if len(results) < len(inputs):
+                raise RuntimeError("a thread's call raised")
+            return torch.cat([results[k] for k in range(len(inputs))])
+
+        return run
+
+    return threaded(model), threaded(compiled)
+
+
+# ---- config and torch.compile ---------------------------------------------------------------------------
+def _refused_at_build(build: Callable[[], Any]) -> tuple:
+    return (lambda: None), build
+
+
+@attempt("config", "refused")
+def an_unknown_inductor_option() -> tuple:
+    return _refused_at_build(lambda: config(inductor_compile_config={"max_autotun": True}))
+
+
+@attempt("config", "refused")
+def an_inductor_option_of_another_type() -> tuple:
+    return _refused_at_build(lambda: config(inductor_compile_config={"max_autotune": "yes"}))
+
+
+@attempt("config", "refused")
+def a_misspelt_splitting_op() -> tuple:
+    def build() -> Any:
+        compiled = pieceworks.compile(Model(), config(splitting_ops=["silly::atention"]))
+        return compiled(torch.randn(3, 8))
+
+    return (lambda: None), build
+
+
+@attempt("config", "refused")
+def a_config_field_set_after_compiling() -> tuple:
+    s = served()
+    return (lambda: None), (lambda: setattr(s.config, "compile_sizes", [4]))
+
+
+@attempt("config", "refused")
+def compiling_a_compiled_model() -> tuple:
+    s = served()
+    return (lambda: None), (lambda: pieceworks.compile(s.compiled))
+
+
+@attempt("torch.compile", "refused")
+def torch_compile_with_an_inductor_mode() -> tuple:
+    torch._dynamo.reset()
+    model, x = Model(), torch.randn(3, 8)
+    fn = torch.compile(model, backend="pieceworks", mode="reduce-overhead")
+    return (lambda: model(x)), (lambda: fn(x))
+
+
+@attempt("torch.compile")
+def torch_compile_recompiling_for_a_changed_global() -> tuple:
+    torch._dynamo.reset()
+    model, x = Model(), torch.randn(3, 8)
+    options = {"splitting_ops": ["silly::attention"], "compiler": "eager", "cudagraph_mode": "NONE"}
+    fn = torch.compile(model, backend="pieceworks", fullgraph=True, options=options)
+    with torch.no_grad():
+        fn(x)
+
+    def changed(call: Callable) -> Callable:
+        def run() -> Any:
+            with patched(sys.modules[__name__], "GAIN", 3.0):
+                return call()
+
+        return run
+
+    return changed(lambda: model(x)), changed(lambda: fn(x))
+
+
+# ---- the cache ------------------------------------------------------------------------------------------
+@attempt("cache")
+def a_cache_folder_holding_a_space() -> tuple:
+    folder = os.path.join(tempfile.mkdtemp(prefix="pieceworks-sweep-"), "my cache")
+    return _call(lambda: (torch.randn(3, 8),), cache_dir=folder, compiler="inductor")
+
+
+@attempt("cache")
+def a_cache_folder_that_is_a_file() -> tuple:
+    path = tempfile.mkstemp(prefix="pieceworks-sweep-")[1]
+    return _call(lambda: (torch.randn(3, 8),), cache_dir=path, compiler="inductor")
+
+
+@attempt("cache")
+def a_warm_start_of_the_same_model() -> tuple:
+    folder = tempfile.mkdtemp(prefix="pieceworks-sweep-")
+    served(cache_dir=folder, compiler="inductor")
+    return _call(lambda: (torch.randn(3, 8),), cache_dir=folder, compiler="inductor")
+
+
+def judge(attempted: Try) -> str:
+    """`right`, `refused`, `silent` or `crash` (see the module doc), with the reason after a colon."""
+    with contextlib.nullcontext() if "grad on" in attempted.area else torch.no_grad():
+        try:
+            eager, compiled = attempted.run()
+        except Exception as exc:  # noqa: BLE001 - judged below
+            return _error(exc, None)
+        try:
+            expected: Any = eager()
+        except Exception as exc:  # noqa: BLE001 - the compiled call must raise the same
+            expected = exc
+        try:
+            got = compiled()
+        except Exception as exc:  # noqa: BLE001 - judged below
+            return _error(exc, expected if isinstance(expected, Exception) else None)
+    if isinstance(expected, Exception):
+        return f"silent: eager raised {type(expected).__name__}, the compiled call did not"
+    if expected is None or got is None:
+        return "right" if got is expected else "silent: returned a value where eager returned None"
+    if got.dtype != expected.dtype or got.shape != expected.shape:
+        return f"silent: {got.dtype} {tuple(got.shape)}, eager's {expected.dtype} {tuple(expected.shape)}"
+    close = torch.allclose(got.float(), expected.float(), rtol=1e-4, atol=1e-4, equal_nan=True)
+    return "right" if close else f"silent: differs by {float((got - expected).abs().nan_to_num().max()):.3g}"
+
+
+def _error(exc: BaseException, eager: BaseException | None) -> str:
+    if eager is not None and type(exc) is type(eager):
+        return "right"
+    ours = type(exc).__module__.startswith("pieceworks") or "pieceworks" in str(exc)
+    return f"{'refused' if ours else 'crash'}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+
+
+def main() -> int:
+    """Run every try; print each outcome and the totals; 1 where a try's outcome is not the declared one."""
+    wrong = 0
+    totals: dict[str, int] = {}
+    for attempted in TRIES:
+        torch._dynamo.reset()
+        outcome = judge(attempted)
+        kind = outcome.split(":")[0]
+        totals[kind] = totals.get(kind, 0) + 1
+        wrong += kind != attempted.expect
+        mark = "ok " if kind == attempted.expect else "BAD"
+        print(f"{mark} {attempted.area:13} {attempted.name}: {outcome}", flush=True)
+    print(f"{len(TRIES)} tries: " + ", ".join(f"{n} {k}" for k, n in sorted(totals.items())), flush=True)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
