@@ -18,8 +18,10 @@ Every try declares the outcome it must have (`right` or `refused`): the sweep fa
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
+import pickle
 import sys
 import tempfile
 import threading
@@ -506,6 +508,113 @@ def a_warm_start_of_the_same_model() -> tuple:
     folder = tempfile.mkdtemp(prefix="pieceworks-sweep-")
     served(cache_dir=folder, compiler="inductor")
     return _call(lambda: (torch.randn(3, 8),), cache_dir=folder, compiler="inductor")
+
+
+# ---- a warm start served from the serving record, then changed ----------------------------------------
+def _warm(change: Callable[[Setup], Any], model: Callable[[], nn.Module] = Model, batch: int = 3) -> tuple:
+    """The eager and compiled calls of a batch of `batch` after `change`, the model served from its record."""
+    folder = tempfile.mkdtemp(prefix="pieceworks-sweep-")
+    served(model(), cache_dir=folder, compiler="inductor")
+    torch._dynamo.reset()
+    with pieceworks.counters.expect(num_traces_reused=1):  # a warm start, or the try crashes
+        s = served(model(), cache_dir=folder, compiler="inductor")
+    change(s)
+    y = torch.randn(batch, 8)
+    return (lambda: s.model(y)), (lambda: s.compiled(y))
+
+
+@attempt("warm start")
+def an_attribute_set_after_a_warm_start() -> tuple:
+    return _warm(lambda s: setattr(s.model, "scale", 3.0))
+
+
+@attempt("warm start")
+def a_module_global_changed_after_a_warm_start() -> tuple:
+    warm = _warm(lambda s: None)
+
+    def changed(fn: Callable) -> Callable:
+        def run() -> Any:
+            with patched(sys.modules[__name__], "GAIN", 4.0):
+                return fn()
+
+        return run
+
+    return changed(warm[0]), changed(warm[1])
+
+
+@attempt("warm start", "refused")
+def a_batch_on_another_branch_after_a_warm_start() -> tuple:
+    return _warm(lambda s: None, model=Branches, batch=12)
+
+
+# ---- more of what a new user calls and sets --------------------------------------------------------
+@attempt("inputs")
+def a_first_call_of_batch_1() -> tuple:
+    s = served(first=1)
+    return (lambda: s.model(s.x)), (lambda: s.compiled(s.x))
+
+
+@attempt("inputs")
+def a_call_under_inference_mode() -> tuple:
+    s = served()
+
+    def inference(fn: Callable) -> Callable:
+        def run() -> Any:
+            with torch.inference_mode():
+                return fn()
+
+        return run
+
+    return inference(lambda: s.model(s.x)), inference(lambda: s.compiled(s.x))
+
+
+@attempt("config")
+def compile_sizes_and_ranges() -> tuple:
+    return _call(lambda: (torch.randn(6, 8),), compile_sizes=[4, 6], compile_ranges=[4, 64])
+
+
+@attempt("config", "refused")
+def a_batch_beyond_every_compile_range() -> tuple:
+    return _call(lambda: (torch.randn(80, 8),), compile_ranges=[4, 64], max_num_batched_tokens=64)
+
+
+@attempt("config")
+def cuda_graph_modes_without_cuda() -> tuple:
+    calls = [
+        _call(lambda: (torch.randn(3, 8),), cudagraph_mode=mode) for mode in ("FULL", "FULL_AND_PIECEWISE")
+    ]
+    return (lambda: torch.cat([e() for e, _ in calls])), (lambda: torch.cat([c() for _, c in calls]))
+
+
+@attempt("config", "refused")
+def an_unknown_cudagraph_mode() -> tuple:
+    return _refused_at_build(lambda: config(cudagraph_mode="PIECEWISE_FULL"))
+
+
+@attempt("config", "refused")
+def a_cache_switch_spelt_maybe() -> tuple:
+    def build() -> Any:
+        os.environ["PIECEWORKS_DISABLE_CACHE"] = "maybe"
+        try:
+            return served()
+        finally:
+            del os.environ["PIECEWORKS_DISABLE_CACHE"]
+
+    return (lambda: None), build
+
+
+@attempt("model state")
+def a_deep_copy_of_the_model_after_compiling() -> tuple:
+    s = served()
+    copied = copy.deepcopy(s.model)
+    return (lambda: copied(s.x)), (lambda: s.compiled(s.x))
+
+
+@attempt("model state")
+def the_model_pickled_and_loaded_after_compiling() -> tuple:
+    s = served()
+    loaded = pickle.loads(pickle.dumps(s.model))
+    return (lambda: loaded(s.x)), (lambda: s.compiled(s.x))
 
 
 def judge(attempted: Try) -> str:
