@@ -90,9 +90,8 @@ def inductor_events() -> Any:
 def cpu_vec_isa() -> Any:
     """The module `torch._inductor.cpu_vec_isa`: Inductor's probe of the CPU's vector ISAs
     (`valid_vec_isa_list`, cached a process), the ISAs it knows and the CPU's flags (`x86_isa_checker`)."""
-    return require(
-        "torch._inductor.cpu_vec_isa", "valid_vec_isa_list", "x86_isa_checker", "supported_vec_isa_list"
-    )
+    names = ("valid_vec_isa_list", "x86_isa_checker", "supported_vec_isa_list")
+    return require("torch._inductor.cpu_vec_isa", *names)
 
 
 def cpp_compiler_version() -> str:

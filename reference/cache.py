@@ -173,8 +173,7 @@ def _entry_problem(name: str, entry: Entry, path: str, claim: Claim) -> str | No
     """Why the artifact at `path` must not be loaded as entry `name` for a piece with `claim`, or None: the
     entry claims another piece, names another entry's file, or the file's bytes differ from the index's
     SHA-256. `OSError` if the file cannot be read."""
-    wrong = [f"{k}={entry.get(k)!r} (this piece: {v!r})" for k, v in claim.items() if entry.get(k) != v]
-    if wrong:
+    if wrong := [f"{k}={entry.get(k)!r} (this piece: {v!r})" for k, v in claim.items() if entry.get(k) != v]:
         return f"was stored for another piece: {', '.join(wrong)}"
     if not entry["file"].startswith(artifact_stem(name) + "-"):
         return f"is not the file of entry {name!r} (swapped index entries)"

@@ -76,19 +76,18 @@ class PieceCompiler:
         # A size is compiled for real inputs of that size; a range, for the trace's symbolic values.
         args = piece.example_args
         example_args = static_example_args(args, target) if isinstance(target, int) else list(args)
-        if self.cache is None or not computes_tensors(piece):
-            self.done[key] = self._compile(piece, target, example_args)[0]
-        else:
+        fn = None  # from the cache where it serves this piece, else compiled here
+        if self.cache is not None and computes_tensors(piece):
             options, inductor_dir = self.config.inductor_compile_config, self.cache.inductor_dir
             try:
                 isa_record = os.path.join(self.cache.directory, "cpu-isa.json")
                 with inductor_cache_dir(inductor_dir, options), known_cpu_isa(isa_record):
-                    self.done[key] = self._get_cached(self.cache, piece, target, example_args)
+                    fn = self._get_cached(self.cache, piece, target, example_args)
             except Exception as exc:  # Inductor could not write its files into the cache (a full disk)
                 if inductor_dir is None or (error := os_error_of(exc)) is None:
                     raise
                 self.cache.mark_read_only(error)  # one WARNING; every compile from here on is uncached
-                self.done[key] = self._compile(piece, target, example_args)[0]
+        self.done[key] = fn if fn is not None else self._compile(piece, target, example_args)[0]
         return self.done[key]
 
     def _get_cached(
@@ -249,9 +248,9 @@ def known_cpu_isa(record: str) -> Iterator[None]:
         return
     isa, config, key, allowed = found
     known = read_json_dict(record)
-    # on every entry: a later compile of this process checks the ISA again
-    skipped = known.get(key) == allowed
-    probed = isa.valid_vec_isa_list.cache_info().currsize
+    # on every entry: a later compile of this process checks the ISA again; `probed`: whether this process
+    # has run the probe already
+    skipped, probed = known.get(key) == allowed, isa.valid_vec_isa_list.cache_info().currsize
     with config.patch({"cpp.vec_isa_ok": True} if skipped else {}):
         yield
     # where the probe ran here: its result, for the next process

@@ -40,11 +40,7 @@ class CUDAGraphMode(enum.Enum):
     cannot be had, PIECEWISE serves instead.
     """
 
-    NONE = 0
-    PIECEWISE = 1
-    FULL = 2
-    FULL_AND_PIECEWISE = 3
-    FULL_DECODE_ONLY = 4
+    NONE, PIECEWISE, FULL, FULL_AND_PIECEWISE, FULL_DECODE_ONLY = range(5)
 
     @property
     def decode_mode(self) -> CUDAGraphMode:

@@ -62,10 +62,8 @@ def pool_bytes(pool: Any) -> int:
     """Bytes of the caching allocator's segments that belong to graph pool `pool` (a
     `graph_pool_handle()`), read from `torch.cuda.memory_snapshot()`: what the graphs of that pool hold,
     nothing else. 0 for None (no pool yet)."""
-    if pool is None:
-        return 0
-    wanted, segments = tuple(pool), torch.cuda.memory_snapshot()
-    return sum(s["total_size"] for s in segments if tuple(s.get("segment_pool_id", ())) == wanted)
+    segments = torch.cuda.memory_snapshot() if pool is not None else []
+    return sum(s["total_size"] for s in segments if tuple(s.get("segment_pool_id", ())) == tuple(pool))
 
 
 class AddressCheck(NamedTuple):

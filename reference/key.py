@@ -132,10 +132,8 @@ class UnkeyableConfigError(ValueError):
 
 # Inductor config entries that hold graph passes (callables). Inductor's own cache keys them by `uuid()` (see
 # torch._inductor.custom_graph_pass.CustomGraphPass) and refuses to cache a pass without one; so do we.
-_CUSTOM_PASSES = (
-    "pre_grad_custom_pass joint_custom_pre_pass joint_custom_post_pass post_grad_custom_pre_pass "
-    "post_grad_custom_post_pass _pre_fusion_custom_pass"
-).split()
+_CUSTOM_PASSES = ["pre_grad_custom_pass", "joint_custom_pre_pass", "joint_custom_post_pass"]
+_CUSTOM_PASSES += ["post_grad_custom_pre_pass", "post_grad_custom_post_pass", "_pre_fusion_custom_pass"]
 
 
 def portable(value: Any, where: str, graph_pass: bool = False) -> Any:
@@ -176,8 +174,7 @@ def inductor_config_factors() -> str:
     `uuid()`. Equal configurations give equal digests in any process; a custom pass without `uuid()` raises
     `UnkeyableConfigError` (the caller compiles without the cache).
     """
-    inductor = inductor_config()
-    doc = {}
+    inductor, doc = inductor_config(), {}
     for name, module in (("inductor", inductor), ("functorch", functorch_config())):
         for key, value in module.save_config_portable().items():
             doc[f"{name}.{key}"] = portable(value, f"torch._{name}.config.{key}")

@@ -163,10 +163,9 @@ def analyse(
     why = uncapturable_reason(gm, args)
     # A splitting op on CPU values is no reason against FULL.
     why = None if is_splitting and why == "no CUDA tensors" else why
-    mutated = tuple(sorted(mutated_inputs(gm)))
-    unbacked = tuple(data_dependent_sizes(gm))
-    where = batch_position(args, symbols)  # where the batch size sits
-    fingerprint = graph_fingerprint(gm, list(args))
+    mutated, unbacked = tuple(sorted(mutated_inputs(gm))), tuple(data_dependent_sizes(gm))
+    # where the batch size sits, and what the piece computes
+    where, fingerprint = batch_position(args, symbols), graph_fingerprint(gm, list(args))
     return Piece(name, graph_id, is_splitting, gm, args, mutated, unbacked, why, moving, where, fingerprint)
 
 

@@ -199,12 +199,10 @@ def record_plan(
     real: dict[torch.fx.Node, Any] = dict(zip(split_gm.graph.find_nodes(op="placeholder"), args))
     refs = {node: _Ref(_INPUT, i) for i, node in enumerate(real)}  # the graph inputs, in order
     every: dict[int, AddressCheck] = {}
-    steps, keep, aliases = [], [], []  # aliases: per graph, of the outputs a replay writes
-    num_slots = 0
+    steps, keep, aliases, num_slots = [], [], [], 0  # aliases: per graph, of the outputs a replay writes
     last_use = {inp: node for node in split_gm.graph.nodes for inp in node.all_input_nodes}
     # every node but the inputs (their values are `args`) and the output (read after the loop)
-    body = [node for node in split_gm.graph.nodes if node.op not in ("placeholder", "output")]
-    for node in body:
+    for node in [n for n in split_gm.graph.nodes if n.op not in ("placeholder", "output")]:
         call_args = torch.fx.node.map_arg(node.args, real.__getitem__)
         arg_refs = [_ref_tree(a, refs) for a in node.args]
         if node.op == "get_attr":

@@ -130,8 +130,7 @@ class Runtime:
         """Replay what was captured for `padded_size` and kind `uniform`, capture it (in a capture phase, or
         lazily), or run without CUDA graphs; see the module doc."""
         key = (padded_size, uniform)
-        replay = self._replays.get(key)
-        if replay is not None:
+        if (replay := self._replays.get(key)) is not None:
             checks = replay.all_checks if self._debug else () if static else replay.cheap_checks
             return replay.run(args, checks)
         if padded_size is not None and key not in self._attempted and self._modes[uniform] is not NONE:
@@ -244,16 +243,12 @@ class Runtime:
         graphs = counters.num_cudagraph_captured
         with self._capturing(phase):
             yield phase
-        phase.report.update(
-            graphs=counters.num_cudagraph_captured - graphs,
-            free_delta_mib=(free - torch.cuda.mem_get_info()[0]) / 2**20,
-            reserved_delta_mib=(torch.cuda.memory_reserved() - reserved) / 2**20,
-        )
+        phase.report["graphs"] = counters.num_cudagraph_captured - graphs
+        phase.report["free_delta_mib"] = (free - torch.cuda.mem_get_info()[0]) / 2**20
+        phase.report["reserved_delta_mib"] = (torch.cuda.memory_reserved() - reserved) / 2**20
         numbers = [phase.report[k] for k in ("graphs", "seconds", "free_delta_mib", "reserved_delta_mib")]
-        message = (
-            "pieceworks capture: %d sizes (%d..%d), mode %s, %d CUDA graphs in %.2f s, %.1f MiB (device "
-        )
-        message += "free-memory delta), %.1f MiB (allocator reserved delta)"
+        message = "pieceworks capture: %d sizes (%d..%d), mode %s, %d CUDA graphs in %.2f s, "
+        message += "%.1f MiB (device free-memory delta), %.1f MiB (allocator reserved delta)"
         log.info(message, len(order), order[0], order[-1], self.mode.name, *numbers)
 
     @contextlib.contextmanager
@@ -290,9 +285,8 @@ class Runtime:
             torch.cuda.empty_cache()
             self.phase = before
         estimate = (len(order), report["pool_bytes"] / 2**20, report["sampled_sizes"], report["seconds"])
-        log.info(
-            "pieceworks capture estimate: %d sizes, about %.1f MiB of pool (sampled %s in %.2f s)", *estimate
-        )
+        message = "pieceworks capture estimate: %d sizes, about %.1f MiB of pool (sampled %s in %.2f s)"
+        log.info(message, *estimate)
 
     def capture_order(self, sizes: Iterable[int] | None) -> list[int]:
         """`sizes` (default: every capture size) in capture order: largest first, so that smaller ones reuse
