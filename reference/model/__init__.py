@@ -8,8 +8,6 @@ the call's arguments (arguments.py: their order and checks), their binding to th
 start skip the trace (record.py).
 """
 
-from __future__ import annotations
-
 from .arguments import InputError, batch_of
 from .compiled_model import CompiledModel, compile
 from .watch import GlobalHookError, StateReplacedError

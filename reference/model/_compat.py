@@ -46,18 +46,14 @@ def data_dependent_tracing() -> Any:
     return config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True)
 
 
-def traced_code() -> list[Any] | None:
-    """The code objects Dynamo traced for the graph being compiled (call inside a backend), or None where
-    this torch does not list them."""
-    codes = getattr(torch._guards.TracingContext.try_get(), "traced_code", None)
-    return None if codes is None else list(codes)
-
-
-def shape_guards() -> list[Any]:
-    """The shape guards of the graph being compiled (call inside a backend; sympy expressions such as `s0 <=
-    8`), [] where this torch gives none."""
-    fake_mode = getattr(torch._guards.TracingContext.try_get(), "fake_mode", None)
-    return [guard.expr for guard in getattr(getattr(fake_mode, "shape_env", None), "guards", ())]
+def trace_facts() -> tuple[list[Any] | None, list[Any]]:
+    """Of the graph being compiled (call inside a backend): the code objects Dynamo traced, None where this
+    torch does not list them; and its shape guards (sympy expressions such as `s0 <= 8`), [] where this torch
+    gives none."""
+    context = torch._guards.TracingContext.try_get()
+    codes, fake_mode = getattr(context, "traced_code", None), getattr(context, "fake_mode", None)
+    guards = [guard.expr for guard in getattr(getattr(fake_mode, "shape_env", None), "guards", ())]
+    return None if codes is None else list(codes), guards
 
 
 def dynamo_config() -> dict[str, Any]:
@@ -85,9 +81,8 @@ def pickle_graph(gm: torch.fx.GraphModule) -> bytes:
         def reducer_override(self, obj: object) -> Any:
             if isinstance(obj, type) and issubclass(obj, sympy.Function) and hasattr(obj, "_torch_unpickler"):
                 return obj._torch_unpickler, (cast(Any, obj)._torch_handler_name,)
-            if isinstance(obj, fake_mode):  # the loader supplies its own
-                return type(None), ()
-            return super().reducer_override(obj)
+            # a fake mode pickles as None: the loader supplies its own
+            return (type(None), ()) if isinstance(obj, fake_mode) else super().reducer_override(obj)
 
     return Pickler.dumps(gm, pickler.Options(ops_filter=None))
 

@@ -54,13 +54,10 @@ class Arguments:
         sources, extras = self._forms[form]
         for place, where, default, label in extras:
             value = args[where] if place == _POSITIONAL else kwargs[where]
-            if value is not default and (
-                type(value) is not type(default) or isinstance(value, torch.Tensor) or value != default
-            ):
-                raise InputError(
-                    f"argument {label} is {value!r:.80}, but the model was compiled with its "
-                    f"default {default!r}: the first call left it out. {_FIX}"
-                )
+            differs = type(value) is not type(default) or isinstance(value, torch.Tensor) or value != default
+            if value is not default and differs:
+                why = f"but the model was compiled with its default {default!r}: the first call left it out"
+                raise InputError(f"argument {label} is {value!r:.80}, {why}. {_FIX}")
         return [args[w] if k == _POSITIONAL else (kwargs[w] if k == _KEYWORD else w) for k, w in sources]
 
     def split(self, flat: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -93,14 +90,11 @@ def _bound(signature: inspect.Signature, count: int, names: Sequence[str], calle
     try:
         bound = signature.bind(*[(_POSITIONAL, i) for i in range(count)], **{k: (_KEYWORD, k) for k in names})
     except TypeError as exc:
-        raise InputError(
-            f"{called}: {exc}: the model's forward{signature} does not take them. Fix: call the "
-            f"model with arguments its forward takes"
-        ) from None
+        why = f"{exc}: the model's forward{signature} does not take them"
+        raise InputError(f"{called}: {why}. Fix: call the model with arguments its forward takes") from None
     found: dict[Any, tuple] = {}
     for name, value in bound.arguments.items():
-        kind = signature.parameters[name].kind
-        if kind is inspect.Parameter.VAR_POSITIONAL:
+        if (kind := signature.parameters[name].kind) is inspect.Parameter.VAR_POSITIONAL:
             found.update({(name, i): v for i, v in enumerate(value)})
         elif kind is inspect.Parameter.VAR_KEYWORD:
             found.update({(name, k): v for k, v in value.items()})
@@ -124,20 +118,17 @@ def batch_of(args: Sequence[Any], labels: Sequence[str] | None = None) -> int:
     if sizes and sizes[0] >= 1 and sizes.count(sizes[0]) == len(sizes):
         return sizes[0]
     tensors = {i: a for i, a in zip(labels or range(len(args)), args) if isinstance(a, torch.Tensor)}
-    for i, a in tensors.items():
-        if a.dim() == 0:
-            raise InputError(
-                f"argument {i} is a 0-d tensor (shape ()): pieceworks treats dim 0 of every tensor argument "
-                f"as the batch dimension. Fix: pass it with a batch dimension: x.expand(batch) or x[None]"
-            )
+    for i in [i for i, a in tensors.items() if a.dim() == 0]:  # the first 0-d tensor argument
+        raise InputError(
+            f"argument {i} is a 0-d tensor (shape ()): pieceworks treats dim 0 of every tensor argument as "
+            f"the batch dimension. Fix: pass it with a batch dimension: x.expand(batch) or x[None]"
+        )
     if not tensors:
         raise InputError("pieceworks needs at least one tensor argument with a batch dimension (dim 0)")
     batches = {i: a.shape[0] for i, a in tensors.items()}
     if len(set(batches.values())) > 1:
-        raise InputError(
-            f"tensor arguments disagree on the batch size (dim 0): {batches}. Fix: every tensor argument "
-            f"must have the same dim 0"
-        )
+        fix = "Fix: every tensor argument must have the same dim 0"
+        raise InputError(f"tensor arguments disagree on the batch size (dim 0): {batches}. {fix}")
     raise InputError("batch size 0: pieceworks serves batches of at least 1")  # they agree, on 0
 
 
@@ -174,11 +165,9 @@ def refuse_grad(args: Sequence[Any], labels: Sequence[str] | None = None) -> Non
     compiled model serves inference only, so its output could carry no gradient where eager's would."""
     for i, a in zip(labels or range(len(args)), args):
         if isinstance(a, torch.Tensor) and a.requires_grad:
-            raise InputError(
-                f"argument {i} requires grad and grad mode is on, but a compiled model serves "
-                f"inference only: its output would carry no gradient. Fix: call it under "
-                f"torch.no_grad() or torch.inference_mode(), or pass the argument's .detach()"
-            )
+            why = "a compiled model serves inference only: its output would carry no gradient"
+            fix = "call it under torch.no_grad() or torch.inference_mode(), or pass the argument's .detach()"
+            raise InputError(f"argument {i} requires grad and grad mode is on, but {why}. Fix: {fix}")
 
 
 def contiguous(args: Sequence[Any]) -> list[Any]:
@@ -194,9 +183,8 @@ def batch_guards(guards: Sequence[Any], symbols: Collection[str]) -> list[Any]:
     `forward` branched on the batch size (`batch <= 8`, `Eq(Mod(batch, 2), 0)`). The guard tying every
     argument's dim 0 together becomes `True` and is left out."""
     on_batch = [g for g in guards if {str(s) for s in g.free_symbols} <= set(symbols)]
-    return [
-        g for g in (g.xreplace(dict.fromkeys(g.free_symbols, BATCH)) for g in on_batch) if g is not sympy.true
-    ]
+    on_batch = [g.xreplace(dict.fromkeys(g.free_symbols, BATCH)) for g in on_batch]
+    return [g for g in on_batch if g is not sympy.true]
 
 
 class BatchRule:

@@ -103,22 +103,19 @@ def bind(
     known |= {id(a): (_ARG, k) for k, a in enumerate(args) if isinstance(a, torch.Tensor)}
     sources: list[tuple[int, Any]] = []
     for node, example in zip(placeholders, examples):
-        if torch_compat.symbol_name(torch_compat.example_value(node)) in graph.batch_symbols:
-            sources.append((_BATCH, None))
-        elif id(example) in known:
-            sources.append(known[id(example)])
-        else:
+        batch = torch_compat.symbol_name(torch_compat.example_value(node)) in graph.batch_symbols
+        if not batch and id(example) not in known:
             return (
                 f"graph input {node.name} is neither a call argument, a parameter or buffer of the "
                 f"model, nor the batch size. Fix: make the tensor a parameter or buffer of the model "
                 f"(register_buffer), or pass it as an argument"
             )
+        sources.append((_BATCH, None) if batch else known[id(example)])
     if not isinstance(graph_output, (tuple, list)):
         return "the graph did not return a tuple"
     index = {id(t): k for k, t in enumerate(graph_output) if isinstance(t, torch.Tensor)}
-    problems = []
     # A number in the output is the trace's constant unless the graph returns numbers (a size it computed)
-    baked = all(isinstance(t, torch.Tensor) for t in graph_output)
+    problems, baked = [], all(isinstance(t, torch.Tensor) for t in graph_output)
 
     def leaf(value: Any) -> Any:
         if baked and isinstance(value, CONSTANT_TYPES):

@@ -60,7 +60,6 @@ import contextlib
 import dataclasses
 import threading
 import time
-import types
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
@@ -73,6 +72,8 @@ from . import _compat, arguments, record
 from .arguments import Arguments, batch_of, check_arguments, contiguous, refuse_grad, signature
 from .binding import Binder, bind
 from .watch import StateReplacedError, StateWatch, refuse_global_hooks
+
+Replay = core.FullReplay | core.ReplayPlan  # what replays one padded size and batch kind (`route`)
 
 
 def _calling_weakly(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -108,8 +109,8 @@ def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]
             torch._check(a.shape[0] == tensors[0].shape[0])
         return model(*args, **kwargs)
 
-    code = call_model.__code__.replace(co_name=name)
-    return types.FunctionType(code, call_model.__globals__, name, None, call_model.__closure__)
+    call_model.__code__, call_model.__name__ = call_model.__code__.replace(co_name=name), name
+    return call_model
 
 
 @dataclasses.dataclass
@@ -256,8 +257,7 @@ class CompiledModel:
             gm, fake_mode = _compat.unpickle_graph(found.graph)
             with _compat.tracing(fake_mode):
                 self._compiled = core.compile_pieces(gm, self.config)
-            binder = Binder.restore(found.binding, self.model)
-            self._serve_with(args, binder, found)
+            self._serve_with(args, Binder.restore(found.binding, self.model), found)
         # a graph this torch cannot unpickle or compile, a state name the model lacks: nothing of it is kept,
         # and the call traces, as without a record
         except Exception as exc:  # noqa: BLE001
@@ -279,10 +279,11 @@ class CompiledModel:
                 "(was torch._dynamo.reset() called?). A CompiledModel never compiles while "
                 "serving. Fix: create a new CompiledModel with pieceworks.compile"
             )
-        guards = _compat.shape_guards()  # Dynamo's: a hit in Inductor's cache adds its artifact's guards
+        # Dynamo's facts, read before compiling: a hit in Inductor's cache adds its artifact's guards
+        code, guards = _compat.trace_facts()
         self._compiled = core.compile_pieces(gm, self.config)
         trace = self._traced
-        trace.gm, trace.code, trace.example_inputs = gm, _compat.traced_code(), list(example_inputs)
+        trace.gm, trace.code, trace.example_inputs = gm, code, list(example_inputs)
         trace.batch_guards = arguments.batch_guards(guards, self._compiled.batch_symbols)
         if trace.copies is not None:
             written = [example_inputs[i] for i in self._compiled.mutated_inputs]
@@ -324,13 +325,12 @@ class CompiledModel:
         batched = core.batched_outputs(output, lambda t: id(t) in cut)
         served = record.Record(b"", (), batched, mutated, {}, sources, trace.batch_guards)
         self._serve_with(trace_args, binder, served)
-        if facts is None or binder is None or graph.cache_dir is None:
-            return
-        if trace.code is None or trace.gm is None:  # this torch does not list the traced code
+        code, gm = trace.code, trace.gm  # None where this torch does not list the traced code
+        if facts is None or binder is None or graph.cache_dir is None or code is None or gm is None:
             return
         try:
-            graph_file, binding = _compat.pickle_graph(trace.gm), binder.describe(self.model)
-            files = record.file_digests(trace.code)
+            graph_file, binding = _compat.pickle_graph(gm), binder.describe(self.model)
+            files = record.file_digests(code)
             reads = record.outside_reads(trace.guards, self.model, globals())  # the entry point's globals
             stored = served._replace(graph=graph_file, binding=binding, files=files, reads=reads)
             record.save(self.config, record.key_of(facts), stored, facts)
@@ -343,11 +343,8 @@ class CompiledModel:
         record (`served`: the tracing call's facts, or the record's): binding, outputs to cut, written
         arguments, the batch sizes the trace holds for (`BatchRule`), runtime, state watch (of the module
         globals the trace read) and, where graphs will be captured, static buffers shaped like `args`."""
-        self.binder, self.batched_outputs, self._mutated_args = (
-            binder,
-            served.batched_outputs,
-            served.mutated_args,
-        )
+        self.binder, self._mutated_args = binder, served.mutated_args
+        self.batched_outputs = served.batched_outputs
         self._batch_rule = arguments.BatchRule(served.batch_guards) if served.batch_guards else None
         self.runtime = core.Runtime(cast(core.CompiledPieces, self._compiled), self.config)
         if isinstance(self.model, torch.nn.Module):  # globals(): the entry point's module globals
@@ -361,8 +358,7 @@ class CompiledModel:
         if self._state_watch is not None:
             self._state_watch.close()
         self._compiled = self.runtime = self.binder = self.static_inputs = self._state_watch = None
-        self._batch_rule = None
-        self._flat_by_size = {}
+        self._batch_rule, self._flat_by_size = None, {}
 
     def _state_changed(self, watch: StateWatch) -> None:
         """What the state `watch` saw (watch.py): a replaced parameter raises, a global hook raises, another
@@ -418,9 +414,7 @@ class CompiledModel:
         graphed = self.runtime.mode_for(uniform) is not CUDAGraphMode.NONE
         return padded_size(self.config.cudagraph_capture_sizes or (), batch) if graphed else None
 
-    def route(
-        self, batch: int, uniform: bool = False
-    ) -> tuple[int | None, core.FullReplay | core.ReplayPlan | None]:
+    def route(self, batch: int, uniform: bool = False) -> tuple[int | None, Replay | None]:
         """How a call of `batch` rows of this kind is served: `(padded_size, replay)`, the captured size it
         runs at (`padded_size`) and the FULL replay or PIECEWISE plan it replays there (None: the stitching
         module runs without CUDA graphs, or this call captures it). The one rule `__call__` follows."""
@@ -461,8 +455,7 @@ class CompiledModel:
         whose CUDA graphs are then freed (`Runtime.estimate_phase` says how): what an engine subtracts before
         sizing its KV cache. Call after the first call and before `capture()`. Without CUDA or CUDA graphs
         the estimate is 0."""
-        runtime = self._serving("estimate_capture")
-        return self._run_phase(runtime.estimate_phase([] if self.static_inputs is None else sizes, samples))
+        return self._phase("estimate_capture", sizes, samples)
 
     def capture(self, sizes: Iterable[int] | None = None) -> dict[str, Any]:
         """The capture phase: every `cudagraph_capture_sizes` entry (or those in `sizes`), largest first, into
@@ -471,16 +464,16 @@ class CompiledModel:
         Call after the first call (which traces and compiles). Without CUDA, or with mode NONE, it logs that
         it captures nothing and returns. Returns the phase's numbers: sizes, seconds, MiB, CUDA graphs.
         """
-        runtime = self._serving("capture")
-        return self._run_phase(runtime.capture_phase([] if self.static_inputs is None else sizes))
+        return self._phase("capture", sizes)
 
-    def _serving(self, method: str) -> core.Runtime:
-        if self.runtime is None:
-            raise RuntimeError(f"call the model once before {method}(): the first call compiles it")
-        return self.runtime
-
-    def _run_phase(self, context: contextlib.AbstractContextManager[core.CapturePhase]) -> dict[str, Any]:
-        """Run a capture phase's plan on the static buffers, one padded size and kind at a time."""
+    def _phase(self, name: str, sizes: Iterable[int] | None, samples: int | None = None) -> dict[str, Any]:
+        """The capture phase of method `name` (`capture`: `Runtime.capture_phase`; `estimate_capture`, of
+        `samples` sizes: `Runtime.estimate_phase`), after the first call: its plan run on the static buffers,
+        one padded size and kind at a time (no sizes without static buffers)."""
+        if (runtime := self.runtime) is None:
+            raise RuntimeError(f"call the model once before {name}(): the first call compiles it")
+        sizes = [] if self.static_inputs is None else sizes
+        context = runtime.capture_phase(sizes) if samples is None else runtime.estimate_phase(sizes, samples)
         with torch.no_grad(), context as phase:
             for size, uniform in core.progress(phase.plan, "capture sizes"):
                 self._run(size, uniform)

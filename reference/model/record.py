@@ -75,9 +75,6 @@ from .watch import original_class
 
 RECORD_VERSION = 6  # in the key: a record of another version is never found
 ENTRY = "serving-record"
-# A value the trace read outside the model (`outside_reads`): (Dynamo's source, guard type, stand-in of the
-# value)
-Read = tuple[str, str, Any]
 
 
 class Record(NamedTuple):
@@ -88,7 +85,9 @@ class Record(NamedTuple):
     batched_outputs: Any  # `padding.batched_outputs`
     mutated_args: list[int]  # argument positions the graph writes in place
     files: dict[str, str]  # traced source file -> `file_identity`
-    reads: list[tuple]  # `outside_reads` (a tracing call's own: `outside_sources`)
+    # `outside_reads`, each (Dynamo's source, guard type, stand-in of the value); a tracing call's own are
+    # `outside_sources`
+    reads: list[tuple]
     batch_guards: list[Any]  # `arguments.batch_guards`
 
 
@@ -226,8 +225,7 @@ def source_file(code: types.CodeType) -> str:
     made at run time (a dataclass's `__init__`), the file of the module its function belongs to.
     `Unkeyable` where there is none (code a notebook cell or `exec` made, `os.environ` read inside
     `forward`)."""
-    path = code.co_filename
-    if os.path.isfile(path) or _FROZEN.fullmatch(path):
+    if os.path.isfile(path := code.co_filename) or _FROZEN.fullmatch(path):
         return path
     functions = [fn for fn in gc.get_referrers(code) if isinstance(fn, types.FunctionType)]
     for file in (getattr(sys.modules.get(fn.__module__ or ""), "__file__", None) for fn in functions):
@@ -242,8 +240,7 @@ def _distribution_names(path: str) -> Iterator[str]:
     `packages_distributions` gives for it (read only where that name is no distribution's); none for
     another file."""
     parts = Path(path).parts
-    sites = [i for i, part in enumerate(parts[:-1]) if part in ("site-packages", "dist-packages")]
-    if sites:
+    if sites := [i for i, part in enumerate(parts[:-1]) if part in ("site-packages", "dist-packages")]:
         yield (top := parts[sites[-1] + 1].removesuffix(".py"))
         yield from importlib.metadata.packages_distributions().get(top, ())
 
@@ -413,7 +410,7 @@ def module_globals(sources: Iterable[str], frame_globals: dict[str, Any]) -> lis
     return [(label, *place) for label, place in found.items()]
 
 
-def outside_reads(guards: Sequence[Any] | None, model: Any, frame_globals: dict[str, Any]) -> list[Read]:
+def outside_reads(guards: Sequence[Any] | None, model: Any, frame_globals: dict[str, Any]) -> list[tuple]:
     """What the trace read outside the model's module tree and the call, from Dynamo's guard entries
     (`guards`, as `guard_filter_fn` gets them): module globals, closure cells, functions' defaults, class
     attributes; each as (source, guard type, `stand_in` of the value read back as a warm start will read
@@ -434,7 +431,7 @@ def outside_reads(guards: Sequence[Any] | None, model: Any, frame_globals: dict[
     return reads
 
 
-def changed_read(reads: Sequence[Read], model: Any, frame_globals: dict[str, Any]) -> str | None:
+def changed_read(reads: Sequence[tuple], model: Any, frame_globals: dict[str, Any]) -> str | None:
     """Why the first of a record's `outside_reads` differs now (which value, now and in the record), or
     None."""
     for source, guard_type, value in reads:

@@ -220,8 +220,11 @@ class StateWatch:
             for name, value in _attributes(module):
                 self._watched[id(module), name] = (f"{path}.{name}" if path else name, value, _place(value))
             module.__class__ = _watched_class(original_class(type(module)))
-            for table, what in _HOOK_TABLES.items():
-                self._stand_in(module, getattr(module, table), what)
+            for table_name, what in _HOOK_TABLES.items():  # each hook the trace ran: a stand-in in its place
+                table, why = getattr(module, table_name), f"a {what} the trace ran was removed from"
+                for key, hook in list(table.items()):
+                    table[key] = stand_in = _HookStandIn(hook)
+                    self._stand_ins.append((table, key, weakref.finalize(stand_in, self.note, module, why)))
         _register_hooks_once()
         self.classes: list[Any] = list({original_class(type(m)): None for _, m in self._paths.values()})
         # the module globals the trace read (record.module_globals): (name, the module's dict, key)
@@ -231,20 +234,11 @@ class StateWatch:
         _WATCHES.add(self)
         weakref.finalize(owner, self.close)
 
-    def _stand_in(self, module: torch.nn.Module, table: dict, what: str) -> None:
-        for key, hook in list(table.items()):
-            table[key] = stand_in = _HookStandIn(hook)
-            gone = weakref.finalize(stand_in, self.note, module, f"a {what} the trace ran was removed from")
-            self._stand_ins.append((table, key, gone))
-
     def now(self) -> tuple:
         """What no event announces, read per call: the global modes, each watched class's `forward` and the
         module globals the trace read."""
-        return (
-            *global_modes(),
-            *(cls.forward for cls in self.classes),
-            *map(dict.get, self._dicts, self._keys),
-        )
+        forwards = (cls.forward for cls in self.classes)
+        return *global_modes(), *forwards, *map(dict.get, self._dicts, self._keys)
 
     def stale(self) -> bool:
         """Whether the next call must look closer (`changed`, hook handles moved); notes a change of now()."""
