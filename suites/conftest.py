@@ -55,6 +55,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
+_SWEEP_TEST = "test_every_try_of_the_new_user_sweep_is_served_right_or_refused_by_name"
+_SWEEP = pytest.StashKey[subprocess.Popen]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The new-user sweep (suites/new_user_sweep.py, a minute of compiles) starts in a process of its own once
+    collection selected its test: it runs beside the suite, on the machine's other core, and the test
+    (`new_user_sweep` fixture) waits for it."""
+    if any(getattr(item, "originalname", None) == _SWEEP_TEST for item in session.items):
+        command = [sys.executable, "-m", "suites.new_user_sweep"]
+        pipe = subprocess.PIPE
+        session.config.stash[_SWEEP] = subprocess.Popen(
+            command, cwd=_REPO, stdout=pipe, stderr=pipe, text=True
+        )
+
+
+@pytest.fixture
+def new_user_sweep(request: pytest.FixtureRequest) -> subprocess.CompletedProcess:
+    """The new-user sweep's process, finished: its exit status, stdout and stderr."""
+    proc = request.config.stash[_SWEEP]
+    stdout, stderr = proc.communicate(timeout=600)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
 @pytest.fixture
 def cuda():
     if not torch.cuda.is_available():

@@ -36,6 +36,12 @@ from pieceworks import CompilationConfig
 from pieceworks.harness.models import toy  # noqa: F401 - registers silly::attention
 
 GAIN = 1.0  # a module global `Layer.forward` reads
+FOLDERS: list[str] = []  # the run's temporary folder (`main`), where the tries that need a cache keep theirs
+
+
+def folder(name: str = "shared") -> str:
+    """A path in the run's temporary folder (the tries that compile with Inductor share `shared`)."""
+    return os.path.join(FOLDERS[-1], name)
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:  # a module-level helper `Layer.forward` calls
@@ -148,6 +154,24 @@ def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
         setattr(owner, name, old)
 
 
+def calls(s: Setup) -> tuple:
+    """The eager and the compiled call of `s`'s first-call argument."""
+    return (lambda: s.model(s.x)), (lambda: s.compiled(s.x))
+
+
+def within(context: Callable[[], Any], eager: Callable[[], Any], compiled: Callable[[], Any]) -> tuple:
+    """`eager` and `compiled`, each called inside a `context()` of its own."""
+
+    def inside(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def call() -> Any:
+            with context():
+                return fn()
+
+        return call
+
+    return inside(eager), inside(compiled)
+
+
 # ---- the model's state after the first call --------------------------------------------------------------
 for _name, _change in {
     "an attribute set": lambda s: setattr(s.model, "scale", 3.0),
@@ -202,91 +226,54 @@ def a_hook_the_trace_ran_removed() -> tuple:
     handle = model.layers[0].register_forward_hook(lambda m, a, o: o + 1)
     s = served(model)
     handle.remove()
-    return (lambda: s.model(s.x)), (lambda: s.compiled(s.x))
+    return calls(s)
 
 
 @attempt("model state")
 def the_class_forward_replaced() -> tuple:
-    s = served()
-    eager, compiled = (lambda: s.model(s.x)), (lambda: s.compiled(s.x))
+    return within(lambda: patched(Layer, "forward", lambda self, x: self.proj(x) * 7), *calls(served()))
 
-    def with_new_forward(fn: Callable) -> Callable:
-        def call() -> Any:
-            with patched(Layer, "forward", lambda self, x: self.proj(x) * 7):
-                return fn()
 
-        return call
-
-    return with_new_forward(eager), with_new_forward(compiled)
+@contextlib.contextmanager
+def _global_forward_hook() -> Iterator[None]:
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: o)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @attempt("model state", "refused")
 def a_global_forward_hook_registered() -> tuple:
-    s = served()
-
-    def hooked(fn: Callable) -> Callable:
-        def call() -> Any:
-            handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: o)
-            try:
-                return fn()
-            finally:
-                handle.remove()
-
-        return call
-
-    return hooked(lambda: s.model(s.x)), hooked(lambda: s.compiled(s.x))
+    return within(_global_forward_hook, *calls(served()))
 
 
 # ---- what the process holds: globals, modes, the environment ----------------------------------------------
-def _in_process(name: str, value: Any, owner: Any = None) -> tuple:
-    s = served()
-    target = sys.modules[__name__] if owner is None else owner
-
-    def changed(fn: Callable) -> Callable:
-        def call() -> Any:
-            with patched(target, name, value):
-                return fn()
-
-        return call
-
-    return changed(lambda: s.model(s.x)), changed(lambda: s.compiled(s.x))
+def _global_set(name: str, value: Any) -> Callable[[], Any]:
+    """A context in which this module's global `name` is `value`."""
+    return lambda: patched(sys.modules[__name__], name, value)
 
 
 @attempt("process")
 def a_module_global_changed() -> tuple:
-    return _in_process("GAIN", 5.0)
+    return within(_global_set("GAIN", 5.0), *calls(served()))
 
 
 @attempt("process")
 def a_module_level_helper_replaced() -> tuple:
-    return _in_process("gelu", torch.tanh)
-
-
-def _under(context: Callable[[], Any], first_under: bool = False) -> tuple:
-    s = served() if not first_under else None
-    if first_under:
-        with context():
-            s = served()
-    assert s is not None
-
-    def call(fn: Callable) -> Callable:
-        def run() -> Any:
-            with contextlib.nullcontext() if first_under else context():
-                return fn()
-
-        return run
-
-    return call(lambda: s.model(s.x)), call(lambda: s.compiled(s.x))
+    return within(_global_set("gelu", torch.tanh), *calls(served()))
 
 
 @attempt("process")
 def autocast_entered_after_the_first_call() -> tuple:
-    return _under(lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    return within(lambda: torch.autocast("cpu", dtype=torch.bfloat16), *calls(served()))
 
 
 @attempt("process")
 def the_first_call_made_under_autocast() -> tuple:
-    return _under(lambda: torch.autocast("cpu", dtype=torch.bfloat16), first_under=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        s = served()
+    return calls(s)
 
 
 @contextlib.contextmanager
@@ -301,8 +288,7 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 @attempt("process")
 def the_default_dtype_set() -> tuple:
-    s = served(model=ReadsDefaultDtype())
-    return _wrapped(s, lambda: _default_dtype(torch.float64))
+    return within(lambda: _default_dtype(torch.float64), *calls(served(model=ReadsDefaultDtype())))
 
 
 class ReadsDefaultDtype(nn.Module):
@@ -310,17 +296,6 @@ class ReadsDefaultDtype(nn.Module):
         out = torch.empty_like(x)
         torch.ops.silly.attention(x, x, x, out)
         return out + torch.ones(x.shape[-1])
-
-
-def _wrapped(s: Setup, context: Callable[[], Any]) -> tuple:
-    def call(fn: Callable) -> Callable:
-        def run() -> Any:
-            with context():
-                return fn()
-
-        return run
-
-    return call(lambda: s.model(s.x)), call(lambda: s.compiled(s.x))
 
 
 @contextlib.contextmanager
@@ -334,14 +309,12 @@ def _environment(value: str) -> Iterator[None]:
 
 @attempt("process")
 def an_environment_variable_read_in_forward_changed_in_a_warm_start() -> tuple:
-    folder = tempfile.mkdtemp(prefix="pieceworks-sweep-")
     with _environment("1"):
-        served(model=ReadsEnvironment(), cache_dir=folder, compiler="inductor")
+        served(model=ReadsEnvironment(), cache_dir=folder(), compiler="inductor")
     torch._dynamo.reset()
     model, x = ReadsEnvironment(), torch.randn(5, 8)
-    compiled = pieceworks.compile(model, config(cache_dir=folder, compiler="inductor"))
-    s = Setup(model, compiled, x, config())
-    return _wrapped(s, lambda: _environment("6"))
+    compiled = pieceworks.compile(model, config(cache_dir=folder(), compiler="inductor"))
+    return within(lambda: _environment("6"), lambda: model(x), lambda: compiled(x))
 
 
 # ---- inputs -----------------------------------------------------------------------------------------------
@@ -479,45 +452,35 @@ def torch_compile_recompiling_for_a_changed_global() -> tuple:
     fn = torch.compile(model, backend="pieceworks", fullgraph=True, options=options)
     with torch.no_grad():
         fn(x)
-
-    def changed(call: Callable) -> Callable:
-        def run() -> Any:
-            with patched(sys.modules[__name__], "GAIN", 3.0):
-                return call()
-
-        return run
-
-    return changed(lambda: model(x)), changed(lambda: fn(x))
+    return within(_global_set("GAIN", 3.0), lambda: model(x), lambda: fn(x))
 
 
 # ---- the cache ------------------------------------------------------------------------------------------
 @attempt("cache")
 def a_cache_folder_holding_a_space() -> tuple:
-    folder = os.path.join(tempfile.mkdtemp(prefix="pieceworks-sweep-"), "my cache")
-    return _call(lambda: (torch.randn(3, 8),), cache_dir=folder, compiler="inductor")
+    return _call(lambda: (torch.randn(3, 8),), cache_dir=folder("my cache"), compiler="inductor")
 
 
 @attempt("cache")
 def a_cache_folder_that_is_a_file() -> tuple:
-    path = tempfile.mkstemp(prefix="pieceworks-sweep-")[1]
+    with open(path := folder("a file"), "w") as file:
+        file.write("a user's file")
     return _call(lambda: (torch.randn(3, 8),), cache_dir=path, compiler="inductor")
 
 
 @attempt("cache")
 def a_warm_start_of_the_same_model() -> tuple:
-    folder = tempfile.mkdtemp(prefix="pieceworks-sweep-")
-    served(cache_dir=folder, compiler="inductor")
-    return _call(lambda: (torch.randn(3, 8),), cache_dir=folder, compiler="inductor")
+    served(cache_dir=folder(), compiler="inductor")
+    return _call(lambda: (torch.randn(3, 8),), cache_dir=folder(), compiler="inductor")
 
 
 # ---- a warm start served from the serving record, then changed ----------------------------------------
 def _warm(change: Callable[[Setup], Any], model: Callable[[], nn.Module] = Model, batch: int = 3) -> tuple:
     """The eager and compiled calls of a batch of `batch` after `change`, the model served from its record."""
-    folder = tempfile.mkdtemp(prefix="pieceworks-sweep-")
-    served(model(), cache_dir=folder, compiler="inductor")
+    served(model(), cache_dir=folder(), compiler="inductor")
     torch._dynamo.reset()
     with pieceworks.counters.expect(num_traces_reused=1):  # a warm start, or the try crashes
-        s = served(model(), cache_dir=folder, compiler="inductor")
+        s = served(model(), cache_dir=folder(), compiler="inductor")
     change(s)
     y = torch.randn(batch, 8)
     return (lambda: s.model(y)), (lambda: s.compiled(y))
@@ -530,16 +493,7 @@ def an_attribute_set_after_a_warm_start() -> tuple:
 
 @attempt("warm start")
 def a_module_global_changed_after_a_warm_start() -> tuple:
-    warm = _warm(lambda s: None)
-
-    def changed(fn: Callable) -> Callable:
-        def run() -> Any:
-            with patched(sys.modules[__name__], "GAIN", 4.0):
-                return fn()
-
-        return run
-
-    return changed(warm[0]), changed(warm[1])
+    return within(_global_set("GAIN", 4.0), *_warm(lambda s: None))
 
 
 @attempt("warm start", "refused")
@@ -550,22 +504,12 @@ def a_batch_on_another_branch_after_a_warm_start() -> tuple:
 # ---- more of what a new user calls and sets --------------------------------------------------------
 @attempt("inputs")
 def a_first_call_of_batch_1() -> tuple:
-    s = served(first=1)
-    return (lambda: s.model(s.x)), (lambda: s.compiled(s.x))
+    return calls(served(first=1))
 
 
 @attempt("inputs")
 def a_call_under_inference_mode() -> tuple:
-    s = served()
-
-    def inference(fn: Callable) -> Callable:
-        def run() -> Any:
-            with torch.inference_mode():
-                return fn()
-
-        return run
-
-    return inference(lambda: s.model(s.x)), inference(lambda: s.compiled(s.x))
+    return within(torch.inference_mode, *calls(served()))
 
 
 @attempt("config")
@@ -651,16 +595,17 @@ def _error(exc: BaseException, eager: BaseException | None) -> str:
 
 def main() -> int:
     """Run every try; print each outcome and the totals; 1 where a try's outcome is not the declared one."""
-    wrong = 0
-    totals: dict[str, int] = {}
-    for attempted in TRIES:
-        torch._dynamo.reset()
-        outcome = judge(attempted)
-        kind = outcome.split(":")[0]
-        totals[kind] = totals.get(kind, 0) + 1
-        wrong += kind != attempted.expect
-        mark = "ok " if kind == attempted.expect else "BAD"
-        print(f"{mark} {attempted.area:13} {attempted.name}: {outcome}", flush=True)
+    wrong, totals = 0, dict[str, int]()
+    with tempfile.TemporaryDirectory(prefix="pieceworks-sweep-") as run_folder:
+        FOLDERS.append(run_folder)
+        for attempted in TRIES:
+            torch._dynamo.reset()
+            outcome = judge(attempted)
+            kind = outcome.split(":")[0]
+            totals[kind] = totals.get(kind, 0) + 1
+            wrong += kind != attempted.expect
+            mark = "ok " if kind == attempted.expect else "BAD"
+            print(f"{mark} {attempted.area:13} {attempted.name}: {outcome}", flush=True)
     print(f"{len(TRIES)} tries: " + ", ".join(f"{n} {k}" for k, n in sorted(totals.items())), flush=True)
     return 1 if wrong else 0
 
