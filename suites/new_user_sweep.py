@@ -33,6 +33,7 @@ import torch.nn as nn
 
 import pieceworks
 from pieceworks import CompilationConfig
+from pieceworks.conformance.checks import assert_same
 from pieceworks.harness.models import toy  # noqa: F401 - registers silly::attention
 
 GAIN = 1.0  # a module global `Layer.forward` reads
@@ -561,6 +562,137 @@ def the_model_pickled_and_loaded_after_compiling() -> tuple:
     return (lambda: loaded(s.x)), (lambda: s.compiled(s.x))
 
 
+# ---- what else a new user writes, calls and sets -----------------------------------------------------------
+class Outputs(nn.Module):
+    """Model's output in the containers a forward returns, a number and None among them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Model()
+
+    def forward(self, x: torch.Tensor) -> Any:
+        y = self.inner(x)
+        return {"hidden": y, "pair": (y * 2, None), "count": 3}
+
+
+@attempt("model forms")
+def a_forward_returning_a_dict_a_tuple_a_number_and_none() -> tuple:
+    return calls(served(model=Outputs()))
+
+
+@attempt("model forms")
+def a_plain_function() -> tuple:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        return out.sin()
+
+    compiled, x = pieceworks.compile(fn, config()), torch.randn(4, 8)
+    return (lambda: fn(x)), (lambda: compiled(x))
+
+
+@attempt("model forms", "refused")
+def compiling_a_number() -> tuple:
+    return (lambda: None), (lambda: pieceworks.compile(42))
+
+
+@attempt("model forms")
+def no_splitting_op_named() -> tuple:
+    return calls(served(splitting_ops=[]))
+
+
+@attempt("model forms")
+def a_splitting_op_named_that_the_model_never_calls() -> tuple:
+    return calls(served(splitting_ops=["silly::attention", "silly::pair"]))
+
+
+for _name, _change, _expect in [
+    ("eval() called again", lambda s: s.model.eval(), "right"),
+    ("requires_grad_(False) on the parameters", lambda s: s.model.requires_grad_(False), "right"),
+    ("parameters reinitialised in place by apply()", lambda s: s.model.apply(_reset), "right"),
+    ("another torch seed", lambda s: torch.manual_seed(7), "right"),
+    (
+        "a buffer registered again with another tensor",
+        lambda s: s.model.register_buffer("shift", torch.ones(8)),
+        "refused",
+    ),
+    ("a layer appended to a ModuleList", lambda s: s.model.layers.append(Layer()), "right"),
+    ("a layer deleted from a ModuleList", lambda s: s.model.layers.__delitem__(1), "right"),
+]:
+    TRIES.append(Try(_name, "model state", _expect, lambda change=_change: after_first_call(change)))
+
+
+def _reset(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        module.reset_parameters()
+
+
+@attempt("calls")
+def later_calls_from_another_thread() -> tuple:
+    s = served()
+
+    def in_a_thread(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            found: list[Any] = []
+            thread = threading.Thread(
+                target=lambda: found.append(torch.no_grad()(fn)())
+            )  # grad mode: per thread
+            thread.start()
+            thread.join()
+            return found[0]
+
+        return run
+
+    eager, compiled = calls(s)
+    return in_a_thread(eager), in_a_thread(compiled)
+
+
+@attempt("calls")
+def capture_called_without_cuda() -> tuple:
+    s = served()
+    s.compiled.capture()
+    return calls(s)
+
+
+@attempt("calls", "refused")
+def capture_called_before_the_first_call() -> tuple:
+    compiled = pieceworks.compile(Model(), config())
+    return (lambda: None), compiled.capture
+
+
+@attempt("calls", "refused")
+def estimate_capture_called_before_the_first_call() -> tuple:
+    compiled = pieceworks.compile(Model(), config())
+    return (lambda: None), compiled.estimate_capture
+
+
+@attempt("calls")
+def many_batch_sizes_in_a_row() -> tuple:
+    s, sizes = served(), [1, 2, 3, 7, 16, 33, 2, 1, 64]
+    inputs = [torch.randn(b, 8) for b in sizes]
+    return (lambda: torch.cat([s.model(y) for y in inputs])), (
+        lambda: torch.cat([s.compiled(y) for y in inputs])
+    )
+
+
+@attempt("config", "refused")
+def a_capture_size_of_0() -> tuple:
+    return _refused_at_build(lambda: config(cudagraph_capture_sizes=[0, 4]))
+
+
+@attempt("config", "refused")
+def a_compile_size_above_the_batch_limit() -> tuple:
+    return _refused_at_build(lambda: config(compile_sizes=[8192], max_num_batched_tokens=512))
+
+
+@attempt("config", "refused")
+def a_splitting_op_named_without_its_namespace() -> tuple:
+    def build() -> Any:
+        return pieceworks.compile(Model(), config(splitting_ops=["attention"]))(torch.randn(3, 8))
+
+    return (lambda: None), build
+
+
 def judge(attempted: Try) -> str:
     """`right`, `refused`, `silent` or `crash` (see the module doc), with the reason after a colon."""
     with contextlib.nullcontext() if "grad on" in attempted.area else torch.no_grad():
@@ -578,12 +710,11 @@ def judge(attempted: Try) -> str:
             return _error(exc, expected if isinstance(expected, Exception) else None)
     if isinstance(expected, Exception):
         return f"silent: eager raised {type(expected).__name__}, the compiled call did not"
-    if expected is None or got is None:
-        return "right" if got is expected else "silent: returned a value where eager returned None"
-    if got.dtype != expected.dtype or got.shape != expected.shape:
-        return f"silent: {got.dtype} {tuple(got.shape)}, eager's {expected.dtype} {tuple(expected.shape)}"
-    close = torch.allclose(got.float(), expected.float(), rtol=1e-4, atol=1e-4, equal_nan=True)
-    return "right" if close else f"silent: differs by {float((got - expected).abs().nan_to_num().max()):.3g}"
+    try:
+        assert_same(got, expected)  # structure, dtypes, shapes, values within the dtype's tolerance
+    except AssertionError as exc:
+        return f"silent: {str(exc).splitlines()[0]}"
+    return "right"
 
 
 def _error(exc: BaseException, eager: BaseException | None) -> str:

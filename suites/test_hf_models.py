@@ -28,7 +28,6 @@ import pieceworks
 from pieceworks import CompilationConfig, counters
 from pieceworks.harness.models import hf_llama as hf
 from pieceworks.harness.models import llama
-from pieceworks.harness.testing.scenario import run_case
 
 pytestmark = pytest.mark.skipif(hf.unavailable_reason() is not None, reason=str(hf.unavailable_reason()))
 
@@ -65,6 +64,20 @@ def conformance_run(early_processes, tmp_path_factory):
         env={**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"},
         cwd=folder,
         timeout=500,
+    )
+    # the serving record a process of its own stores, then a warm and a changed-config process: in order, in
+    # one driver process, beside the module's tests
+    cases = [{}, {}, {"rms_norm_eps": 1e-2}]
+    records = str(folder / "records")
+    chain = (
+        "import json; from pieceworks.harness.testing.scenario import run_case; print(json.dumps([run_case("
+        f"{__file__!r} + ':first_call', {{'cache_dir': {records!r}, 'overrides': o}}, timeout=240) for o in "
+        f"{cases!r}]))"
+    )
+    early_processes.start(
+        test_a_transformers_llama_called_with_keywords_warm_starts_without_a_trace,
+        [sys.executable, "-c", chain],
+        timeout=600,
     )
     example = folder / "your_model.py"
     example.write_text(_python_block_after("## A Hugging Face model in 20 lines"))
@@ -119,7 +132,7 @@ def first_call(cache_dir: str, overrides: dict) -> dict:
 
 
 @pytest.mark.inductor
-def test_a_transformers_llama_called_with_keywords_warm_starts_without_a_trace(tmp_path):
+def test_a_transformers_llama_called_with_keywords_warm_starts_without_a_trace(tmp_path, early_processes):
     model = hf.causal_lm(hf.CONFIGS / "tiny-llama.json", num_hidden_layers=1)
     compiled = pieceworks.compile(
         model,
@@ -138,11 +151,13 @@ def test_a_transformers_llama_called_with_keywords_warm_starts_without_a_trace(t
         assert out.loss is None and out.past_key_values is None and out.logits.shape == (batch, hf.SEQ, 128)
         torch.testing.assert_close(out.logits, expected.logits)
     # the record a process of its own stores: transformers' registry of the model classes a process has built
-    # (read by the trace) then holds this model's alone, as in a serving process
-    records = str(tmp_path / "records")
-    cold_process = run_case(f"{__file__}:first_call", {"cache_dir": records, "overrides": {}}, timeout=240)
+    # (read by the trace) then holds this model's alone, as in a serving process (started with the module)
+    (proc,) = early_processes.results(
+        test_a_transformers_llama_called_with_keywords_warm_starts_without_a_trace
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    cold_process, warm, changed = json.loads(proc.stdout.splitlines()[-1])
     assert cold_process == {**cold_process, "traces": 1, "reused": 0, "same": True}, cold_process
-    warm = run_case(f"{__file__}:first_call", {"cache_dir": records, "overrides": {}}, timeout=240)
     assert warm == {
         **warm,
         "traces": 0,
@@ -151,11 +166,6 @@ def test_a_transformers_llama_called_with_keywords_warm_starts_without_a_trace(t
         "output": "CausalLMOutputWithPast",
         "same": True,
     }, warm
-    changed = run_case(
-        f"{__file__}:first_call",
-        {"cache_dir": records, "overrides": {"rms_norm_eps": 1e-2}},
-        timeout=240,
-    )
     assert changed == {**changed, "traces": 1, "reused": 0, "same": True}, changed
     print(
         json.dumps(

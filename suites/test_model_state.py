@@ -96,6 +96,10 @@ CHANGES = {
         lambda m: setattr(m.layers[1], "forward", lambda x: x * 7),
         "layers.1.forward was set",
     ),
+    "a layer appended to a ModuleList (add_module: no setattr)": (
+        lambda m: m.layers.append(Layer()),
+        "layers.2 was added",
+    ),
 }
 
 

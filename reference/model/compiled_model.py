@@ -471,7 +471,7 @@ class CompiledModel:
         `samples` sizes: `Runtime.estimate_phase`), after the first call: its plan run on the static buffers,
         one padded size and kind at a time (no sizes without static buffers)."""
         if (runtime := self.runtime) is None:
-            raise RuntimeError(f"call the model once before {name}(): the first call compiles it")
+            raise RuntimeError(f"pieceworks: call the model once before {name}(): the first call compiles it")
         sizes = [] if self.static_inputs is None else sizes
         context = runtime.capture_phase(sizes) if samples is None else runtime.estimate_phase(sizes, samples)
         with torch.no_grad(), context as phase:

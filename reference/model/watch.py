@@ -9,6 +9,8 @@ flag (`StateWatch.changed`), torch's count of hook handles (`handles`) and the g
   parameter or buffer reallocated (`.to()`, `.cuda()`, `.half()`): `replaced`, and the call raises
   `StateReplacedError` (the graphs still read the old memory). Seen by torch's process-wide registration hooks
   and the watched class's `_apply`;
+- a submodule, parameter or buffer added to a watched module (`ModuleList.append`, which bypasses
+  `setattr`): `changed`, seen by the same registration hooks;
 - any other attribute of a watched module set to another value or deleted (`model.scale = 3.0`, `norm.eps =
   10.0`, `layer.heads = 2`, `model.train()` on a model traced in eval mode, `module.forward = f`; torch's
   parametrize, which deletes a parameter and swaps the class), a forward hook or pre-hook registered on one,
@@ -266,11 +268,13 @@ class StateWatch:
 
     def check(self, module: torch.nn.Module, attributes: Sequence[tuple[str, Any]], how: str) -> None:
         """Flag the first of `module`'s watched `attributes` that is not the object watched there, or not
-        where it was. An attribute not watched (another module's, a deep copy's) is never read: it may be a
-        fake tensor."""
+        where it was; note one of a watched module that is new (added). An attribute not watched (another
+        module's, a deep copy's) is never read: it may be a fake tensor."""
         for name, value in attributes:
             full, old, place = self._watched.get((id(module), name), (None, None, None))
-            if full is not None and self.replaced is None and (old is not value or _place(value) != place):
+            if full is None:  # a new submodule, parameter or buffer (`ModuleList.append`) of a watched module
+                self.note(module, "added", name)
+            elif self.replaced is None and (old is not value or _place(value) != place):
                 self.replaced = self.changed = (
                     f"{full} of the compiled model was {how} after its first call; its compiled graphs still "
                     "read the old tensor. Fix: load new values in place (model.load_state_dict(state) "

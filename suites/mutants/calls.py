@@ -47,6 +47,44 @@ def batch_branches_unchecked(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant(
+    "compiling a compiled model compiles it again, inside Dynamo, instead of saying it is compiled",
+    cpu=_FAULTS + "test_compiling_a_compiled_model_is_refused_saying_it_is_compiled",
+)
+def compiled_model_compiled_again(mp: pytest.MonkeyPatch) -> None:
+    original = api.CompiledModel.__init__
+
+    def init(self, model, config=None) -> None:
+        # the check sees a callable that is no CompiledModel: the compiled model's own __call__
+        original(self, model.__call__ if isinstance(model, api.CompiledModel) else model, config)
+
+    mp.setattr(api.CompiledModel, "__init__", init)
+
+
+@mutant(
+    "route ignores the call's batch kind: the breakdown of a mixed call under FULL_DECODE_ONLY times the "
+    "uniform decode call's FULL replay instead of the unpadded call that ran",
+    gpu="suites/test_host_overhead.py::test_the_breakdown_records_each_call_as_full_decode_only_runs_it",
+)
+def route_ignores_the_batch_kind(mp: pytest.MonkeyPatch) -> None:
+    original = api.CompiledModel.route
+    mp.setattr(api.CompiledModel, "route", lambda self, batch, uniform=False: original(self, batch, True))
+
+
+@mutant(
+    "a submodule added to a watched module (ModuleList.append) is not seen: the old trace serves",
+    cpu=_STATE + "test_a_change_after_the_first_call_is_served_by_a_new_trace_logged_once",
+)
+def added_submodule_unseen(mp: pytest.MonkeyPatch) -> None:
+    original = watch.StateWatch.note
+
+    def note(self, module, what, attribute=None) -> None:
+        if what != "added":
+            original(self, module, what, attribute)
+
+    mp.setattr(watch.StateWatch, "note", note)
+
+
+@mutant(
     "first calls from several threads are not serialised: each traces, over the others' trace",
     cpu=_FAULTS + "test_first_calls_from_several_threads_trace_once_and_each_gets_its_answer",
 )
