@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import platform
@@ -130,10 +131,15 @@ class PieceCompiler:
 
 
 def os_error_of(exc: BaseException | None) -> OSError | None:
-    """The `OSError` `exc` is or was raised from (Inductor wraps its errors), or None."""
+    """The `OSError` of a folder that cannot be written (full, read-only, not ours) that `exc` is or was
+    raised from (Inductor wraps its errors), or None."""
     while exc is not None and not isinstance(exc, OSError):
         exc = exc.__cause__ or exc.__context__
-    return exc
+    return (
+        exc
+        if exc is not None and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+        else None
+    )
 
 
 def computes_tensors(piece: Piece) -> bool:

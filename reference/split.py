@@ -157,8 +157,12 @@ def _recompute_scalars_in_consumers(graph: Graph, piece_of: dict) -> None:
 
 
 def input_scalar(node: Node) -> bool:
-    """Whether `node` reads a scalar from a graph input (`x.item()` of a placeholder)."""
-    return isinstance(source := node.args[0], Node) and source.op == "placeholder"
+    """Whether `node` reads the Python float Dynamo passes as a graph input (`x.item()` of a 0-d floating
+    placeholder that nothing else uses, so nothing writes it between two reads)."""
+    source = node.args[0]
+    if not isinstance(source, Node) or source.op != "placeholder" or (value := example_value(source)) is None:
+        return False
+    return value.dim() == 0 and value.is_floating_point() and all(u.target == "item" for u in source.users)
 
 
 def batch_symbols(gm: GraphModule) -> frozenset[str]:

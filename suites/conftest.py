@@ -56,27 +56,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _SWEEP_TEST = "test_every_try_of_the_new_user_sweep_is_served_right_or_refused_by_name"
-_SWEEP = pytest.StashKey[subprocess.Popen]()
+_SWEEP = pytest.StashKey[tuple]()  # (the process, its stdout file, its stderr file)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The new-user sweep (suites/new_user_sweep.py, a minute of compiles) starts in a process of its own once
     collection selected its test: it runs beside the suite, on the machine's other core, and the test
-    (`new_user_sweep` fixture) waits for it."""
+    (`new_user_sweep` fixture) waits for it; the session's end kills it where the test did not run."""
     if any(getattr(item, "originalname", None) == _SWEEP_TEST for item in session.items):
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # a full pipe would stall it
         command = [sys.executable, "-m", "suites.new_user_sweep"]
-        pipe = subprocess.PIPE
-        session.config.stash[_SWEEP] = subprocess.Popen(
-            command, cwd=_REPO, stdout=pipe, stderr=pipe, text=True
+        session.config.stash[_SWEEP] = (
+            subprocess.Popen(command, cwd=_REPO, stdout=out, stderr=err),
+            out,
+            err,
         )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if (sweep := session.config.stash.get(_SWEEP, None)) is not None:
+        sweep[0].kill()
 
 
 @pytest.fixture
 def new_user_sweep(request: pytest.FixtureRequest) -> subprocess.CompletedProcess:
     """The new-user sweep's process, finished: its exit status, stdout and stderr."""
-    proc = request.config.stash[_SWEEP]
-    stdout, stderr = proc.communicate(timeout=600)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    proc, out, err = request.config.stash[_SWEEP]
+    proc.wait(timeout=600)
+    texts = [(file.seek(0), file.read())[1] for file in (out, err)]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, *texts)
 
 
 @pytest.fixture

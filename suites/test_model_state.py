@@ -311,3 +311,25 @@ def test_torch_compile_of_the_same_model_traces_nothing_again():
     model.compile(backend="eager")
     with counters.expect(num_dynamo_traces=0):
         torch.testing.assert_close(compiled(x), model(x))
+
+
+FILL = 2  # a module global whose type the trace bakes in: torch.full's dtype follows it
+
+
+class Fills(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x, x, x, out)
+        return torch.full((x.shape[0],), FILL) + out.sum(-1).to(torch.int64)
+
+
+def test_a_module_global_set_to_an_equal_value_of_another_type_is_traced_again(monkeypatch):
+    """`2 == 2.0`, but not to a trace: the state watch compares each global's type too."""
+    config = CompilationConfig(splitting_ops=["silly::attention"], compiler="eager", cudagraph_mode="NONE")
+    model, x = Fills(), torch.zeros(3, 4)
+    compiled = pieceworks.compile(model, config)
+    assert compiled(x).dtype == torch.int64
+    monkeypatch.setitem(globals(), "FILL", 2.0)
+    with counters.expect(num_dynamo_traces=1):
+        got = compiled(x)
+    assert got.dtype == model(x).dtype == torch.float32

@@ -21,9 +21,10 @@ flag (`StateWatch.changed`), torch's count of hook handles (`handles`) and the g
   `register_forward_pre_hook`) and, for the hooks the trace ran, by a stand-in in the module's hook table that
   calls the hook and flags the change once torch's handle removes it (`_HookStandIn`);
 - the process-wide modes a trace bakes in (`global_modes`: the default dtype, CPU and CUDA autocast and their
-  dtypes, deterministic algorithms) and each watched module's class's `forward` (`Layer.forward = f`), which
-  no event announces: read per call (`now()`, a microsecond or two), and a change is `changed` as above (a
-  later call is traced for it, never served the first call's);
+  dtypes, deterministic algorithms), each watched module's class's `forward` (`Layer.forward = f`) and the
+  module globals the trace read (`record.module_globals`: each value and its type), which no event
+  announces: read per call (`now()`, a few microseconds), and a change is `changed` as above (a later call
+  is traced for it, never served the first call's);
 - a global module forward hook (`register_module_forward_hook`, `register_module_forward_pre_hook`): it runs
   on every nn.Module, the compiled model's own graph modules included, so no compiled model can give eager's
   result while one is registered: `GlobalHookError` at any call (the first one included) until it is removed.
@@ -36,8 +37,9 @@ compiled model watches the module anymore.
 
 Not watched, since nothing announces them: changes inside an attribute's value (`model.cfg.eps = 1.0` on a
 config object, `model.sizes.append(8)`), writes that bypass `setattr` (`module.__dict__[...]`,
-`object.__setattr__`), and the module globals, closures and environment variables `forward` reads (in one
-process they stay as the trace saw them; a warm start checks them, record.py). Compile the model again after
+`object.__setattr__`), and the closure cells, class attributes (but `forward`) and environment variables
+`forward` reads (in one process they stay as the trace saw them; a warm start checks the first two, and a
+model that reads an environment variable gets no serving record: record.py). Compile the model again after
 changing those.
 """
 
@@ -239,13 +241,14 @@ class StateWatch:
     def now(self) -> tuple:
         """What no event announces, read per call: the global modes, each watched class's `forward` and the
         module globals the trace read."""
-        forwards = (cls.forward for cls in self.classes)
-        return *global_modes(), *forwards, *map(dict.get, self._dicts, self._keys)
+        forwards, values = (cls.forward for cls in self.classes), list(map(dict.get, self._dicts, self._keys))
+        return *global_modes(), *forwards, *values, *map(type, values)  # 2 == 2.0, but not to a trace
 
     def stale(self) -> bool:
         """Whether the next call must look closer (`changed`, hook handles moved); notes a change of now()."""
         if self.changed is None and (now := self.now()) != self.modes:
-            names = (*_MODES, *(f"{cls.__qualname__}.forward" for cls in self.classes), *self.labels)
+            labels = (*self.labels, *(f"the type of {label}" for label in self.labels))
+            names = (*_MODES, *(f"{cls.__qualname__}.forward" for cls in self.classes), *labels)
             found = next((n, a, b) for n, a, b in zip(names, self.modes, now) if a != b)
             self.changed = "{} was {}, is {}".format(*found)
         return self.changed is not None or self.handles != _compat.HookHandle.next_id
