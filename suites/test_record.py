@@ -416,14 +416,26 @@ def test_a_value_read_outside_the_model_that_changed_is_traced_again_naming_it(
             assert f"{name} is 2.0, the record's trace read 1.0" in caplog.text, caplog.text
 
 
+CHANGES = {  # READS' values set after the first call: (the change, its name in the log)
+    "module global": (lambda module: ("VALUE", module), "reads_global.VALUE"),
+    "closure": (
+        lambda module: ("cell_contents", module.TIMES.__closure__[0]),
+        "reads_global.TIMES.__closure__[0]",
+    ),
+    "class attribute": (lambda module: ("SHIFT", module.ReadsOutside), "type(model).SHIFT"),
+}
+
+
 @pytest.mark.parametrize("start", ["traced", "record"])
-def test_a_module_global_changed_in_the_process_is_traced_again_naming_it(
-    start, tmp_path, caplog, monkeypatch
+@pytest.mark.parametrize("what", list(READS))
+def test_a_value_read_outside_the_model_changed_in_the_process_is_traced_again_naming_it(
+    what, start, tmp_path, caplog, monkeypatch
 ):
-    """Nothing announces a module global set after the first call: the state watch reads the ones the trace
-    read (Dynamo's guards) per call, whether the first call traced or was served from the record."""
+    """Nothing announces a module global, a closure cell or a class attribute set after the first call: the
+    state watch reads the ones the trace read (Dynamo's guards) per call, whether the first call traced or was
+    served from the record."""
     path, x = tmp_path / "reads_global.py", torch.randn(3, 4)
-    path.write_text(OUTSIDE.replace("READ", READS["module global"][0]))
+    path.write_text(OUTSIDE.replace("READ", READS[what][0]))
     module = _import(path, "reads_global", monkeypatch)
     if start == "record":
         _compile(module.ReadsOutside(), tmp_path / "cache")(x)
@@ -431,10 +443,13 @@ def test_a_module_global_changed_in_the_process_is_traced_again_naming_it(
     with counters.expect(num_traces_reused=int(start == "record")):
         compiled(x)
     caplog.set_level("WARNING", logger="pieceworks")
-    monkeypatch.setattr(module, "VALUE", 5.0)
+    (name, owner), label = CHANGES[what][0](module), CHANGES[what][1]
+    monkeypatch.setattr(owner, name, 5.0)
     with counters.expect(num_dynamo_traces=1):
         torch.testing.assert_close(compiled(x), 15 * x)
-    assert "reads_global.VALUE was 1.0, is 5.0 after the first call: tracing" in caplog.text, caplog.text
+    assert f"{label}" in caplog.text and "was 1.0, is 5.0 after the first call: tracing" in caplog.text, (
+        caplog.text
+    )
     with counters.expect(num_dynamo_traces=0):
         torch.testing.assert_close(compiled(x), 15 * x)
 

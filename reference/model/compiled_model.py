@@ -348,7 +348,7 @@ class CompiledModel:
         self._batch_rule = arguments.BatchRule(served.batch_guards) if served.batch_guards else None
         self.runtime = core.Runtime(cast(core.CompiledPieces, self._compiled), self.config)
         if isinstance(self.model, torch.nn.Module):  # globals(): the entry point's module globals
-            read = record.module_globals([r[0] for r in served.reads], globals())
+            read = record.watched_reads([r[0] for r in served.reads], self.model, globals())
             self._state_watch = StateWatch(self.model, self, read)
         if self.runtime.mode is not CUDAGraphMode.NONE and self.config.cudagraph_capture_sizes:
             self.static_inputs = core.StaticInputs(args, max(self.config.cudagraph_capture_sizes))

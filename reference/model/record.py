@@ -397,17 +397,26 @@ def outside_sources(guards: Sequence[Any], frame_globals: dict[str, Any]) -> lis
     return found
 
 
-def module_globals(sources: Iterable[str], frame_globals: dict[str, Any]) -> list[tuple[str, dict, str]]:
-    """Of `outside_sources`, those that read a module's global (`G['__import_m'].NAME`, `m.F.linear`), once
-    each: (its name, the module's dict, NAME). Nothing announces a change to one, so the state watch reads
-    them per call (watch.py)."""
+# `owner.NAME`, or a class's own entry `dict(owner.__dict__)['NAME']` (how Dynamo names a class attribute)
+_ATTRIBUTE = re.compile(r"dict\((.+)\.__dict__\)\['(\w+)'\]|(.+)\.(\w+)")
+_HOLDERS = (types.ModuleType, type, types.CellType)  # what the state watch reads attributes of
+
+
+def watched_reads(
+    sources: Iterable[str], model: Any, frame_globals: dict[str, Any]
+) -> list[tuple[str, Any, str]]:
+    """Of `outside_sources`, those that read an attribute of a module, a class or a closure cell
+    (`G['__import_m'].NAME`, `m.F.linear`, `type(model).SCALE`, `f.__closure__[0].cell_contents`), once each:
+    (its readable name, the object it is read from, the attribute). Nothing announces a change to one, so the
+    state watch reads them per call (watch.py)."""
     found = {}
     for source in sources:
-        owner, _, name = source.rpartition(".")
         with contextlib.suppress(Exception):  # not an attribute of something a warm start can read back
-            if isinstance(module := read_back(owner, None, frame_globals), types.ModuleType):
-                found[f"{module.__name__}.{name}"] = (vars(module), name)
-    return [(label, *place) for label, place in found.items()]
+            read = _ATTRIBUTE.fullmatch(source)
+            owner, name = read[1] or read[3], read[2] or read[4]
+            if isinstance(held := read_back(owner, model, frame_globals), _HOLDERS):
+                found[id(held), name] = (_readable(source), held, name)
+    return list(found.values())
 
 
 def outside_reads(guards: Sequence[Any] | None, model: Any, frame_globals: dict[str, Any]) -> list[tuple]:

@@ -22,7 +22,8 @@ flag (`StateWatch.changed`), torch's count of hook handles (`handles`) and the g
   calls the hook and flags the change once torch's handle removes it (`_HookStandIn`);
 - the process-wide modes a trace bakes in (`global_modes`: the default dtype, CPU and CUDA autocast and their
   dtypes, deterministic algorithms), each watched module's class's `forward` (`Layer.forward = f`) and the
-  module globals the trace read (`record.module_globals`: each value and its type), which no event
+  attributes of modules, classes and closure cells the trace read outside the model (`record.watched_reads`:
+  a module global, a class attribute, a captured value; each value and its type), which no event
   announces: read per call (`now()`, a few microseconds), and a change is `changed` as above (a later call
   is traced for it, never served the first call's);
 - a global module forward hook (`register_module_forward_hook`, `register_module_forward_pre_hook`): it runs
@@ -37,10 +38,9 @@ compiled model watches the module anymore.
 
 Not watched, since nothing announces them: changes inside an attribute's value (`model.cfg.eps = 1.0` on a
 config object, `model.sizes.append(8)`), writes that bypass `setattr` (`module.__dict__[...]`,
-`object.__setattr__`), and the closure cells, class attributes (but `forward`) and environment variables
-`forward` reads (in one process they stay as the trace saw them; a warm start checks the first two, and a
-model that reads an environment variable gets no serving record: record.py). Compile the model again after
-changing those.
+`object.__setattr__`), and environment variables `forward` reads (in one process they stay as the trace saw
+them; a model that reads one gets no serving record: record.py). Compile the model again after changing
+those.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ class StateWatch:
     global hook. Events update them (see the module doc); reading them is all a call costs. `close()` ends
     the watch."""
 
-    def __init__(self, model: torch.nn.Module, owner: object, module_globals: Sequence[tuple] = ()) -> None:
+    def __init__(self, model: torch.nn.Module, owner: object, reads: Sequence[tuple] = ()) -> None:
         self.replaced: str | None = None
         self.changed: str | None = None
         # while the compiled model itself runs forward through Dynamo (its writes are its own)
@@ -230,25 +230,25 @@ class StateWatch:
                     table[key] = stand_in = _HookStandIn(hook)
                     self._stand_ins.append((table, key, weakref.finalize(stand_in, self.note, module, why)))
         _register_hooks_once()
-        self.classes: list[Any] = list({original_class(type(m)): None for _, m in self._paths.values()})
-        # the module globals the trace read (record.module_globals): (name, the module's dict, key)
-        self.labels: tuple[str, ...] = tuple(label for label, _, _ in module_globals)
-        self._dicts, self._keys = [d for _, d, _ in module_globals], [k for _, _, k in module_globals]
+        # each watched class's forward, and the attributes the trace read outside the model
+        # (record.watched_reads): (name, the object read from, the attribute)
+        classes = {original_class(type(m)): None for _, m in self._paths.values()}
+        self._reads = [(f"{cls.__qualname__}.forward", cls, "forward") for cls in classes] + [*reads]
         self.handles, self.modes = _compat.HookHandle.next_id, self.now()
         _WATCHES.add(self)
         weakref.finalize(owner, self.close)
 
     def now(self) -> tuple:
         """What no event announces, read per call: the global modes, each watched class's `forward` and the
-        module globals the trace read."""
-        forwards, values = (cls.forward for cls in self.classes), list(map(dict.get, self._dicts, self._keys))
-        return *global_modes(), *forwards, *values, *map(type, values)  # 2 == 2.0, but not to a trace
+        attributes the trace read outside the model."""
+        values = [getattr(held, name, _ABSENT) for _, held, name in self._reads]
+        return *global_modes(), *values, *map(type, values)  # 2 == 2.0, but not to a trace
 
     def stale(self) -> bool:
         """Whether the next call must look closer (`changed`, hook handles moved); notes a change of now()."""
         if self.changed is None and (now := self.now()) != self.modes:
-            labels = (*self.labels, *(f"the type of {label}" for label in self.labels))
-            names = (*_MODES, *(f"{cls.__qualname__}.forward" for cls in self.classes), *labels)
+            labels = [label for label, _, _ in self._reads]
+            names = (*_MODES, *labels, *(f"the type of {label}" for label in labels))
             found = next((n, a, b) for n, a, b in zip(names, self.modes, now) if a != b)
             self.changed = "{} was {}, is {}".format(*found)
         return self.changed is not None or self.handles != _compat.HookHandle.next_id

@@ -534,11 +534,12 @@ def environment_reads_recorded(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant(
-    "the state watch reads no module global: one set after the first call is served the old trace",
-    cpu=_RECORD + "test_a_module_global_changed_in_the_process_is_traced_again_naming_it",
+    "the state watch reads nothing the trace read outside the model: a module global, closure cell or class "
+    "attribute set after the first call is served the old trace",
+    cpu=_RECORD + "test_a_value_read_outside_the_model_changed_in_the_process_is_traced_again_naming_it",
 )
-def module_globals_unwatched(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(record, "module_globals", lambda sources, frame_globals: [])
+def outside_reads_unwatched(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(record, "watched_reads", lambda sources, model, frame_globals: [])
 
 
 @mutant(

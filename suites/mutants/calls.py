@@ -285,8 +285,8 @@ def replaced_state_served(mp: pytest.MonkeyPatch) -> None:
 def global_hooks_per_model(mp: pytest.MonkeyPatch) -> None:
     original = watch.StateWatch.__init__
 
-    def init(self, model, owner, module_globals=()) -> None:
-        original(self, model, owner, module_globals)
+    def init(self, model, owner, reads=()) -> None:
+        original(self, model, owner, reads)
         handle = torch.nn.modules.module.register_module_module_registration_hook(lambda *args: None)
         weakref.finalize(owner, handle.remove)
 

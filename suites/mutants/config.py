@@ -1,5 +1,6 @@
 """Mutants of configuration and of what a new user is told: splitting ops, Inductor keys, capture sizes,
-frozen configs, graph modes dropped, progress bars, environment variables and cache folders."""
+frozen configs, graph modes dropped, progress bars, environment variables, cache folders and the modes
+torch.compile refuses."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import os
 import types
 
 import pytest
+from torch._dynamo.backends import registry
 
+import pieceworks
 import pieceworks.backend as backend
 import pieceworks.batch_kind as batch_kind
 import pieceworks.compiled as compiled
@@ -148,3 +151,22 @@ def cache_dir_tilde_literal(mp: pytest.MonkeyPatch) -> None:
 )
 def inductor_values_unchecked(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(config, "fits_option_type", lambda value, declared: True)
+
+
+@mutant(
+    'torch.compile(model, backend="pieceworks", mode="reduce-overhead") runs, ignoring the mode, instead of '
+    "being refused by name",
+    cpu="suites/test_compile.py::test_torch_compiles_mode_is_refused_by_name_naming_the_options_that_set_cuda_"
+    "graphs",
+)
+def compile_mode_ignored(mp: pytest.MonkeyPatch) -> None:
+    original = backend.registered_backend
+
+    def registered(gm, example_inputs, options=None, mode=None):
+        return original(gm, example_inputs, options)
+
+    registered._tags = original._tags  # type: ignore[attr-defined]  # what list_backends reads
+    mp.setattr(backend, "registered_backend", registered)
+    mp.setattr(pieceworks, "registered_backend", registered)
+    # torch calls the function registered under "pieceworks" at import, not the module's attribute
+    mp.setitem(registry._COMPILER_FNS, "pieceworks", registered)

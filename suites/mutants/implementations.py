@@ -1,12 +1,14 @@
 """Mutants of the harness's tools: the implementation registry and adapters, the host-overhead breakdown, the
-hypothesis strategies and the conformance suite's plugin."""
+hypothesis strategies and the conformance suite's plugin and run."""
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
 import importlib
+import secrets
 import tempfile
+import types
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 import pieceworks
 import pieceworks.conformance.plan as plan
 import pieceworks.conformance.plugin as conformance
+import pieceworks.conformance.run as conformance_run
 import pieceworks.conformance.subjects as subjects
 import pieceworks.harness.adapters as impls
 import pieceworks.harness.adapters.base as adapter_base
@@ -215,6 +218,23 @@ def batches_never_beyond(mp: pytest.MonkeyPatch) -> None:
 )
 def conformance_nothing_ran_passes(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(conformance, "nothing_ran", lambda results: None)
+
+
+@mutant(
+    "a conformance run draws its capture sizes from a seed of its own, not the one it prints and records "
+    "(as when run.py was imported twice, each copy drawing a seed)",
+    cpu="suites/test_conformance_suite.py::test_a_run_drawing_its_seed_prints_the_seed_and_sizes_it_served",
+)
+def conformance_sizes_from_another_seed(mp: pytest.MonkeyPatch) -> None:
+    def draw(plan_seed, max_size=plan.DEFAULT_MAX_SIZE, max_count=plan.DEFAULT_MAX_COUNT):
+        recorded = plan.Plan.draw(plan_seed, max_size, max_count).capture_sizes
+        for _ in range(100):  # a fresh seed drawing other sizes than the recorded seed's, where there are any
+            sizes = plan.Plan.draw(secrets.randbelow(2**32), max_size, max_count).capture_sizes
+            if sizes != recorded:
+                break
+        return plan.Plan(plan_seed, sizes)
+
+    mp.setattr(conformance_run, "Plan", types.SimpleNamespace(draw=draw))  # the name resolve draws through
 
 
 _HF = "suites/test_hf_models.py::"
