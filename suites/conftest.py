@@ -60,8 +60,8 @@ _SWEEP = pytest.StashKey[tuple]()  # (the process, its stdout file, its stderr f
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The new-user sweep (suites/new_user_sweep.py, a minute of compiles) starts in a process of its own once
-    collection selected its test: it runs beside the suite, on the machine's other core, and the test
+    """The new-user sweep (suites/new_user_sweep.py, 1.5 minutes of compiles) starts in a process of its own
+    once collection selected its test: it runs beside the suite, on the machine's other core, and the test
     (`new_user_sweep` fixture) waits for it; pytest's exit kills it where the test did not run."""
     if any(getattr(item, "originalname", None) == _SWEEP_TEST for item in session.items):
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # a full pipe would stall it

@@ -186,8 +186,8 @@ def test_cache_key_changes_with_config_not_with_path(tmp_path):
 
 
 def test_concurrent_cold_processes_share_the_work(tmp_path):
-    """3 processes start one model on one empty cache at once: each entry is compiled by one of them (under
-    that entry's lock) and loaded by the others; nothing is lost, torn or left behind."""
+    """2 processes start one model on one empty cache at once: each entry is compiled by one of them (under
+    that entry's lock) and loaded by the other; nothing is lost, torn or left behind."""
     procs = [
         subprocess.Popen(
             _scenario("--model", "silly", "--cache-dir", tmp_path, "--batches", "4,9"),
@@ -195,7 +195,7 @@ def test_concurrent_cold_processes_share_the_work(tmp_path):
             stderr=subprocess.PIPE,
             text=True,
         )
-        for _ in range(3)
+        for _ in range(2)
     ]
     reports = []
     for proc in procs:
@@ -205,7 +205,7 @@ def test_concurrent_cold_processes_share_the_work(tmp_path):
     assert all(r["max_rel_error"] < 1e-6 for r in reports)
     compiles = sum(r["counters"]["num_inductor_compiles"] for r in reports)
     loads = sum(r["counters"]["num_compiled_artifacts_loaded"] for r in reports)
-    assert (compiles, loads) == (3, 2 * 3), f"3 cold processes compiled {compiles} pieces and loaded {loads}"
+    assert (compiles, loads) == (3, 3), f"2 cold processes compiled {compiles} pieces and loaded {loads}"
     assert sum(r["counters"]["num_cache_artifacts_rejected"] for r in reports) == 0
     key_dir, index = _artifacts(tmp_path)
     assert len(index) == 3

@@ -238,7 +238,7 @@ def test_unprovable_binding_calls_through_dynamo_and_a_retrace_is_refused(caplog
     doubled, same = compiled(x)
     assert same is x and torch.equal(doubled, x * 2)
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="never compiles while serving"):
+    with pytest.raises(Exception, match="Dynamo asked to compile this model again"):
         compiled(torch.randn(1))
 
 
@@ -283,3 +283,15 @@ def test_torch_compile_recompiling_for_a_changed_python_float_serves_it(monkeypa
         monkeypatch.setitem(globals(), "SCALE", scale)
         torch.testing.assert_close(fn(x), ScaledAttention()(x))
     torch._dynamo.reset()
+
+
+def test_a_compiled_model_called_inside_torch_compile_is_served_outside_its_trace():
+    """`torch.compile` of a function that calls a CompiledModel (or of the CompiledModel itself): the caller's
+    trace breaks at the call, which is served as any other, without a trace of the model."""
+    model = models.SillyModel()
+    config = CompilationConfig(splitting_ops=["silly::attention"], compiler="eager", cudagraph_mode="NONE")
+    compiled, x = pieceworks.compile(model, config), torch.randn(4, 8)
+    compiled(x)
+    with counters.expect(num_dynamo_traces=0):
+        torch.testing.assert_close(torch.compile(lambda t: compiled(t) * 2, backend="eager")(x), model(x) * 2)
+        torch.testing.assert_close(torch.compile(compiled, backend="eager")(x), model(x))

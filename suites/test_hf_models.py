@@ -39,32 +39,33 @@ def conformance_run(early_processes, tmp_path_factory):
     """The conformance suite on the shipped tiny configs, as a user runs it (`--conformance-model PATH`),
     started before the module's first test: it runs beside them on the other core."""
     folder = tmp_path_factory.mktemp("hf-conformance")
-    models = [arg for name in TINY for arg in ("--conformance-model", str(hf.CONFIGS / f"{name}.json"))]
-    early_processes.start(
-        test_the_shipped_configs_pass_the_cpu_conformance_properties,
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "pieceworks.conformance.plugin",
-            "--pyargs",
-            "pieceworks.conformance",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--conformance-device",
-            "cpu",
-            *models,
-            "--impl",
-            "pieceworks-none",
-            "--conformance-json",
-            str(folder / "run.json"),
-        ],
-        env={**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"},
-        cwd=folder,
-        timeout=500,
-    )
+    for test, names in CONFORMANCE.items():
+        models = [arg for name in names for arg in ("--conformance-model", str(hf.CONFIGS / f"{name}.json"))]
+        early_processes.start(
+            test,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "pieceworks.conformance.plugin",
+                "--pyargs",
+                "pieceworks.conformance",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "--conformance-device",
+                "cpu",
+                *models,
+                "--impl",
+                "pieceworks-none",
+                "--conformance-json",
+                str(folder / f"{test.__name__}.json"),
+            ],
+            env={**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"},
+            cwd=folder,
+            timeout=500,
+        )
     # the serving record a process of its own stores, then a warm and a changed-config process: in order, in
     # one driver process, beside the module's tests
     cases = [{}, {}, {"rms_norm_eps": 1e-2}]
@@ -207,17 +208,39 @@ def test_each_shipped_config_builds_with_a_paged_kv_cache_per_layer_called_throu
         assert all(w > 0 for w in written), "every layer writes its own cache"
 
 
-def test_the_shipped_configs_pass_the_cpu_conformance_properties(early_processes, conformance_run):
-    (proc,) = early_processes.results(test_the_shipped_configs_pass_the_cpu_conformance_properties)
+def _conformance_passed(early_processes, folder: Path, test) -> None:
+    """`test`'s conformance run passed the CPU properties on each of its configs (`CONFORMANCE`)."""
+    (proc,) = early_processes.results(test)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
-    results = json.loads((conformance_run / "run.json").read_text())["results"]
+    results = json.loads((folder / f"{test.__name__}.json").read_text())["results"]
     passed = {
         (r["impl"], os.path.basename(r["model"]), r["property"]) for r in results if r["outcome"] == "pass"
     }
-    for name in TINY:
+    for name in CONFORMANCE[test]:
         for prop in ("replay-matches-eager", "repeats-give-fresh-outputs", "warm-start-compiles-nothing"):
             assert ("pieceworks-none", f"{name}.json", prop) in passed, (name, prop, sorted(passed))
     assert {r["outcome"] for r in results} <= {"pass", "n/a"}
+
+
+def test_a_shipped_config_passes_the_cpu_conformance_properties(early_processes, conformance_run):
+    _conformance_passed(
+        early_processes, conformance_run, test_a_shipped_config_passes_the_cpu_conformance_properties
+    )
+
+
+@pytest.mark.slow
+def test_every_shipped_config_passes_the_cpu_conformance_properties(early_processes, conformance_run):
+    _conformance_passed(
+        early_processes, conformance_run, test_every_shipped_config_passes_the_cpu_conformance_properties
+    )
+
+
+# The conformance run of each test, as a user runs it (`--conformance-model PATH`): one config by default,
+# every one in the opt-in set
+CONFORMANCE = {
+    test_a_shipped_config_passes_the_cpu_conformance_properties: ["tiny-qwen3"],
+    test_every_shipped_config_passes_the_cpu_conformance_properties: TINY,
+}
 
 
 def test_the_serving_benchmark_takes_a_config_json_and_runs_on_a_cpu_up_to_where_cuda_is_needed(

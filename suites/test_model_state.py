@@ -100,6 +100,10 @@ CHANGES = {
         lambda m: m.layers.append(Layer()),
         "layers.2 was added",
     ),
+    "bias=None": (  # no registration hook fires
+        lambda m: setattr(m.layers[0].proj, "bias", None),
+        "layers.0.proj.bias was set",
+    ),
 }
 
 
@@ -158,6 +162,41 @@ def test_global_modes_changed_after_the_first_call_are_traced_for_never_served_s
         "pieceworks: CPU autocast was True, is False",
         "pieceworks: the default dtype was torch.float32, is torch.float64",
     ], warnings
+
+
+def test_a_torch_function_mode_entered_after_the_first_call_is_traced_for(caplog):
+    """`torch.device(...)` as a context (and `torch.set_default_device`) is a torch function mode: the factory
+    calls a trace makes follow it, so a call under one is traced for (here one whose results are the same)."""
+    model, compiled, x = _served()
+    caplog.set_level(logging.WARNING, logger="pieceworks")
+    with torch.device("cpu"), counters.expect(num_dynamo_traces=1):
+        torch.testing.assert_close(compiled(x), model(x))
+    with counters.expect(num_dynamo_traces=1):  # and left
+        torch.testing.assert_close(compiled(x), model(x))
+    warning = next(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert "torch function modes (torch.device, set_default_device) was 0, is 1" in warning
+
+
+def test_a_compiled_bound_forward_watches_its_module():
+    """`pieceworks.compile(model.forward)`: the bound method's module is watched as the model would be."""
+    torch.manual_seed(0)
+    model = Stack()
+    config = CompilationConfig(splitting_ops=["silly::attention"], compiler="eager", cudagraph_mode="NONE")
+    compiled, x = pieceworks.compile(model.forward, config), torch.randn(5, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+    model.scale = 3.0
+    with counters.expect(num_dynamo_traces=1):
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_compiled_model_is_not_pickled_or_copied_naming_the_fix():
+    """It holds compiled code and CUDA graphs; the model itself pickles and copies (above)."""
+    _, compiled, _ = _served()
+    for copied in (pickle.dumps, copy.deepcopy, copy.copy):
+        with pytest.raises(
+            TypeError, match="pieceworks: a CompiledModel cannot be pickled. Fix: compile a copy"
+        ):
+            copied(compiled)
 
 
 def test_a_model_class_whose_forward_is_replaced_after_the_first_call_is_served_by_a_new_trace(

@@ -43,6 +43,12 @@ class Scaled(nn.Module):
         return out - 1
 
 
+def _key(model, signatures, config):
+    """The model's serving-record key (`key_of(model_facts(...))`), or None where it cannot be keyed."""
+    facts = record.model_facts(model, signatures, config)
+    return None if facts is None else record.key_of(facts)
+
+
 def _compile(model, cache_dir, **kwargs):
     return pieceworks.compile(
         model,
@@ -145,7 +151,7 @@ KEY_CHANGES = {
     "buffer": "state.extra",
     "call": "call[1]",
     "config": "config.compile_sizes",
-    "default dtype": "modes.default_dtype",
+    "default dtype": "modes.the default dtype",
     "torch version": "environment.torch",
 }
 
@@ -156,8 +162,8 @@ def test_the_key_moves_with_what_changes_code_and_the_change_is_named(change, mo
     base = Scaled()
     config = CompilationConfig(splitting_ops=["silly::attention"])
     call = [pieceworks.model.arguments.signature(a) for a in (torch.zeros(2, 4), torch.zeros(2))]
-    key, before = record.model_key(base, call, config), record.model_facts(base, call, config)
-    assert record.model_key(Scaled(), call, config) == key, "new weights of the same shapes moved the key"
+    key, before = _key(base, call, config), record.model_facts(base, call, config)
+    assert _key(Scaled(), call, config) == key, "new weights of the same shapes moved the key"
     model = Scaled()
     if change == "torch version":
         found = record.core.software_factors()
@@ -192,7 +198,7 @@ def test_the_key_moves_with_what_changes_code_and_the_change_is_named(change, mo
         ]
     elif change == "config":
         config = CompilationConfig(splitting_ops=["silly::attention"], compile_sizes=[4])
-    assert record.model_key(model, call, config) != key
+    assert _key(model, call, config) != key
     assert first_change(before, record.model_facts(model, call, config))[0] == KEY_CHANGES[change]
 
 
@@ -203,7 +209,7 @@ def test_the_key_moves_with_the_order_of_modules_and_tensors():
     call = [pieceworks.model.arguments.signature(torch.zeros(2, 4))]
     ab = nn.Sequential(collections.OrderedDict(a=nn.ReLU(), b=nn.Tanh()))
     ba = nn.Sequential(collections.OrderedDict(b=nn.Tanh(), a=nn.ReLU()))
-    assert record.model_key(ab, call, config) != record.model_key(ba, call, config)
+    assert _key(ab, call, config) != _key(ba, call, config)
     facts = [record.model_facts(m, call, config) for m in (ab, ba)]
     assert first_change(*facts)[0] == "order.modules[1]"
 
@@ -224,7 +230,7 @@ def test_a_warm_start_that_traces_again_names_what_changed(tmp_path, caplog):
 
 def key_here() -> str | None:
     """In a process of its own: `Scaled()`'s serving-record key, as a first call in this folder has it."""
-    return record.model_key(Scaled(), [], CompilationConfig(splitting_ops=["silly::attention"]))
+    return _key(Scaled(), [], CompilationConfig(splitting_ops=["silly::attention"]))
 
 
 def test_the_same_model_started_from_another_folder_has_the_same_key(tmp_path):
@@ -259,10 +265,10 @@ def test_what_the_key_cannot_cover_gets_no_record(what):
         namespace = {"nn": nn, "__name__": "notebook_cell"}
         exec("class Cell(nn.Module):\n    def forward(self, x):\n        return x + 1\n", namespace)  # noqa: S102 - a fixed class source of the test's own, run as a notebook cell runs
         model = namespace["Cell"]()
-    assert record.model_key(model, [], CompilationConfig(splitting_ops=["silly::attention"])) is None
+    assert _key(model, [], CompilationConfig(splitting_ops=["silly::attention"])) is None
     functions = Scaled()
     functions.act = _gelu  # a function without a closure is keyed by its code
-    assert record.model_key(functions, [], CompilationConfig(splitting_ops=["silly::attention"])) is not None
+    assert _key(functions, [], CompilationConfig(splitting_ops=["silly::attention"])) is not None
 
 
 def test_a_partial_is_keyed_by_its_function_and_bound_arguments():
@@ -276,7 +282,7 @@ def test_a_partial_is_keyed_by_its_function_and_bound_arguments():
     ):
         model = Scaled()
         model.act = act
-        keys.append(record.model_key(model, [], CompilationConfig(splitting_ops=["silly::attention"])))
+        keys.append(_key(model, [], CompilationConfig(splitting_ops=["silly::attention"])))
     assert None not in keys and len(set(keys)) == 3, keys
 
 

@@ -16,10 +16,12 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
 - `nn.Module._apply(fn)`, through which `.to()`, `.cuda()`, `.half()` reallocate parameters and buffers (no
   public hook sees it): the watched class of watch.py overrides it (2.11-2.15);
   `torch.utils.hooks.RemovableHandle.next_id`, the count of hook handles torch has handed out (every hook
-  registration moves it; 2.11-2.15), and nn.Module's global forward hooks, for `StateWatch`.
+  registration moves it; 2.11-2.15), `torch._C._len_torch_function_stack()`, how many torch function modes
+  are active (`torch.device(...)` as a context and `torch.set_default_device` each add one; 2.11-2.15), and
+  nn.Module's global forward hooks, for `StateWatch`.
 
-A missing feature raises `TorchCompatError` once, at first use (`BackendCompilerFailed`, `HookHandle`: at
-import), naming the feature, the torch version and the fix; nothing here patches torch.
+A missing feature raises `TorchCompatError` once, at first use (`BackendCompilerFailed`, `HookHandle`,
+`modes`: at import), naming the feature, the torch version and the fix; nothing here patches torch.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ BackendCompilerFailed = require("torch._dynamo.exc", "BackendCompilerFailed").Ba
 # Checked at import: a call reads `HookHandle.next_id` (hooks handed out so far), so it must not cost a
 # lookup.
 HookHandle = require("torch.utils.hooks", "RemovableHandle.next_id").RemovableHandle
+# Checked at import, read per call: how many torch function modes are active (a default device is one)
+modes = require("torch._C", "_len_torch_function_stack")._len_torch_function_stack
 
 
 def data_dependent_tracing() -> Any:
@@ -88,15 +92,11 @@ def pickle_graph(gm: torch.fx.GraphModule) -> bytes:
 
 
 def unpickle_graph(data: bytes) -> tuple[torch.fx.GraphModule, Any]:
-    """`(graph, fake_mode)`: a graph `pickle_graph` wrote, its metadata in a fresh FakeTensorMode and shape
-    environment."""
+    """`(graph, tracing)`: a graph `pickle_graph` wrote, its metadata in a fresh FakeTensorMode and shape
+    environment; and the context a backend runs in (`torch._guards.tracing(TracingContext(fake_mode))`), in
+    which to rebuild it outside Dynamo."""
     shape_env = require("torch.fx.experimental.symbolic_shapes", "ShapeEnv").ShapeEnv()
     fake_mode = require("torch._subclasses", "FakeTensorMode").FakeTensorMode(shape_env=shape_env)
-    return require("torch.fx._graph_pickler", "GraphPickler").GraphPickler.loads(data, fake_mode), fake_mode
-
-
-def tracing(fake_mode: Any) -> Any:
-    """The context a backend runs in (`torch._guards.tracing(TracingContext(fake_mode))`), for rebuilding a
-    graph outside Dynamo."""
+    graph = require("torch.fx._graph_pickler", "GraphPickler").GraphPickler.loads(data, fake_mode)
     guards = require("torch._guards", "tracing", "TracingContext")
-    return guards.tracing(guards.TracingContext(fake_mode))
+    return graph, guards.tracing(guards.TracingContext(fake_mode))

@@ -36,14 +36,15 @@ _PAD = "Fix: pad every size but dim 0 (the batch) to the first call's, or compil
 
 
 class Arguments:
-    """The first call's form (`count` positional arguments, then keyword arguments `names`, sorted);
-    `labels` name each place for messages (its position or keyword). `flat(args, kwargs)`: a call's
-    arguments in that order (an `InputError` naming an argument that does not fit), and `split(flat)` the
-    call again."""
+    """The first call's form (`count` positional arguments, then keyword arguments `names`, sorted) of
+    `model` (its `forward`'s signature binds other forms); `labels` name each place for messages (its position
+    or keyword; None for a form without keywords: positions name them). `flat(args, kwargs)`: a call's
+    arguments in that order (an `InputError` naming an argument that does not fit), and `call(fn, flat)`
+    calls `fn` with them as the first call was made."""
 
-    def __init__(self, fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        self.fn, self.count, self.names, self.keys = fn, len(args), tuple(sorted(kwargs)), set(kwargs)
-        self.labels = [*map(str, range(len(args))), *self.names]
+    def __init__(self, model: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        self.model, self.count, self.names, self.keys = model, len(args), tuple(sorted(kwargs)), set(kwargs)
+        self.labels = [*map(str, range(len(args))), *self.names] if kwargs else None
         self._forms: dict[tuple, tuple[list, list]] = {}
 
     def flat(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
@@ -54,19 +55,19 @@ class Arguments:
         sources, extras = self._forms[form]
         for place, where, default, label in extras:
             value = args[where] if place == _POSITIONAL else kwargs[where]
-            differs = type(value) is not type(default) or isinstance(value, torch.Tensor) or value != default
-            if value is not default and differs:
+            # another type or value than the default's (a tensor is never the default's `signature`)
+            if value is not default and signature(value) != ("value", type(default), default):
                 why = f"but the model was compiled with its default {default!r}: the first call left it out"
                 raise InputError(f"argument {label} is {value!r:.80}, {why}. {_FIX}")
         return [args[w] if k == _POSITIONAL else (kwargs[w] if k == _KEYWORD else w) for k, w in sources]
 
-    def split(self, flat: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
-        return list(flat[: self.count]), dict(zip(self.names, flat[self.count :]))
+    def call(self, fn: Any, flat: Sequence[Any]) -> Any:
+        return fn(*flat[: self.count], **dict(zip(self.names, flat[self.count :])))
 
     def plan(self, count: int, names: tuple[str, ...]) -> tuple[list, list]:
         """Per place of the first call's form, where a call of form (`count`, `names`) has its value (or the
         parameter's default); and the call's arguments the first call left to defaults."""
-        sig = inspect.signature(self.fn)
+        sig = inspect.signature(self.model.forward if isinstance(self.model, torch.nn.Module) else self.model)
         called = f"compiled for {_form(self.count, self.names)}, called with {_form(count, names)}"
         # where the first call had each value, and where this call has it
         first, now = _bound(sig, self.count, self.names, called), _bound(sig, count, names, called)
@@ -75,9 +76,9 @@ class Arguments:
         default = {k: sig.parameters[k].default if isinstance(k, str) else empty for k in first | now}
         missing = [(key, "is missing, but the first call passed it") for key in first if key not in now]
         extra = [(key, "was not passed in the first call") for key in now if key not in first]
-        for key, why in missing + extra:
-            if default[key] is empty:
-                raise InputError(f"{called}: argument {_label(key)} {why}. {_FIX}")
+        # the first of them without a default: the call cannot be put in the first call's form
+        for key, why in [(key, why) for key, why in missing + extra if default[key] is empty]:
+            raise InputError(f"{called}: argument {_label(key)} {why}. {_FIX}")
         # the first call's places sort in its flat order: (_POSITIONAL, i) by i, then (_KEYWORD, name) by name
         sources = [now.get(key, (_DEFAULT, default[key])) for key in sorted(first, key=first.__getitem__)]
         return sources, [(*now[key], default[key], _label(key)) for key in now if key not in first]

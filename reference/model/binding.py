@@ -58,22 +58,19 @@ class Binder:
         """`(sources, template)` in plain values, bound tensors named by their parameter or buffer name in
         `model`: what `restore` needs to bind the same graph to a model of the same structure in another
         process."""
-        names = {id(t): name for name, t in _state(model)}
+        names = {id(t): name for name, t in named_state(model)}
         return [(src, names[id(v)] if src == _BOUND else v) for src, v in self.sources], self.template
 
     @classmethod
     def restore(cls, description: tuple[list[tuple[int, Any]], Any], model: Any) -> Binder:
         """The `Binder` that `describe` described, bound to `model`'s parameters and buffers (`KeyError`
         naming a missing one)."""
-        sources, template = description
-        state = dict(_state(model))
+        (sources, template), state = description, dict(named_state(model))
         return cls([(source, state[v] if source == _BOUND else v) for source, v in sources], template)
 
 
 class Constant:
     """A constant leaf of the model's output (`bind`'s template), reproduced on every call."""
-
-    __slots__ = ("value",)
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -82,7 +79,7 @@ class Constant:
 CONSTANT_TYPES = (bool, int, float, str, bytes, torch.dtype, torch.device, enum.Enum)
 
 
-def _state(model: Any) -> list[tuple[str, torch.Tensor]]:
+def named_state(model: Any) -> list[tuple[str, torch.Tensor]]:
     """`model`'s parameters and buffers by name, shared tensors under each of their names."""
     if not isinstance(model, torch.nn.Module):
         return []
@@ -99,7 +96,7 @@ def bind(
     if len(placeholders) != len(examples):
         return f"{len(placeholders)} graph inputs but {len(examples)} example inputs"
     # the source of each tensor by identity: a parameter or buffer, or a call argument (which comes first)
-    known: dict[int, tuple[int, Any]] = {id(t): (_BOUND, t) for _, t in _state(model)}
+    known: dict[int, tuple[int, Any]] = {id(t): (_BOUND, t) for _, t in named_state(model)}
     known |= {id(a): (_ARG, k) for k, a in enumerate(args) if isinstance(a, torch.Tensor)}
     sources: list[tuple[int, Any]] = []
     for node, example in zip(placeholders, examples):

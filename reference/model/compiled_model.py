@@ -123,7 +123,7 @@ class Trace:
 
     copies: set[int] | None = None
     guards: list[Any] | None = None
-    gm: torch.fx.GraphModule | None = None
+    gm: Any = None  # a torch.fx.GraphModule
     code: list[Any] | None = None
     example_inputs: list[Any] = dataclasses.field(default_factory=list)
     batch_guards: list[Any] = dataclasses.field(default_factory=list)
@@ -147,10 +147,8 @@ class CompiledModel:
     _entry_points = 0  # made in this process: each has a name of its own
 
     def __init__(self, model: Callable[..., Any], config: core.CompilationConfig | None = None) -> None:
+        got = "a model it already compiled (call it as it is)" if callable(model) else type(model).__name__
         if not callable(model) or isinstance(model, CompiledModel):
-            got = (
-                "a model it already compiled (call it as it is)" if callable(model) else type(model).__name__
-            )
             raise TypeError(f"pieceworks.compile needs a callable (an nn.Module), got {got}")
         # a frozen copy of `config` (itself frozen too, see CompilationConfig); TypeError for another type
         self.model, self.config = model, core.own_config(config)
@@ -163,9 +161,7 @@ class CompiledModel:
         self.batched_outputs: Any = False
         self._signatures: list[tuple] = []
         self._arguments: Arguments | None = None  # the first call's form: positional, then keyword arguments
-        # the positional arguments of a first call without keywords (else -1), and the arguments' names
-        self._positional = -1
-        self._labels: list[str] | None = None
+        self._positional = -1  # the positional arguments of a first call without keywords (else -1)
         self._mutated_args: list[int] = []
         self._flat_by_size: dict[int, list[Any]] = {}
         self._state_watch: StateWatch | None = None
@@ -209,7 +205,7 @@ class CompiledModel:
         traced on contiguous copies of 2 (or batch) rows, the model state that run wrote is restored, and
         the call runs."""
         refuse_global_hooks()
-        batch, self._signatures = batch_of(args, self._labels), [signature(a) for a in args]
+        batch, self._signatures = batch_of(args, self._arguments.labels), [signature(a) for a in args]
         keywords = [("keywords", self._arguments.names)] if self._arguments.names else []
         reuse = self.config.reuse_trace and self.config.cache_active()
         facts = record.model_facts(self.model, self._signatures + keywords, self.config) if reuse else None
@@ -228,13 +224,13 @@ class CompiledModel:
             # Data-dependent ops (`.item()`, `nonzero`) stay in the one graph (see
             # _compat.data_dependent_tracing); their pieces then run without CUDA graphs.
             with _compat.data_dependent_tracing():
-                output = self._dynamo_call(trace_args)
+                output = self._arguments.call(self._dynamo_fn, trace_args)
         except _compat.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
             if isinstance(inner := getattr(exc, "inner_exception", None) or exc.__cause__, core.ConfigError):
                 raise inner from None
             raise
-        seconds = time.perf_counter() - start
-        log.info("pieceworks: traced and compiled in %.3f s (batch %d)", seconds, max(batch, 2))
+        seconds, rows = time.perf_counter() - start, max(batch, 2)
+        log.info("pieceworks: traced and compiled in %.3f s (batch %d)", seconds, rows)
         if self._compiled is None:
             raise RuntimeError("pieceworks: Dynamo compiled no graph for this model")
         for tensor, before in self._traced.saved:  # a run on copies: put back what else it wrote
@@ -254,8 +250,8 @@ class CompiledModel:
             log.info("pieceworks: %s: tracing the model instead of serving its serving record", changed)
             return False
         try:
-            gm, fake_mode = _compat.unpickle_graph(found.graph)
-            with _compat.tracing(fake_mode):
+            gm, tracing = _compat.unpickle_graph(found.graph)
+            with tracing:
                 self._compiled = core.compile_pieces(gm, self.config)
             self._serve_with(args, Binder.restore(found.binding, self.model), found)
         # a graph this torch cannot unpickle or compile, a state name the model lacks: nothing of it is kept,
@@ -275,9 +271,8 @@ class CompiledModel:
         the tracing run is about to write in place besides the copies, for `_first_call` to put back."""
         if self._compiled is not None:
             raise RuntimeError(
-                "pieceworks: Dynamo asked to compile this model again after its first call "
-                "(was torch._dynamo.reset() called?). A CompiledModel never compiles while "
-                "serving. Fix: create a new CompiledModel with pieceworks.compile"
+                "pieceworks: Dynamo asked to compile this model again after its first call (was "
+                "torch._dynamo.reset() called?). Fix: create a new CompiledModel with pieceworks.compile"
             )
         # Dynamo's facts, read before compiling: a hit in Inductor's cache adds its artifact's guards
         code, guards = _compat.trace_facts()
@@ -325,12 +320,12 @@ class CompiledModel:
         batched = core.batched_outputs(output, lambda t: id(t) in cut)
         served = record.Record(b"", (), batched, mutated, {}, sources, trace.batch_guards)
         self._serve_with(trace_args, binder, served)
-        code, gm = trace.code, trace.gm  # None where this torch does not list the traced code
-        if facts is None or binder is None or graph.cache_dir is None or code is None or gm is None:
+        # `trace.code`: None where this torch does not list the traced code
+        if facts is None or binder is None or graph.cache_dir is None or trace.code is None:
             return
         try:
-            graph_file, binding = _compat.pickle_graph(gm), binder.describe(self.model)
-            files = record.file_digests(code)
+            graph_file, binding = _compat.pickle_graph(trace.gm), binder.describe(self.model)
+            files = record.file_digests(trace.code)
             reads = record.outside_reads(trace.guards, self.model, globals())  # the entry point's globals
             stored = served._replace(graph=graph_file, binding=binding, files=files, reads=reads)
             record.save(self.config, record.key_of(facts), stored, facts)
@@ -347,9 +342,11 @@ class CompiledModel:
         self.batched_outputs = served.batched_outputs
         self._batch_rule = arguments.BatchRule(served.batch_guards) if served.batch_guards else None
         self.runtime = core.Runtime(cast(core.CompiledPieces, self._compiled), self.config)
-        if isinstance(self.model, torch.nn.Module):  # globals(): the entry point's module globals
+        # the model, or the module of a bound method (`pieceworks.compile(model.forward)`)
+        module = getattr(self.model, "__self__", self.model)
+        if isinstance(module, torch.nn.Module):  # globals(): the entry point's module globals
             read = record.watched_reads([r[0] for r in served.reads], self.model, globals())
-            self._state_watch = StateWatch(self.model, self, read)
+            self._state_watch = StateWatch(module, self, read)
         if self.runtime.mode is not CUDAGraphMode.NONE and self.config.cudagraph_capture_sizes:
             self.static_inputs = core.StaticInputs(args, max(self.config.cudagraph_capture_sizes))
 
@@ -377,11 +374,18 @@ class CompiledModel:
 
     # ---- calls --------------------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # keywords, or not the form of a positional first call (or the first)
+        if torch.compiler.is_compiling():  # inside torch.compile(...) of a caller: run outside its trace
+            return _outside_dynamo(self, *args, **kwargs)
+        # keywords, or not the form of a positional first call (or the first): put in the first call's order
+        # (`arguments.Arguments`: positional, then keyword arguments; another form bound by `forward`'s
+        # signature), a list where a tuple came in
         if kwargs or len(args) != self._positional:
-            args = self._in_order(args, kwargs)  # type: ignore[assignment]  # a list where a tuple came in
+            if self._arguments is None:  # the first call sets the order
+                self._arguments = Arguments(self.model, args, kwargs)
+                self._positional = -1 if kwargs else len(args)
+            args = self._arguments.flat(args, kwargs)  # type: ignore[assignment]
         if torch.is_grad_enabled():
-            refuse_grad(args, self._labels)
+            refuse_grad(args, self._arguments.labels)
         with torch.no_grad():
             if (watch := self._state_watch) is not None and watch.stale():
                 self._state_changed(watch)
@@ -390,20 +394,10 @@ class CompiledModel:
                 with self._first_call_lock:
                     if self.runtime is None:
                         return self._first_call(args, uniform)
-            return self._serve(args, check_arguments(args, self._signatures, self._labels), uniform)
+            return self._serve(args, check_arguments(args, self._signatures, self._arguments.labels), uniform)
 
-    def _in_order(self, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        """The call's arguments in the first call's order (`arguments.Arguments`: positional, then keyword
-        arguments; another form bound by `forward`'s signature); the first call sets the order."""
-        if self._arguments is None:
-            forward = self.model.forward if isinstance(self.model, torch.nn.Module) else self.model
-            self._arguments = Arguments(forward, args, kwargs)
-            self._positional, self._labels = (-1, self._arguments.labels) if kwargs else (len(args), None)
-        return self._arguments.flat(args, kwargs)
-
-    def _dynamo_call(self, flat: Sequence[Any]) -> Any:
-        args, kwargs = self._arguments.split(flat)
-        return self._dynamo_fn(*args, **kwargs)
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("pieceworks: a CompiledModel cannot be pickled. Fix: compile a copy of the model")
 
     def padded_size(self, batch: int, uniform: bool = False) -> int | None:
         """The captured size a call of `batch` rows of this kind (uniform decode or mixed) runs at, on the
@@ -431,11 +425,9 @@ class CompiledModel:
             out = self._run(padded, uniform)
             self.static_inputs.copy_back(args, batch, self._mutated_args)
             return unpad(out, batch, padded, self.batched_outputs)
-        dense = contiguous(args)
-        out = self._run(batch, uniform, dense)
-        for i in self._mutated_args:
-            if dense[i] is not args[i]:
-                args[i].copy_(dense[i])
+        out = self._run(batch, uniform, dense := contiguous(args))
+        for i in [i for i in self._mutated_args if dense[i] is not args[i]]:  # written to a contiguous copy
+            args[i].copy_(dense[i])
         return out
 
     def _run(self, size: int, uniform: bool, args: Sequence[Any] | None = None) -> Any:
@@ -445,8 +437,9 @@ class CompiledModel:
         # forward runs again: the attributes it writes are its own, not the user's changes
         if self.binder is None:
             self._uniform = uniform
+            args = self.static_inputs.views(size) if args is None else args
             with self._state_watch or contextlib.nullcontext():  # `with watch:` pauses it
-                return self._dynamo_call(self.static_inputs.views(size) if args is None else args)
+                return self._arguments.call(self._dynamo_fn, args)
         flat = self.graph_inputs(size) if args is None else self.binder.inputs(args, size)
         return self.binder.outputs(self.runtime.run(flat, size, uniform, static=args is None))
 
@@ -478,6 +471,11 @@ class CompiledModel:
             for size, uniform in core.progress(phase.plan, "capture sizes"):
                 self._run(size, uniform)
         return phase.report
+
+
+# A call Dynamo makes while tracing a caller (`torch.compile(fn)` of a function that calls a CompiledModel):
+# the caller's trace breaks there, and the call is served as any other
+_outside_dynamo = torch.compiler.disable(CompiledModel.__call__)
 
 
 def compile(model: Callable, config: core.CompilationConfig | None = None) -> CompiledModel:  # noqa: A001

@@ -2,10 +2,10 @@
 
 A first call spends about a second in Dynamo's trace (a 12-layer model) before the backend looks at the cache.
 When the model is cached, nothing in that trace is new. So the end of a traced first call stores the model's
-serving record in the compile cache, and a later first call with the same `model_key` serves from it without
-entering Dynamo: the record's Dynamo graph is unpickled, split, analysed and its pieces loaded
-(`compile_pieces`, as in a backend call: a piece the cache lost is compiled from the record's graph), and
-calls are bound as the traced call proved (`Binder.describe`/`restore`).
+serving record in the compile cache, and a later first call with the same key (`key_of(model_facts(...))`)
+serves from it without entering Dynamo: the record's Dynamo graph is unpickled, split, analysed and its pieces
+loaded (`compile_pieces`, as in a backend call: a piece the cache lost is compiled from the record's graph),
+and calls are bound as the traced call proved (`Binder.describe`/`restore`).
 
 A record holds the Dynamo graph with its FakeTensor and SymInt metadata (`_compat.pickle_graph`), the binding,
 the outputs cut back to the batch, the arguments the graph writes, and the identity of every file Dynamo
@@ -62,33 +62,29 @@ import platform
 import re
 import sys
 import types
+from collections import namedtuple
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from .. import core
 from ..core import CompilationConfig, log
 from . import _compat
-from .watch import original_class
+from .binding import named_state
+from .watch import MODES, global_modes, original_class
 
 RECORD_VERSION = 6  # in the key: a record of another version is never found
 ENTRY = "serving-record"
 
 
-class Record(NamedTuple):
-    """What a warm start needs to serve without tracing (see the module doc)."""
-
-    graph: bytes  # the Dynamo graph, `_compat.pickle_graph`
-    binding: tuple  # `Binder.describe`
-    batched_outputs: Any  # `padding.batched_outputs`
-    mutated_args: list[int]  # argument positions the graph writes in place
-    files: dict[str, str]  # traced source file -> `file_identity`
-    # `outside_reads`, each (Dynamo's source, guard type, stand-in of the value); a tracing call's own are
-    # `outside_sources`
-    reads: list[tuple]
-    batch_guards: list[Any]  # `arguments.batch_guards`
+# What a warm start needs to serve without tracing (see the module doc): `graph`, the Dynamo graph
+# (`_compat.pickle_graph`); `binding` (`Binder.describe`); `batched_outputs` (`padding.batched_outputs`);
+# `mutated_args`, the argument positions the graph writes in place; `files`, traced source file ->
+# `file_identity`; `reads`, the `outside_reads`, each (Dynamo's source, guard type, stand-in of the value) (a
+# tracing call's own are its `outside_sources`); `batch_guards` (`arguments.batch_guards`).
+Record = namedtuple("Record", "graph binding batched_outputs mutated_args files reads batch_guards")
 
 
 class Unkeyable(ValueError):
@@ -150,13 +146,11 @@ def model_facts(model: Any, signatures: Sequence[tuple], config: CompilationConf
     except Unkeyable as exc:
         log.info("pieceworks: no serving record for this model (%s): every first call traces", exc)
         return None
-    autocast = {d: [torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))] for d in ("cpu", "cuda")}
-    modes: dict[str, Any] = {"default_dtype": str(torch.get_default_dtype()), "dynamo": _dynamo_config()}
-    modes |= {"default_device": str(torch.get_default_device()), "autocast": autocast}
-    modes["deterministic"] = torch.are_deterministic_algorithms_enabled()
-    state = state_facts(model)
+    # the modes the state watch reads per call, the default device they count, Dynamo's configuration
+    modes: dict[str, Any] = dict(zip(MODES, map(str, global_modes())), device=str(torch.get_default_device()))
+    modes["dynamo"] = _dynamo_config()
     facts = {"version": RECORD_VERSION, "environment": core.software_factors()}
-    facts |= {"config": config.hash_factors(), "modules": modules, "state": state}
+    facts |= {"config": config.hash_factors(), "modules": modules, "state": (state := state_facts(model))}
     facts |= {"call": [repr(s) for s in signatures], "modes": modes}
     # the dicts' keys are sorted when digested
     return facts | {"order": {"modules": list(modules), "state": list(state)}}
@@ -167,17 +161,11 @@ def key_of(facts: dict[str, Any]) -> str:
     return core.cache_key(facts)
 
 
-def model_key(model: Any, signatures: Sequence[tuple], config: CompilationConfig) -> str | None:
-    """`key_of(model_facts(...))`, or None where the model cannot be keyed."""
-    return None if (facts := model_facts(model, signatures, config)) is None else key_of(facts)
-
-
 def state_facts(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
     """Each parameter and buffer of `model` by name (shared ones under each name): shape, strides, dtype,
     device, and the first name of its tensor (which are shared)."""
     first: dict[int, str] = {}
-    tensors = (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
-    return {name: _layout(t) | {"shares": first.setdefault(id(t), name)} for name, t in tensors}
+    return {name: _layout(t) | {"shares": first.setdefault(id(t), name)} for name, t in named_state(model)}
 
 
 def _layout(t: torch.Tensor) -> dict[str, Any]:
@@ -190,12 +178,11 @@ def _dynamo_config() -> dict[str, Any]:
     same model started from another folder is the same model."""
     found = {}
     for name, value in sorted(_compat.dynamo_config().items()):
-        if isinstance(value, str) and os.path.isabs(value):  # a folder (the working directory's): not code
-            continue
         found[name] = type(value).__name__
         with contextlib.suppress(core.UnkeyableConfigError, RecursionError):
             found[name] = core.portable(value, name)
-    return found
+    # a folder (the working directory's) is not code; `portable` keeps a string as it is
+    return {name: v for name, v in found.items() if not (isinstance(v, str) and os.path.isabs(v))}
 
 
 def code_digest(code: types.CodeType) -> str:
@@ -287,11 +274,10 @@ def changed_file(files: dict[str, str]) -> str | None:
     version), or None."""
     for path, identity in sorted(files.items()):
         try:
-            now = file_identity(path)
-        except OSError:
+            if (now := file_identity(path)) != identity:
+                return path if now.startswith("sha256:") else f"{path} ({identity} then, {now} now)"
+        except OSError:  # gone
             return path
-        if now != identity:
-            return path if now.startswith("sha256:") else f"{path} ({identity} then, {now} now)"
     return None
 
 
@@ -358,10 +344,14 @@ def read_back(source: str, model: Any, frame_globals: dict[str, Any]) -> Any:
     return eval(source, names)  # noqa: S307
 
 
+# A class's own entry, as Dynamo names a class attribute: `dict(owner.__dict__)['NAME']`, read as `owner.NAME`
+_OWN_ENTRY = re.compile(r"dict\((.+?)\.__dict__\)\['(\w+)'\]")
+
+
 def _readable(source: str) -> str:
     """`G['__import_a_dot_b'].X` as `a.b.X`, `G['__builtins_dict___0']['len']` as `builtins['len']`,
     `dict(type(model).__dict__)['X']` as `type(model).X`."""
-    source = re.sub(r"dict\(type\((\w+)\)\.__dict__\)\['(\w+)'\]", r"type(\1).\2", source)
+    source = _OWN_ENTRY.sub(r"\1.\2", source)
     source = re.sub(r"G\['__import_(\w+)'\]", lambda m: m.group(1).replace("_dot_", "."), source)
     return re.sub(r"G\['(\w+)'\]", r"\1", re.sub(r"G\['__builtins_dict___\d+'\]", "builtins", source))
 
@@ -397,23 +387,18 @@ def outside_sources(guards: Sequence[Any], frame_globals: dict[str, Any]) -> lis
     return found
 
 
-# `owner.NAME`, or a class's own entry `dict(owner.__dict__)['NAME']` (how Dynamo names a class attribute)
-_ATTRIBUTE = re.compile(r"dict\((.+)\.__dict__\)\['(\w+)'\]|(.+)\.(\w+)")
 _HOLDERS = (types.ModuleType, type, types.CellType)  # what the state watch reads attributes of
 
 
-def watched_reads(
-    sources: Iterable[str], model: Any, frame_globals: dict[str, Any]
-) -> list[tuple[str, Any, str]]:
+def watched_reads(sources: Iterable[str], model: Any, frame_globals: dict[str, Any]) -> list[tuple]:
     """Of `outside_sources`, those that read an attribute of a module, a class or a closure cell
     (`G['__import_m'].NAME`, `m.F.linear`, `type(model).SCALE`, `f.__closure__[0].cell_contents`), once each:
     (its readable name, the object it is read from, the attribute). Nothing announces a change to one, so the
     state watch reads them per call (watch.py)."""
     found = {}
     for source in sources:
-        with contextlib.suppress(Exception):  # not an attribute of something a warm start can read back
-            read = _ATTRIBUTE.fullmatch(source)
-            owner, name = read[1] or read[3], read[2] or read[4]
+        owner, _, name = _OWN_ENTRY.sub(r"\1.\2", source).rpartition(".")  # each `owner.NAME` read
+        with contextlib.suppress(Exception):  # an owner a warm start cannot read back
             if isinstance(held := read_back(owner, model, frame_globals), _HOLDERS):
                 found[id(held), name] = (_readable(source), held, name)
     return list(found.values())
@@ -445,25 +430,20 @@ def changed_read(reads: Sequence[tuple], model: Any, frame_globals: dict[str, An
     None."""
     for source, guard_type, value in reads:
         try:
-            now = stand_in(read_back(source, model, frame_globals), guard_type, source)
+            if (now := stand_in(read_back(source, model, frame_globals), guard_type, source)) != value:
+                return f"{_readable(source)} is {now!r}, the record's trace read {value!r}"
         # a module gone, an attribute renamed: the record does not apply
         except Exception as exc:  # noqa: BLE001
             return f"{_readable(source)} cannot be read ({type(exc).__name__}: {exc})"
-        if now != value:
-            return f"{_readable(source)} is {now!r}, the record's trace read {value!r}"
     return None
-
-
-def _store(config: CompilationConfig, key: str, facts: dict[str, Any]) -> core.CompileCache | None:
-    """The cache folder of the record of `facts` (`model_facts`, keyed `key`), whose factors.json holds
-    them (what `load` explains a later miss with)."""
-    return core.CompileCache.open(config.resolved_cache_dir(), f"model-{key}", core.as_json(facts))
 
 
 def save(config: CompilationConfig, key: str, record: Record, facts: dict[str, Any]) -> bool:
     """Store `record` under `key`, the digest of `facts` (`model_facts`); False (logged by the cache) where
     it cannot be written."""
-    cache, data = _store(config, key, facts), pickle.dumps(tuple(record), protocol=pickle.HIGHEST_PROTOCOL)
+    # the record's own cache folder, whose factors.json holds `facts` (what `load` explains a later miss with)
+    cache = core.CompileCache.open(config.resolved_cache_dir(), f"model-{key}", core.as_json(facts))
+    data = pickle.dumps(tuple(record), protocol=pickle.HIGHEST_PROTOCOL)
 
     def write(path: str) -> None:  # `store`'s `save` returns nothing (write_bytes returns a count)
         Path(path).write_bytes(data)
@@ -479,7 +459,8 @@ def load(config: CompilationConfig, key: str, facts: dict[str, Any]) -> Record |
     """The record stored under `key` (the digest of `facts`) whose traced files are unchanged, or None.
     Where there is none but a record of the model's class is stored under another key, the log names the
     first fact that differs from the newest such record's (`key_change`)."""
-    cache = _store(config, key, facts)
+    # `save`'s cache folder
+    cache = core.CompileCache.open(config.resolved_cache_dir(), f"model-{key}", core.as_json(facts))
     record = None if cache is None else cache.load(ENTRY, _read)[0]
     if cache is not None and not os.path.exists(cache.index_path):  # a new key: why, against the class's
         model_class = facts["modules"]["<root>"]["class"]

@@ -48,7 +48,7 @@ from __future__ import annotations
 import copyreg
 import functools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -83,38 +83,40 @@ def refuse_global_hooks() -> None:
         )
 
 
-# the live watches; the process-wide hooks and the watched classes call each
 # what `global_modes` reads, by name
-_MODES = ("the default dtype", "CPU autocast", "its dtype", "CUDA autocast", "its dtype", "determinism")
+MODES: tuple[str, ...] = ("the default dtype", "CPU autocast", "CPU autocast dtype", "CUDA autocast")
+MODES += ("CUDA autocast dtype", "determinism", "torch function modes (torch.device, set_default_device)")
 
 
 def global_modes() -> tuple:
-    """The process-wide modes a trace bakes in (`_MODES`), read in under a microsecond."""
+    """The process-wide modes a trace bakes in (`MODES`), read in under a microsecond."""
     enabled, dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
     cpu, cuda = (enabled("cpu"), dtype("cpu")), (enabled("cuda"), dtype("cuda"))
-    return torch.get_default_dtype(), *cpu, *cuda, torch.are_deterministic_algorithms_enabled()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    return torch.get_default_dtype(), *cpu, *cuda, deterministic, _compat.modes()
 
 
+# the live watches; the process-wide hooks and the watched classes call each
 _WATCHES: set[StateWatch] = set()
+
+
+def _tell(event: Callable[..., None], module: torch.nn.Module, *args: Any) -> None:
+    """`event` (`StateWatch.note` or `StateWatch.check`) of every live watch, about `module`."""
+    for watch in list(_WATCHES):
+        event(watch, module, *args)
 
 
 def _replaced(module: torch.nn.Module, name: str, value: Any) -> None:
     """A registration hook: `value` is about to become `module.name` (any module of the process). Not
     traced: in a forward Dynamo traces (a buffer assigned), it would guard on the live watches, which come
     and go with models."""
-    for watch in [] if torch.compiler.is_compiling() else list(_WATCHES):
-        watch.check(module, [(name, value)], "replaced")
-
-
-def _changed(module: torch.nn.Module, what: str, attribute: str | None = None) -> None:
-    for watch in list(_WATCHES):
-        watch.note(module, what, attribute)
+    if not torch.compiler.is_compiling():
+        _tell(StateWatch.check, module, [(name, value)], "replaced")
 
 
 def reallocated(module: torch.nn.Module) -> None:
     """After `module._apply(...)` (`.to()` and the like) on a watched module."""
-    for watch in list(_WATCHES):
-        watch.check(module, _attributes(module), "reallocated (.to(), .cuda(), .half() or the like)")
+    _tell(StateWatch.check, module, _attributes(module), "reallocated (.to(), .cuda(), .half() or the like)")
 
 
 @functools.cache
@@ -134,21 +136,13 @@ def _itself(value: Any) -> Any:
     return value
 
 
-class _HookStandIn:
-    """A hook the trace ran, in its module's hook table: calls the hook; when torch's handle removes it
-    from the table (its one reference), a finalizer notes the change. Pickled and copied as the hook
-    itself."""
-
-    __slots__ = ("hook", "__weakref__")
-
-    def __init__(self, hook: Any) -> None:
-        self.hook = hook
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.hook(*args, **kwargs)
+class _HookStandIn(functools.partial):
+    """A hook the trace ran, in its module's hook table: calls the hook (`func`, bound to no arguments);
+    when torch's handle removes it from the table (its one reference), a finalizer notes the change. Pickled
+    and copied as the hook itself."""
 
     def __reduce__(self) -> tuple:
-        return _itself, (self.hook,)
+        return _itself, (self.func,)
 
 
 @functools.cache
@@ -156,30 +150,32 @@ def _watched_class(cls: Any) -> type:  # Any: mypy reads `cls.__setattr__` as th
     """The subclass a watched module of class `cls` gets: it tells the live watches about attribute writes,
     hook registrations and `_apply` (`.to()` and the like), and pickles as `cls`."""
 
-    def plain(self: Any, name: str) -> Any:  # parameters, buffers, submodules: `_replaced` sees them set
-        return type(self) if name == "__class__" else self.__dict__.get(name, _ABSENT)
+    # what `name` holds (a parameter, buffer or submodule set to None too)
+    def plain(self: Any, name: str) -> Any:
+        tables = (self.__dict__, self._parameters, self._buffers, self._modules)
+        return type(self) if name == "__class__" else next((t[name] for t in tables if name in t), _ABSENT)
 
     class Watched(cls):  # of `cls`'s own metaclass
         __module__, __qualname__ = cls.__module__, cls.__qualname__
         _pieceworks_watches = cls
 
         def register_forward_hook(self, *args: Any, **kwargs: Any) -> Any:
-            _changed(self, "a forward hook was registered on")
+            _tell(StateWatch.note, self, "a forward hook was registered on")
             return cls.register_forward_hook(self, *args, **kwargs)
 
         def register_forward_pre_hook(self, *args: Any, **kwargs: Any) -> Any:
-            _changed(self, "a forward pre-hook was registered on")
+            _tell(StateWatch.note, self, "a forward pre-hook was registered on")
             return cls.register_forward_pre_hook(self, *args, **kwargs)
 
         def __setattr__(self, name: str, value: Any) -> None:
             old = plain(self, name)
             cls.__setattr__(self, name, value)
             if not _same(old, plain(self, name)) and name not in _TORCH_MARKERS:
-                _changed(self, "set", name)
+                _tell(StateWatch.note, self, "set", name)
 
         def __delattr__(self, name: str) -> None:  # `del`, and torch's parametrize removing a parameter
             cls.__delattr__(self, name)
-            _changed(self, "deleted", name)
+            _tell(StateWatch.note, self, "deleted", name)
 
         def _apply(self, *args: Any, **kwargs: Any) -> Any:
             result = cls._apply(self, *args, **kwargs)
@@ -248,9 +244,8 @@ class StateWatch:
         """Whether the next call must look closer (`changed`, hook handles moved); notes a change of now()."""
         if self.changed is None and (now := self.now()) != self.modes:
             labels = [label for label, _, _ in self._reads]
-            names = (*_MODES, *labels, *(f"the type of {label}" for label in labels))
-            found = next((n, a, b) for n, a, b in zip(names, self.modes, now) if a != b)
-            self.changed = "{} was {}, is {}".format(*found)
+            names = (*MODES, *labels, *(f"the type of {label}" for label in labels))
+            self.changed = next(f"{n} was {a}, is {b}" for n, a, b in zip(names, self.modes, now) if a != b)
         return self.changed is not None or self.handles != _compat.HookHandle.next_id
 
     def __enter__(self) -> None:
@@ -291,10 +286,9 @@ class StateWatch:
         _WATCHES.discard(self)
         for table, key, gone in self._stand_ins:  # detach(): (the stand-in, ...) while it lives, else None
             if (alive := gone.detach()) is not None and table.get(key) is alive[0]:
-                table[key] = alive[0].hook
+                table[key] = alive[0].func
         for i in self._paths.keys() - {other for watch in _WATCHES for other in watch._paths}:
-            module = self._paths[i][1]
-            module.__class__ = original_class(type(module))
+            self._paths[i][1].__class__ = original_class(type(self._paths[i][1]))
         self._stand_ins, self._paths = [], {}
 
 

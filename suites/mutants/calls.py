@@ -493,3 +493,56 @@ def backend_compiles_the_traced_size(mp: pytest.MonkeyPatch) -> None:
             return original.__call__(self, gm, example_inputs)
 
     mp.setattr(pieceworks.backend, "Backend", Backend)
+
+
+@mutant(
+    "a parameter set to None (no registration hook fires) is not seen: the old bias is served",
+    cpu=_STATE + "test_a_change_after_the_first_call_is_served_by_a_new_trace_logged_once[bias=None]",
+)
+def none_set_unseen(mp: pytest.MonkeyPatch) -> None:
+    same = watch._same
+    mp.setattr(watch, "_same", lambda old, new: new is None or same(old, new))
+
+
+@mutant(
+    "a compiled bound forward watches nothing: its module's attributes set after the first call are not seen",
+    cpu=_STATE + "test_a_compiled_bound_forward_watches_its_module",
+)
+def bound_forward_unwatched(mp: pytest.MonkeyPatch) -> None:
+    original = watch.StateWatch.__init__
+
+    def init(self, model, owner, reads=()) -> None:
+        original(self, model if owner.model is model else torch.nn.Module(), owner, reads)
+
+    mp.setattr(watch.StateWatch, "__init__", init)
+
+
+@mutant(
+    "a compiled model pickles and copies as any object: the copy fails inside torch",
+    cpu=_STATE + "test_a_compiled_model_is_not_pickled_or_copied_naming_the_fix",
+)
+def compiled_model_pickled(mp: pytest.MonkeyPatch) -> None:
+    mp.delattr(api.CompiledModel, "__reduce_ex__")
+
+
+@mutant(
+    "a compiled model called inside a caller's torch.compile is not run outside that trace",
+    cpu="suites/test_compile.py::test_a_compiled_model_called_inside_torch_compile_is_served_outside_its_trace",
+)
+def call_inside_torch_compile_traced(mp: pytest.MonkeyPatch) -> None:
+    class Torch:  # torch, whose compiler never says it is compiling, for the compiled model's module alone
+        compiler = types.SimpleNamespace(is_compiling=lambda: False)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(torch, name)
+
+    mp.setattr(api, "torch", Torch())
+
+
+@mutant(
+    "the torch function modes (torch.device, set_default_device) are not read per call",
+    cpu=_STATE + "test_a_torch_function_mode_entered_after_the_first_call_is_traced_for",
+)
+def function_modes_unwatched(mp: pytest.MonkeyPatch) -> None:
+    modes = watch.global_modes
+    mp.setattr(watch, "global_modes", lambda: (*modes()[:-1], 0))  # the last: the torch function modes
