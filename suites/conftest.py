@@ -47,12 +47,18 @@ def fresh_dynamo_and_cache(tmp_path, monkeypatch):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`slow` tests are opt-in: they run where `-m` names them (`-m slow`), and are deselected (counted in
+    """`slow` tests are opt-in: they run where `-m` names them (`-m slow`) or the command line names the test
+    itself (`pytest suites/test_cache.py::test_x`, as a mutant's run does), and are deselected (counted in
     pytest's summary) otherwise."""
     if "slow" not in (config.option.markexpr or ""):
-        slow = [item for item in items if item.get_closest_marker("slow")]
+        named = set(config.args)
+        slow = [
+            item
+            for item in items
+            if item.get_closest_marker("slow") and not {item.nodeid, item.nodeid.split("[")[0]} & named
+        ]
         config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+        items[:] = [item for item in items if item not in slow]
 
 
 _SWEEP_TEST = "test_every_try_of_the_new_user_sweep_is_served_right_or_refused_by_name"

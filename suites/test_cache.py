@@ -185,6 +185,7 @@ def test_cache_key_changes_with_config_not_with_path(tmp_path):
     assert str(tmp_path) not in json.dumps(factors)
 
 
+@pytest.mark.slow
 def test_concurrent_cold_processes_share_the_work(tmp_path):
     """2 processes start one model on one empty cache at once: each entry is compiled by one of them (under
     that entry's lock) and loaded by the other; nothing is lost, torn or left behind."""
@@ -432,6 +433,7 @@ def test_warm_start_on_a_new_host_compiles_and_builds_nothing(warm_start_root, c
     assert cold["max_rel_error"] < 1e-5 and warm["max_rel_error"] < 1e-5
 
 
+@pytest.mark.slow
 def test_a_warm_start_whose_kernels_inductor_lost_counts_their_rebuilds(warm_start_root, cold_run):
     """The pieceworks cache without Inductor's (`<cache>/inductor` removed): nothing compiled by pieceworks,
     but the kernels of each loaded artifact are built again, and the counters say so (one per distinct

@@ -133,6 +133,7 @@ def first_call(cache_dir: str, overrides: dict) -> dict:
 
 
 @pytest.mark.inductor
+@pytest.mark.slow
 def test_a_transformers_llama_called_with_keywords_warm_starts_without_a_trace(tmp_path, early_processes):
     model = hf.causal_lm(hf.CONFIGS / "tiny-llama.json", num_hidden_layers=1)
     compiled = pieceworks.compile(

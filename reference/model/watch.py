@@ -110,7 +110,7 @@ def _replaced(module: torch.nn.Module, name: str, value: Any) -> None:
     """A registration hook: `value` is about to become `module.name` (any module of the process). Not
     traced: in a forward Dynamo traces (a buffer assigned), it would guard on the live watches, which come
     and go with models."""
-    if not torch.compiler.is_compiling():
+    if not torch.compiler.is_dynamo_compiling():
         _tell(StateWatch.check, module, [(name, value)], "replaced")
 
 

@@ -299,7 +299,9 @@ def global_hooks_per_model(mp: pytest.MonkeyPatch) -> None:
     cpu=_FAULTS + "test_a_forward_that_assigns_a_buffer_compiles_while_compiled_models_come_and_go",
 )
 def registration_hook_traced(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(torch.compiler, "is_compiling", lambda: False)  # what the hook asks to stay out of a trace
+    mp.setattr(
+        torch.compiler, "is_dynamo_compiling", lambda: False
+    )  # what the hook asks to stay out of a trace
 
 
 @mutant(
@@ -531,7 +533,7 @@ def compiled_model_pickled(mp: pytest.MonkeyPatch) -> None:
 )
 def call_inside_torch_compile_traced(mp: pytest.MonkeyPatch) -> None:
     class Torch:  # torch, whose compiler never says it is compiling, for the compiled model's module alone
-        compiler = types.SimpleNamespace(is_compiling=lambda: False)
+        compiler = types.SimpleNamespace(is_dynamo_compiling=lambda: False)
 
         def __getattr__(self, name: str) -> object:
             return getattr(torch, name)
