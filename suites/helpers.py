@@ -5,11 +5,13 @@
   `signature_args` makes its arguments, `SignatureModule` takes any of them, `mismatches()` draws one way a
   call can differ from it and `apply_mismatch` applies that.
 - `docs_adapter`: the CPU adapter docs/conformance.md shows, as written there.
+- `conformance_command`: the conformance suite's command line as a user types it.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -163,3 +165,16 @@ def apply_mismatch(args: list[Any], mismatch: tuple) -> list[Any] | None:
     elif kind == "batch":
         args[i] = torch.cat([a] * (detail + 1), dim=0)
     return args
+
+
+def conformance_command(*args: str) -> list[str]:
+    """The conformance suite run as a user types it (the installed suite, pytest's cache off), with `args`."""
+    suite = [
+        "-p",
+        "pieceworks.conformance.plugin",
+        "--pyargs",
+        "pieceworks.conformance",
+        "-p",
+        "no:cacheprovider",
+    ]
+    return [sys.executable, "-m", "pytest", *suite, *args]

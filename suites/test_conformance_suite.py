@@ -21,14 +21,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pieceworks.conformance import table as conformance_table
 from pieceworks.conformance.plan import Plan
-from suites.helpers import docs_adapter
+from suites.helpers import conformance_command, docs_adapter
 from suites.planted_runtimes import PLANTED
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,24 +43,7 @@ def _start(
     env = {**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": profile}
     if cuda_visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible
-    early_processes.start(
-        test,
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "pieceworks.conformance.plugin",
-            "--pyargs",
-            "pieceworks.conformance",
-            "-p",
-            "no:cacheprovider",
-            *args,
-        ],
-        env=env,
-        cwd=folder,
-        timeout=300,
-    )
+    early_processes.start(test, conformance_command(*args), env=env, cwd=folder, timeout=300)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -28,6 +28,7 @@ import pieceworks
 from pieceworks import CompilationConfig, counters
 from pieceworks.harness.models import hf_llama as hf
 from pieceworks.harness.models import llama
+from suites.helpers import conformance_command
 
 pytestmark = pytest.mark.skipif(hf.unavailable_reason() is not None, reason=str(hf.unavailable_reason()))
 
@@ -41,27 +42,13 @@ def conformance_run(early_processes, tmp_path_factory):
     folder = tmp_path_factory.mktemp("hf-conformance")
     for test, names in CONFORMANCE.items():
         models = [arg for name in names for arg in ("--conformance-model", str(hf.CONFIGS / f"{name}.json"))]
+        json_file = str(folder / f"{test.__name__}.json")
+        command = conformance_command(
+            "-q", "--conformance-device", "cpu", *models, "--impl", "pieceworks-none"
+        )
         early_processes.start(
             test,
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-p",
-                "pieceworks.conformance.plugin",
-                "--pyargs",
-                "pieceworks.conformance",
-                "-p",
-                "no:cacheprovider",
-                "-q",
-                "--conformance-device",
-                "cpu",
-                *models,
-                "--impl",
-                "pieceworks-none",
-                "--conformance-json",
-                str(folder / f"{test.__name__}.json"),
-            ],
+            [*command, "--conformance-json", json_file],
             env={**os.environ, "PIECEWORKS_HYPOTHESIS_PROFILE": "ci"},
             cwd=folder,
             timeout=500,
