@@ -107,6 +107,7 @@ def test_a_stand_in_that_takes_fewer_arguments_is_found():
     assert "unexpected keyword" in stand_in_problem(original, lambda a, b, c=None: a)
 
 
+@pytest.mark.slow
 def test_an_unknown_mutant_is_a_usage_error():
     with pytest.raises(pytest.UsageError, match="unknown pieceworks mutant 'no_such_mutant'"):
         apply("no_such_mutant", pytest.MonkeyPatch())

@@ -57,6 +57,7 @@ def _stand_in_scenario(*args: str, env: dict | None = None, unset: tuple = (), t
     }
 
 
+@pytest.mark.slow
 def test_the_compile_benchmark_removes_its_folders_and_profiles_each_warm_start(private_tmp, monkeypatch):
     monkeypatch.setattr(warm_start, "run_scenario", _stand_in_scenario)
     monkeypatch.delenv("PIECEWORKS_BENCH_DETAILS", raising=False)
@@ -112,7 +113,9 @@ def test_where_bytecode_is_not_cached_a_priming_start_fills_a_cache_every_start_
     assert _left(private_tmp) == []
 
 
-@pytest.mark.parametrize("named", [None, "harness/models/configs/tiny-llama.json"])
+@pytest.mark.parametrize(
+    "named", [None, pytest.param("harness/models/configs/tiny-llama.json", marks=pytest.mark.slow)]
+)
 def test_the_user_model_starts_from_the_config_named_else_the_shipped_tiny_qwen3(
     private_tmp, monkeypatch, named
 ):
