@@ -374,9 +374,8 @@ class CompiledModel:
 
     # ---- calls --------------------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if (
-            torch.compiler.is_dynamo_compiling()
-        ):  # inside torch.compile(...) of a caller: run outside its trace
+        # Dynamo traces this call (a caller's torch.compile): run it outside that trace
+        if torch.compiler.is_dynamo_compiling():
             return _outside_dynamo(self, *args, **kwargs)
         # keywords, or not the form of a positional first call (or the first): put in the first call's order
         # (`arguments.Arguments`: positional, then keyword arguments; another form bound by `forward`'s
