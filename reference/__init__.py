@@ -11,9 +11,7 @@ The technique's own names, for engines and tools, are in `pieceworks.core`.
 
 from __future__ import annotations
 
-import torch
-
-from .backend import Backend, registered_backend
+from .backend import Backend
 from .batch_kind import GraphSupport, declare_graph_support, is_uniform_decode, uniform_decode
 from .config import CompilationConfig, ConfigError, CUDAGraphMode, default_capture_sizes
 from .counters import CompilationCounter, counters
@@ -33,6 +31,3 @@ __all__ += ["BatchSizeError", "CaptureMismatchError", "ConfigError", "InputError
 __all__ += ["GlobalHookError", "StateReplacedError"]
 
 __version__ = "0.1.0"
-
-if "pieceworks" not in torch._dynamo.list_backends(exclude_tags=()):
-    torch._dynamo.register_backend(registered_backend, name="pieceworks")

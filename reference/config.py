@@ -149,8 +149,7 @@ def _int_list(field: str, value: Any, top: int, fix: str | None = None) -> list[
     if not (isinstance(value, (list, tuple)) and all(map(_is_int, value))):
         raise config_error(field, value, "expected a list of int", fix or f"pass e.g. {field}=[1, 2, 4, 8]")
     if not all(v > 0 for v in value):
-        problem = "every entry must be a positive batch size"
-        raise config_error(field, value, problem, "remove zero and negative entries")
+        raise config_error(field, value, "every entry must be a positive batch size", "drop entries below 1")
     if above := [v for v in value if v > top]:
         beyond = f"above max_num_batched_tokens={top}, so above the largest compile range"
         problem = f"{above} lie outside every compile range: {beyond}"
@@ -221,6 +220,13 @@ class CompilationConfig:
     lazy_capture: bool = False
     # Check every replay's input addresses, not only the cheap check of the first input (see cudagraph.py).
     debug_replay_checks: bool = False
+
+    def __new__(cls, *args: Any, **fields: Any) -> CompilationConfig:  # before the dataclass's own TypeError
+        names = [field.name for field in dataclasses.fields(cls)]
+        if unknown := [name for name in fields if name not in names]:
+            fix = f"drop it; pieceworks reads these fields: {', '.join(names)}"
+            raise config_error(unknown[0], fields[unknown[0]], "pieceworks has no such field", fix)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         if isinstance(self.cudagraph_mode, str) and self.cudagraph_mode.upper() in _MODES:

@@ -2,10 +2,9 @@
 
 `python -m suites.new_user_sweep` (CPU, under two minutes) runs every try of `TRIES` and prints a line each
 and the totals; it exits 1 where a try gave a silent difference or a crash from inside torch, or another
-outcome than it declares (`--found` runs the tries of `FOUND` instead: outcomes pieceworks does not have
-yet). `suites/test_new_user_sweep.py` runs it in the test suite. A try does something to a compiled model,
-its arguments, the process, the config or the cache (after the first call, where it says so), then calls the
-eager and the compiled model alike; its outcome is
+outcome than it declares. `suites/test_new_user_sweep.py` runs it in the test suite. A try does something
+to a compiled model, its arguments, the process, the config or the cache (after the first call, where it says
+so), then calls the eager and the compiled model alike; its outcome is
 
 - `right`: the compiled call gives eager's output (or raises eager's exception type);
 - `refused`: it raises an error that names pieceworks' problem and fix (a pieceworks error class, or a
@@ -131,14 +130,11 @@ class Try:
 
 
 TRIES: list[Try] = []
-# Tries whose outcome is not yet the one they declare (a silent difference or a crash this sweep found): the
-# sweep leaves them out; `python -m suites.new_user_sweep --found` runs them instead.
-FOUND: list[Try] = []
 
 
-def attempt(area: str, expect: str = "right", tries: list[Try] = TRIES) -> Callable:
+def attempt(area: str, expect: str = "right") -> Callable:
     def register(fn: Callable) -> Callable:
-        tries.append(Try(fn.__name__.replace("_", " "), area, expect, fn))
+        TRIES.append(Try(fn.__name__.replace("_", " "), area, expect, fn))
         return fn
 
     return register
@@ -1323,19 +1319,18 @@ def the_default_device_set_to_meta_after_an_inductor_compile() -> tuple:
     return within(lambda: torch.device("meta"), *calls(s))
 
 
-# ---- found by this sweep: outcomes pieceworks does not have yet (`--found` runs them) ----------------------
-@attempt("model state", "right", FOUND)
+@attempt("model state")
 def a_weight_norm_removed_after_the_first_call() -> tuple:
     remove = nn.utils.parametrize.remove_parametrizations
     return forms(_weight_normed, rows(5, 8), rows(3, 8), lambda m: remove(m.layers[0].proj, "weight"))
 
 
-@attempt("config", "refused", FOUND)
+@attempt("config", "refused")
 def a_vllm_field_pieceworks_lacks() -> tuple:
     return _refused_at_build(lambda: config(level=3))
 
 
-@attempt("warm start", "refused", FOUND)
+@attempt("warm start")
 def a_buffer_data_reassigned_to_one_element_after_a_warm_start() -> tuple:
     return _warm(lambda s: setattr(s.model.shift, "data", torch.ones(1)))
 
@@ -1371,12 +1366,12 @@ def _error(exc: BaseException, eager: BaseException | None) -> str:
     return f"{'refused' if ours else 'crash'}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
 
 
-def main(tries: list[Try] = TRIES) -> int:
+def main() -> int:
     """Run every try; print each outcome and the totals; 1 where a try's outcome is not the declared one."""
     wrong, totals = 0, dict[str, int]()
     with tempfile.TemporaryDirectory(prefix="pieceworks-sweep-") as run_folder:
         FOLDERS.append(run_folder)
-        for attempted in tries:
+        for attempted in TRIES:
             torch._dynamo.reset()
             outcome = judge(attempted)
             kind = outcome.split(":")[0]
@@ -1384,9 +1379,9 @@ def main(tries: list[Try] = TRIES) -> int:
             wrong += kind != attempted.expect
             mark = "ok " if kind == attempted.expect else "BAD"
             print(f"{mark} {attempted.area:13} {attempted.name}: {outcome}", flush=True)
-    print(f"{len(tries)} tries: " + ", ".join(f"{n} {k}" for k, n in sorted(totals.items())), flush=True)
+    print(f"{len(TRIES)} tries: " + ", ".join(f"{n} {k}" for k, n in sorted(totals.items())), flush=True)
     return 1 if wrong else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(FOUND if sys.argv[1:] == ["--found"] else TRIES))
+    sys.exit(main())

@@ -74,6 +74,7 @@ from pieceworks.progress import progress
             "'max_autotune_gemm_backends' takes str, not ['ATEN'] (list)",
         ),
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens", "positive"),
+        ({"level": 3}, "level", "pieceworks has no such field"),  # a vLLM field pieceworks lacks
     ],
 )
 def test_bad_field_is_named_with_a_fix(kwargs, field, words):

@@ -209,6 +209,25 @@ def test_debug_mode_checks_parameters_too(shared_cache):
             weight.data = old
 
 
+@pytest.mark.parametrize("mode", [CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL])
+def test_a_parameters_data_reassigned_after_capture_is_traced_again_never_replayed_stale(mode, caplog):
+    """`weight.data = new` frees the memory the CUDA graphs read: the next call traces again (one WARNING)
+    and gives eager's output with the new weights, where a replay would read freed memory."""
+    torch.manual_seed(0)
+    model = models.ToyLlama(models.ToyLlamaConfig(num_layers=1)).cuda()
+    config = dict(splitting_ops=models.SPLITTING_OPS, compiler="eager", cudagraph_capture_sizes=[4, 8])
+    compiled = pieceworks.compile(model, CompilationConfig(cudagraph_mode=mode, **config))
+    inputs = models.toy_llama_inputs(3, model.config, "cuda")
+    compiled(*inputs)
+    compiled.capture()
+    weight = model.layers[0].mlp.down_proj.weight
+    weight.data = torch.randn_like(weight) * 10  # the old memory is freed: nothing else holds it
+    caplog.set_level("WARNING", logger="pieceworks")
+    with torch.no_grad(), counters.expect(num_dynamo_traces=1):
+        torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    assert "mlp.down_proj.weight was given other memory (.data =)" in caplog.text
+
+
 def test_padded_rows_never_leak_into_real_rows(shared_cache):
     model, inputs = _make("silly")
     compiled = _compiled(model, inputs, CUDAGraphMode.PIECEWISE, shared_cache, compiler="eager")

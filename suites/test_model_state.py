@@ -62,9 +62,10 @@ class Stack(nn.Module):
         return x
 
 
-def _served(**config):
+def _served(prepare=lambda model: None, **config):
     torch.manual_seed(0)
     model = Stack()
+    prepare(model)
     compiled = pieceworks.compile(
         model,
         CompilationConfig(
@@ -104,6 +105,10 @@ CHANGES = {
         lambda m: setattr(m.layers[0].proj, "bias", None),
         "layers.0.proj.bias was set",
     ),
+    "bias.data=ones(1)": (  # no setattr: the old memory is freed
+        lambda m: setattr(m.layers[1].proj.bias, "data", torch.ones(1)),
+        "layers.1.proj.bias was given other memory (.data =)",
+    ),
 }
 
 
@@ -121,6 +126,17 @@ def test_a_change_after_the_first_call_is_served_by_a_new_trace_logged_once(chan
             torch.testing.assert_close(compiled(y), model(y))
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert words in warning and "tracing and compiling the model again" in warning, warning
+
+
+def test_a_parametrization_removed_after_the_first_call_is_traced_again(caplog):
+    """torch's parametrize edits the class `module.__class__` names, then sets another class on the module."""
+    model, compiled, x = _served(lambda m: nn.utils.parametrizations.weight_norm(m.layers[0].proj))
+    caplog.set_level(logging.WARNING, logger="pieceworks")
+    nn.utils.parametrize.remove_parametrizations(model.layers[0].proj, "weight")
+    assert not nn.utils.parametrize.is_parametrized(model.layers[0].proj)
+    with counters.expect(num_dynamo_traces=1):
+        torch.testing.assert_close(compiled(x), model(x))
+    assert "after the first call: tracing and compiling the model again" in caplog.text
 
 
 class Shifted(nn.Module):

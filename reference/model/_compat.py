@@ -4,7 +4,6 @@ core's own are `pieceworks.core.torch_compat`, whose `require` finds them here t
 What is private, and what the versions differ in (checked against the 2.11, 2.13 and 2.15 sources):
 - Dynamo's `torch._dynamo.config.patch(capture_scalar_outputs=, capture_dynamic_output_shape_ops=)`: both
   flags in 2.11-2.15 (newer Dynamo implies them under fullgraph=True; setting them keeps every version alike);
-- Dynamo's `torch._dynamo.exc.BackendCompilerFailed`, which wraps an error raised inside a backend;
 - for a warm start without tracing (record.py): the code objects Dynamo traced, `TracingContext.traced_code`,
   and its shape guards, `TracingContext.fake_mode.shape_env.guards` (2.11-2.15); Dynamo's configuration
   (`save_config_portable`) and nn.Module's global forward hooks, for its key;
@@ -20,7 +19,7 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
   are active (`torch.device(...)` as a context and `torch.set_default_device` each add one; 2.11-2.15), and
   nn.Module's global forward hooks, for `StateWatch`.
 
-A missing feature raises `TorchCompatError` once, at first use (`BackendCompilerFailed`, `HookHandle`,
+A missing feature raises `TorchCompatError` once, at first use (`HookHandle`,
 `modes`: at import), naming the feature, the torch version and the fix; nothing here patches torch.
 """
 
@@ -34,8 +33,6 @@ from ..core import torch_compat
 
 require = torch_compat.require  # finds a module's features, or raises TorchCompatError naming what is missing
 
-# Checked at import (every torch 2.11-2.15 has it): callers name it in `except` clauses.
-BackendCompilerFailed = require("torch._dynamo.exc", "BackendCompilerFailed").BackendCompilerFailed
 # Checked at import: a call reads `HookHandle.next_id` (hooks handed out so far), so it must not cost a
 # lookup.
 HookHandle = require("torch.utils.hooks", "RemovableHandle.next_id").RemovableHandle

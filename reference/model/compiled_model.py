@@ -225,7 +225,8 @@ class CompiledModel:
             # _compat.data_dependent_tracing); their pieces then run without CUDA graphs.
             with _compat.data_dependent_tracing():
                 output = self._arguments.call(self._dynamo_fn, trace_args)
-        except _compat.BackendCompilerFailed as exc:  # a config error is the user's: show it as it is
+        # Dynamo wraps an error of the backend; a config error is the user's: show it as it is
+        except Exception as exc:
             if isinstance(inner := getattr(exc, "inner_exception", None) or exc.__cause__, core.ConfigError):
                 raise inner from None
             raise
@@ -376,7 +377,7 @@ class CompiledModel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Dynamo traces this call (a caller's torch.compile): run it outside that trace
         if torch.compiler.is_dynamo_compiling():
-            return _outside_dynamo(self, *args, **kwargs)
+            return torch.compiler.disable(CompiledModel.__call__)(self, *args, **kwargs)
         # keywords, or not the form of a positional first call (or the first): put in the first call's order
         # (`arguments.Arguments`: positional, then keyword arguments; another form bound by `forward`'s
         # signature), a list where a tuple came in
@@ -472,11 +473,6 @@ class CompiledModel:
             for size, uniform in core.progress(phase.plan, "capture sizes"):
                 self._run(size, uniform)
         return phase.report
-
-
-# A call Dynamo makes while tracing a caller (`torch.compile(fn)` of a function that calls a CompiledModel):
-# the caller's trace breaks there, and the call is served as any other
-_outside_dynamo = torch.compiler.disable(CompiledModel.__call__)
 
 
 def compile(model: Callable, config: core.CompilationConfig | None = None) -> CompiledModel:  # noqa: A001

@@ -13,13 +13,15 @@ flag (`StateWatch.changed`), torch's count of hook handles (`handles`) and the g
   `setattr`): `changed`, seen by the same registration hooks;
 - any other attribute of a watched module set to another value or deleted (`model.scale = 3.0`, `norm.eps =
   10.0`, `layer.heads = 2`, `model.train()` on a model traced in eval mode, `module.forward = f`; torch's
-  parametrize, which deletes a parameter and swaps the class), a forward hook or pre-hook registered on one,
-  or a hook the trace ran removed: `changed`, and the next call traces and compiles the model again
-  (compiled_model.py; one WARNING naming what changed). Writes that `forward` itself makes, on calls that go
-  through Dynamo, are its own (`paused`), and so are the markers `torch.compile(model)` and `model.compile()`
-  set (`_TORCH_MARKERS`). Seen by the watched class (`__setattr__`, `__delattr__`, `register_forward_hook`,
-  `register_forward_pre_hook`) and, for the hooks the trace ran, by a stand-in in the module's hook table that
-  calls the hook and flags the change once torch's handle removes it (`_HookStandIn`);
+  parametrize, which deletes a parameter and swaps the class), a forward hook or pre-hook registered on one, a
+  hook the trace ran removed, or a watched tensor's memory freed (`p.data = t`, where no other tensor holds
+  the old memory; seen by a finalizer on its storage): `changed`, and the next call traces and compiles the
+  model again (compiled_model.py; one WARNING naming what changed). Writes that `forward` itself makes, on
+  calls that go through Dynamo, are its own (`paused`), and so are the markers `torch.compile(model)` and
+  `model.compile()` set (`_TORCH_MARKERS`). Seen by the watched class (`__setattr__`, `__delattr__`,
+  `register_forward_hook`, `register_forward_pre_hook`) and, for the hooks the trace ran, by a stand-in in the
+  module's hook table that calls the hook and flags the change once torch's handle removes it
+  (`_HookStandIn`);
 - the process-wide modes a trace bakes in (`global_modes`: the default dtype, CPU and CUDA autocast and their
   dtypes, deterministic algorithms), each watched module's class's `forward` (`Layer.forward = f`) and the
   attributes of modules, classes and closure cells the trace read outside the model (`record.watched_reads`:
@@ -33,20 +35,22 @@ flag (`StateWatch.changed`), torch's count of hook handles (`handles`) and the g
 
 Watched modules are those of `model.named_modules()` at the trace. A watched module's class is swapped for a
 subclass of its class made once per class (the same name, module and qualname; `isinstance` holds, `type(m) is
-Linear` does not while watched; pickling and deep copies give the original class), and swapped back when no
-compiled model watches the module anymore.
+Linear` does not while watched, `m.__class__` is the original class, as torch's parametrize edits and sets it;
+pickling and deep copies give the original class), and swapped back when no compiled model watches the module
+anymore.
 
 Not watched, since nothing announces them: changes inside an attribute's value (`model.cfg.eps = 1.0` on a
 config object, `model.sizes.append(8)`), writes that bypass `setattr` (`module.__dict__[...]`,
-`object.__setattr__`), and environment variables `forward` reads (in one process they stay as the trace saw
-them; a model that reads one gets no serving record: record.py). Compile the model again after changing
-those.
+`object.__setattr__`, `p.data = t` while another tensor holds the old memory), and environment variables
+`forward` reads (in one process they stay as the trace saw them; a model that reads one gets no serving
+record: record.py). Compile the model again after changing those.
 """
 
 from __future__ import annotations
 
 import copyreg
 import functools
+import operator
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -114,11 +118,6 @@ def _replaced(module: torch.nn.Module, name: str, value: Any) -> None:
         _tell(StateWatch.check, module, [(name, value)], "replaced")
 
 
-def reallocated(module: torch.nn.Module) -> None:
-    """After `module._apply(...)` (`.to()` and the like) on a watched module."""
-    _tell(StateWatch.check, module, _attributes(module), "reallocated (.to(), .cuda(), .half() or the like)")
-
-
 @functools.cache
 def _register_hooks_once() -> None:
     """One registration hook of each type (parameter, buffer, submodule) for the whole process, never removed:
@@ -132,17 +131,13 @@ def _same(old: Any, new: Any) -> bool:
     return old is new or (type(old) is type(new) and isinstance(new, _PLAIN) and old == new)
 
 
-def _itself(value: Any) -> Any:
-    return value
-
-
 class _HookStandIn(functools.partial):
     """A hook the trace ran, in its module's hook table: calls the hook (`func`, bound to no arguments);
     when torch's handle removes it from the table (its one reference), a finalizer notes the change. Pickled
     and copied as the hook itself."""
 
     def __reduce__(self) -> tuple:
-        return _itself, (self.func,)
+        return operator.getitem, ([self.func], 0)  # unpickled: [hook][0]
 
 
 @functools.cache
@@ -179,8 +174,12 @@ def _watched_class(cls: Any) -> type:  # Any: mypy reads `cls.__setattr__` as th
 
         def _apply(self, *args: Any, **kwargs: Any) -> Any:
             result = cls._apply(self, *args, **kwargs)
-            reallocated(self)
+            _tell(StateWatch.check, self, _attributes(self), "reallocated (.to(), .cuda(), .half(), ...)")
             return result
+
+        # what `module.__class__` reads and sets (torch's parametrize edits the class it reads, then sets
+        # another: a change like any attribute set), `type(module)` staying the watched class
+        __class__ = property(lambda self: cls, object.__dict__["__class__"].__set__)
 
         # pickle's __newobj__ insists on the object's own class (typeshed's copyreg lacks these private names)
         def __reduce_ex__(self, protocol: Any) -> Any:
@@ -214,17 +213,21 @@ class StateWatch:
         # attribute name): the full name, the object there and, for a tensor, where its memory lives.
         self._paths = {id(module): (prefix, module) for prefix, module in model.named_modules()}
         self._watched: dict[tuple[int, str], tuple[str, Any, tuple | None]] = {}
-        # the table holds the stand-in
-        self._stand_ins: list[tuple[dict, Any, weakref.finalize[..., _HookStandIn]]] = []
+        # What `close()` detaches: (hook table, key, finalizer) of each hook stand-in (the table holds it),
+        # and ({}, None, finalizer) of each watched tensor's memory (`.data = t` frees it: no setattr is made)
+        self._finalizers: list[tuple[dict, Any, weakref.finalize[..., Any]]] = []
         for path, module in self._paths.values():
             for name, value in _attributes(module):
                 self._watched[id(module), name] = (f"{path}.{name}" if path else name, value, _place(value))
+                if type(value) in (torch.Tensor, torch.nn.Parameter):  # `.data = t` frees the old memory
+                    note = functools.partial(self.note, module, "given other memory (.data =)", name)
+                    self._finalizers.append(({}, None, weakref.finalize(value.untyped_storage(), note)))
             module.__class__ = _watched_class(original_class(type(module)))
             for table_name, what in _HOOK_TABLES.items():  # each hook the trace ran: a stand-in in its place
                 table, why = getattr(module, table_name), f"a {what} the trace ran was removed from"
                 for key, hook in list(table.items()):
                     table[key] = stand_in = _HookStandIn(hook)
-                    self._stand_ins.append((table, key, weakref.finalize(stand_in, self.note, module, why)))
+                    self._finalizers.append((table, key, weakref.finalize(stand_in, self.note, module, why)))
         _register_hooks_once()
         # each watched class's forward, and the attributes the trace read outside the model
         # (record.watched_reads): (name, the object read from, the attribute)
@@ -284,12 +287,12 @@ class StateWatch:
         """End the watch: the hooks the trace ran go back in their tables, and modules no other watch
         covers get their own class back."""
         _WATCHES.discard(self)
-        for table, key, gone in self._stand_ins:  # detach(): (the stand-in, ...) while it lives, else None
-            if (alive := gone.detach()) is not None and table.get(key) is alive[0]:
-                table[key] = alive[0].func
+        for table, key, gone in self._finalizers:  # detach(): (the object, ...) while it lives, else None
+            if (alive := gone.detach()) is not None and table.get(key) is alive[0]:  # a hook's stand-in
+                table[key] = table[key].func
         for i in self._paths.keys() - {other for watch in _WATCHES for other in watch._paths}:
             self._paths[i][1].__class__ = original_class(type(self._paths[i][1]))
-        self._stand_ins, self._paths = [], {}
+        self._finalizers, self._paths = [], {}
 
 
 def _attributes(module: torch.nn.Module) -> tuple[tuple[str, Any], ...]:

@@ -309,7 +309,13 @@ def registration_hook_traced(mp: pytest.MonkeyPatch) -> None:
     cpu=_FAULTS + "test_a_replaced_parameter_or_buffer_is_refused_naming_it_and_the_fix",
 )
 def reallocation_unseen(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(watch, "reallocated", lambda module: None)
+    check = watch.StateWatch.check
+
+    def unless_reallocated(self, module, attributes, how) -> None:
+        if not how.startswith("reallocated"):
+            check(self, module, attributes, how)
+
+    mp.setattr(watch.StateWatch, "check", unless_reallocated)
 
 
 @mutant(
@@ -504,6 +510,36 @@ def backend_compiles_the_traced_size(mp: pytest.MonkeyPatch) -> None:
 def none_set_unseen(mp: pytest.MonkeyPatch) -> None:
     same = watch._same
     mp.setattr(watch, "_same", lambda old, new: new is None or same(old, new))
+
+
+@mutant(
+    "a watched tensor's memory freed by `.data = t` (no setattr) is not seen: the old trace is served",
+    cpu=_STATE + "test_a_change_after_the_first_call_is_served_by_a_new_trace_logged_once[bias.data=ones(1)]",
+)
+def data_swap_unseen(mp: pytest.MonkeyPatch) -> None:
+    note = watch.StateWatch.note
+
+    def unless_freed(self, module, what, attribute=None) -> None:
+        if ".data =" not in what:
+            note(self, module, what, attribute)
+
+    mp.setattr(watch.StateWatch, "note", unless_freed)
+
+
+@mutant(
+    "`module.__class__` reads the watched class: torch's parametrize removal fails deleting its property",
+    cpu=_STATE + "test_a_parametrization_removed_after_the_first_call_is_traced_again",
+)
+def watched_class_shown(mp: pytest.MonkeyPatch) -> None:
+    original = watch.StateWatch.__init__
+
+    def init(self, model, owner, reads=()) -> None:
+        original(self, model, owner, reads)
+        for module in model.modules():  # each under a subclass of its watched class that shows itself
+            shows = {"__class__": object.__dict__["__class__"]}
+            object.__dict__["__class__"].__set__(module, type("Shown", (type(module),), shows))
+
+    mp.setattr(watch.StateWatch, "__init__", init)
 
 
 @mutant(

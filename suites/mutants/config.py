@@ -10,7 +10,6 @@ import types
 import pytest
 from torch._dynamo.backends import registry
 
-import pieceworks
 import pieceworks.backend as backend
 import pieceworks.batch_kind as batch_kind
 import pieceworks.compiled as compiled
@@ -154,6 +153,14 @@ def inductor_values_unchecked(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant(
+    "a field pieceworks lacks (vLLM's `level`) gets Python's TypeError, which names no pieceworks fix",
+    cpu=_CONFIG + "test_bad_field_is_named_with_a_fix",
+)
+def unknown_field_unnamed(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(config.CompilationConfig, "__new__", lambda cls, *args, **fields: object.__new__(cls))
+
+
+@mutant(
     'torch.compile(model, backend="pieceworks", mode="reduce-overhead") runs, ignoring the mode, instead of '
     "being refused by name",
     cpu="suites/test_compile.py::test_torch_compiles_mode_is_refused_by_name_naming_the_options_that_set_cuda_"
@@ -165,8 +172,7 @@ def compile_mode_ignored(mp: pytest.MonkeyPatch) -> None:
     def registered(gm, example_inputs, options=None, mode=None):
         return original(gm, example_inputs, options)
 
-    registered._tags = original._tags  # type: ignore[attr-defined]  # what list_backends reads
+    registered._tags = ()  # type: ignore[attr-defined]  # what list_backends reads
     mp.setattr(backend, "registered_backend", registered)
-    mp.setattr(pieceworks, "registered_backend", registered)
-    # torch calls the function registered under "pieceworks" at import, not the module's attribute
+    # torch calls the function it holds under "pieceworks" (loaded once from the entry point)
     mp.setitem(registry._COMPILER_FNS, "pieceworks", registered)
