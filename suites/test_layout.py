@@ -7,18 +7,15 @@ whether imported, read as an attribute or named in a string (as monkeypatching d
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # torch._* names that torch documents for users: dynamic-shape marking, custom backends, and checks on sizes
-DOCUMENTED = {
-    "torch._dynamo.mark_dynamic",
-    "torch._dynamo.list_backends",
-    "torch._dynamo.register_backend",
-    "torch._check",
-}
+DOCUMENTED = {"torch._dynamo.mark_dynamic", "torch._check"}
 
 
 def _sources(folder: str) -> list[Path]:
@@ -232,3 +229,17 @@ def test_the_core_private_use_finder_sees_imports_attributes_and_strings(tmp_pat
         "._binder",
         "'_phase'",
     }
+
+
+# What `import pieceworks` must not add to what `import torch` loaded: Dynamo and Inductor (a process that
+# reads a config or a result never pays for them; a compile imports them), and the packages of pyproject's
+# extras, by import name
+NOT_ON_IMPORT = {"torch._dynamo", "torch._inductor", "transformers", "asv", "matplotlib", "pynvml", "pytest"}
+NOT_ON_IMPORT |= {"hypothesis", "piecewise_cuda_graphs", "breakable_cuda_graphs"}
+
+
+def test_importing_pieceworks_loads_neither_dynamo_nor_an_optional_package():
+    code = "import sys, torch; old = set(sys.modules); import pieceworks; print(*set(sys.modules) - old)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not NOT_ON_IMPORT & set(done.stdout.split()), NOT_ON_IMPORT & set(done.stdout.split())

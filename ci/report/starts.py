@@ -95,9 +95,10 @@ def model_starts(r: Results, detail: str, benchmark: str, model: str) -> Part:
         over = {
             s: e["process_seconds"] - floor for s, e in starts.items() if e.get("process_seconds") is not None
         }
-        primed = details["entries"]["floor"].get("bytecode_primed")
+        primed, alone = (details["entries"]["floor"].get(k) for k in ("bytecode_primed", "torch_seconds"))
+        pieceworks = "" if alone is None else f", {floor - alone:.2f} s of it importing pieceworks over torch"
         above = [
-            f"Floor (a fresh process importing torch and pieceworks): {floor:.2f} s"
+            f"Floor (a fresh process importing torch and pieceworks): {floor:.2f} s{pieceworks}"
             + (" (Python bytecode cached by a priming start: this installation's was not)" if primed else "")
             + ". Process seconds above it: "
             + ", ".join(f"{s} {x:.2f} s ({x / over['cold']:.2f}× cold's)" for s, x in over.items())

@@ -8,16 +8,17 @@ call (`capture`); batches 1, 7, 64, 300; all starts with one pieceworks cache:
 - cold: empty pieceworks cache, empty Inductor cache;
 - warm: the cold run's pieceworks cache and Inductor cache (a restart on the same host);
 - warm_new_host: the cold run's pieceworks cache, an empty Inductor cache (the cache copied to a new host).
-The floor: a fresh process that imports torch and pieceworks and exits (the faster of two), what every start
-pays before its first call; the report gives each start's process seconds less it. Python bytecode is cached,
-as a pip install leaves it: where torch's is not (an image whose packages ship without `.pyc` files, often
-with `PYTHONDONTWRITEBYTECODE` set), the starts get a bytecode cache of their own (`PYTHONPYCACHEPREFIX`, the
-caller's where set), filled first by a priming start of the same model (its own caches, batch 1, not
-reported). Without it every process would compile torch's sources again (seconds before its first call), and
-the cold start also those of the modules its first call imports, which the warm starts then read. A host is a
-temporary folder (`TMPDIR`, under which Inductor keeps its default cache) and `TORCHINDUCTOR_CACHE_DIR` is
-unset, as on a machine nobody configured: pieceworks then keeps Inductor's cache inside its own, which is what
-a new host inherits. Every folder is removed at exit.
+The floor: a fresh process that imports torch and pieceworks and exits (the fastest of three), what every
+start pays before its first call; the report gives each start's process seconds less it, and what importing
+pieceworks adds to importing torch (a fresh process importing torch alone, the fastest of three). Python
+bytecode is cached, as a pip install leaves it: where torch's is not (an image whose packages ship without
+`.pyc` files, often with `PYTHONDONTWRITEBYTECODE` set), the starts get a bytecode cache of their own
+(`PYTHONPYCACHEPREFIX`, the caller's where set), filled first by a priming start of the same model (its own
+caches, batch 1, not reported). Without it every process would compile torch's sources again (seconds before
+its first call), and the cold start also those of the modules its first call imports, which the warm starts
+then read. A host is a temporary folder (`TMPDIR`, under which Inductor keeps its default cache) and
+`TORCHINDUCTOR_CACHE_DIR` is unset, as on a machine nobody configured: pieceworks then keeps Inductor's cache
+inside its own, which is what a new host inherits. Every folder is removed at exit.
 """
 
 from __future__ import annotations
@@ -116,9 +117,10 @@ def measure(
                 "log": report["first_call_log"],
             }
             progress(f"compile {start}: {results[start]}")
-        progress("floor: a fresh process importing torch and pieceworks")
+        progress("floor: a fresh process importing torch and pieceworks, and one importing torch alone")
         results["floor"] = {
-            "process_seconds": min(floor_seconds(env("host"), unset) for _ in range(2)),
+            "process_seconds": min(floor_seconds(env("host"), unset) for _ in range(3)),
+            "torch_seconds": min(floor_seconds(env("host"), unset, "torch") for _ in range(3)),
             "bytecode_primed": prime,
         }
         for start, host in PROFILED.items() if profile else ():
@@ -149,12 +151,14 @@ def bytecode_cache(work: str) -> dict[str, str] | None:
     )
 
 
-def floor_seconds(env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> float:
-    """Seconds of a fresh interpreter that imports torch and pieceworks and exits (`env` added to its
-    environment, `unset` taken out)."""
+def floor_seconds(
+    env: dict[str, str] | None = None, unset: tuple[str, ...] = (), imports: str = "torch, pieceworks"
+) -> float:
+    """Seconds of a fresh interpreter that imports `imports` (torch and pieceworks) and exits (`env` added to
+    its environment, `unset` taken out)."""
     began = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-c", "import torch, pieceworks"],
+        [sys.executable, "-c", f"import {imports}"],
         check=True,
         timeout=300,
         capture_output=True,

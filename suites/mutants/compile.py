@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import os
+import pathlib
+import tempfile
 
 import pytest
 import torch
@@ -132,3 +135,26 @@ def loads_start_compile_workers(mp: pytest.MonkeyPatch) -> None:
         return call
 
     mp.setattr(compiler, "load_artifact", load)
+
+
+# what the mutant's `sitecustomize` does in every child: `import pieceworks` imports Dynamo too
+_LOADS_DYNAMO = """import builtins
+_import = builtins.__import__
+def _importing_dynamo_too(name, *args, **kwargs):
+    module = _import(name, *args, **kwargs)
+    if name == "pieceworks":
+        _import("torch._dynamo")
+    return module
+builtins.__import__ = _importing_dynamo_too
+"""
+
+
+@mutant(
+    "importing pieceworks loads Dynamo (a second of imports in every process, those that compile nothing "
+    "included), as the model layer's torch compatibility module once did",
+    cpu="suites/test_layout.py::test_importing_pieceworks_loads_neither_dynamo_nor_an_optional_package",
+)
+def dynamo_loaded_on_import(mp: pytest.MonkeyPatch) -> None:
+    folder = tempfile.mkdtemp(prefix="pieceworks-mutant-")  # a child process's sitecustomize
+    pathlib.Path(folder, "sitecustomize.py").write_text(_LOADS_DYNAMO)
+    mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")])))
