@@ -62,10 +62,11 @@ def _served_right(compiled, model) -> bool:
     return True
 
 
-def capture_fails(failure: str, mode: str, second_compiler: str = "eager") -> dict:
-    """A model whose splitting op fails its capture as `failure` says, compiled in `mode` and captured, its
-    calls checked, then freed; then a healthy model compiled with `second_compiler`, captured, its calls
-    checked (each draws random inputs on the GPU). Run by `run_case` in its own process."""
+def capture_fails(failure: str, mode: str, second_compiler: str = "eager", in_piece: bool = False) -> dict:
+    """A model whose op fails its capture as `failure` says, compiled in `mode` and captured, its calls
+    checked, then freed; then a healthy model compiled with `second_compiler`, captured, its calls checked
+    (each draws random inputs on the GPU). The op is the splitting op, or with `in_piece` part of the model's
+    one piece (a PIECEWISE capture runs splitting ops eagerly). Run by `run_case` in its own process."""
     import pieceworks
     from pieceworks import CompilationConfig
 
@@ -73,7 +74,7 @@ def capture_fails(failure: str, mode: str, second_compiler: str = "eager") -> di
         torch.manual_seed(0)
         model = _Model(how).cuda()
         config = CompilationConfig(
-            splitting_ops=["pwfail::op"],
+            splitting_ops=[] if in_piece else ["pwfail::op"],
             cudagraph_mode=mode,
             compiler=compiler,
             cudagraph_capture_sizes=[1, 4, 8],
@@ -89,6 +90,8 @@ def capture_fails(failure: str, mode: str, second_compiler: str = "eager") -> di
             compiled.capture()
         except KeyboardInterrupt:
             result["capture"] = "interrupted"
+        except RuntimeError as exc:  # a PIECEWISE capture raises where it fails
+            result["capture"] = f"raised: {exc}"
         result["full_reason"] = compiled.runtime.full_reason
         result["first_served_right"] = _served_right(compiled, model)
         del compiled, model
@@ -120,7 +123,7 @@ def test_a_failed_full_capture_leaves_the_process_healthy(cuda, failure):
 
 
 @pytest.mark.parametrize("failure", ["host_sync", "raises"])
-@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"])
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"])
 def test_after_a_failed_capture_in_any_mode_inductor_compiles_and_captures_another_model(cuda, mode, failure):
     """What a failed capture touched (the allocator's routing, the CUDA generators it registered) is as it
     was: the next model compiles with Inductor, captures and serves right."""
@@ -128,10 +131,11 @@ def test_after_a_failed_capture_in_any_mode_inductor_compiles_and_captures_anoth
 
     result = run_case(
         "suites.test_capture_failures_gpu:capture_fails",
-        {"failure": failure, "mode": mode, "second_compiler": "inductor"},
+        {"failure": failure, "mode": mode, "second_compiler": "inductor", "in_piece": mode == "PIECEWISE"},
         timeout=280,
     )
     assert result["first_served_right"] and result["second_served_right"] and result["second_graphs"], result
+    assert mode != "PIECEWISE" or result["capture"].startswith("raised"), result  # the capture did fail
 
 
 def test_a_piecewise_capture_around_a_host_sync_in_a_splitting_op_needs_no_fallback(cuda):
