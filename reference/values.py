@@ -9,16 +9,14 @@ from typing import Any
 
 import torch
 
-# Classes whose values are leaves: these, and each class `children` found to be one (the class decides), so
-# that a walk over FX nodes or plan refs asks `children` once per class, not per value (adding is atomic)
-_LEAVES = {int, float, bool, str, type(None), torch.Tensor, torch.nn.Parameter}
+_LEAVES = frozenset({int, float, bool, str, type(None), torch.Tensor, torch.nn.Parameter})
 
 
 def children(value: Any) -> tuple[list[Any], Callable[[list[Any]], Any]] | None:
-    """The items of an output container and a function building one like it (its exact type) from new items;
-    None for a leaf. Containers: tuples, lists and dicts, namedtuples, other mappings (a Hugging Face
-    `ModelOutput`: the fields that are set, so those left unset stay None), and dataclasses (every field;
-    rebuilt as a copy whose fields are set, not through `__init__`)."""
+    """The items of an output container and a function building one like it (its exact type) from new
+    items; None for a leaf. Containers: tuples, lists and dicts, namedtuples, other mappings (a Hugging
+    Face `ModelOutput`: the fields that are set, so those left unset stay None), and dataclasses (every
+    field; rebuilt as a copy whose fields are set, not through `__init__`)."""
     cls = type(value)
     if cls is tuple or cls is list:
         return list(value), cls
@@ -48,8 +46,9 @@ def tree_map(fn: Callable[[Any], Any], value: Any) -> Any:
     cls = type(value)
     if cls is tuple or cls is list:
         return cls(tree_map(fn, v) for v in value)
+    if cls is dict:
+        return {k: tree_map(fn, v) for k, v in value.items()}
     if cls in _LEAVES or (found := children(value)) is None:
-        _LEAVES.add(cls)
         return fn(value)
     items, rebuild = found
     return rebuild([tree_map(fn, v) for v in items])
