@@ -82,7 +82,9 @@ def test_where_bytecode_is_not_cached_a_priming_start_fills_a_cache_every_start_
     and no priming start."""
     monkeypatch.setattr(warm_start, "bytecode_cached", lambda: not forbidden)
     floors: list[tuple] = []
-    monkeypatch.setattr(warm_start, "floor_seconds", lambda env, unset: floors.append((env, unset)) or 1.0)
+    monkeypatch.setattr(
+        warm_start, "floor_seconds", lambda env, unset, *imports: floors.append((env, unset)) or 1.0
+    )
     seen: list[tuple] = []
     monkeypatch.setattr(
         warm_start,
