@@ -3,10 +3,12 @@ Inductor and how its artifacts load."""
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import operator
 import os
 import pathlib
+import shutil
 import tempfile
 
 import pytest
@@ -156,5 +158,6 @@ builtins.__import__ = _importing_dynamo_too
 )
 def dynamo_loaded_on_import(mp: pytest.MonkeyPatch) -> None:
     folder = tempfile.mkdtemp(prefix="pieceworks-mutant-")  # a child process's sitecustomize
+    atexit.register(shutil.rmtree, folder, True)  # removed with this process
     pathlib.Path(folder, "sitecustomize.py").write_text(_LOADS_DYNAMO)
     mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")])))
