@@ -3,10 +3,12 @@ hypothesis strategies and the conformance suite's plugin and run."""
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import dataclasses
 import importlib
 import secrets
+import shutil
 import tempfile
 import types
 from pathlib import Path
@@ -82,6 +84,7 @@ def _mutated_kernels(mp: pytest.MonkeyPatch, *changes: tuple[str, str, int]) -> 
         assert source.count(old) == count, f"the kernels' {old!r} moved: update this mutant"
         source = source.replace(old, new)
     folder = Path(tempfile.mkdtemp(prefix="pieceworks-mutant-"))  # Triton compiles from source files
+    atexit.register(shutil.rmtree, folder, True)  # removed with this process
     (folder / "mutated_attention_kernels.py").write_text(source)
     mp.syspath_prepend(str(folder))
     mp.setattr(paged_attention, "KERNELS", "mutated_attention_kernels")
