@@ -1,5 +1,6 @@
 """The torch.compile door: `torch.compile(model, backend=pieceworks.Backend(config))`, or
-`backend="pieceworks"`.
+`backend="pieceworks"` (`registered_backend`, which Dynamo finds through pyproject's `torch_dynamo_backends`
+entry point: an installed pieceworks, imported or not).
 
 Each FX graph Dynamo hands over is compiled piecewise (`compile_pieces`, compiled.py) and served by a
 `Runtime` (runtime.py) that Dynamo's compiled code calls directly. Dynamo's guards and dynamic-shape marking
