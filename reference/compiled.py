@@ -3,8 +3,11 @@
 `compile_pieces` does it all before the first result is returned, and returns an immutable `CompiledPieces`:
 the stitching module with the compiled pieces installed, and the `Piece` records. Structurally identical
 pieces share one compiled artifact (a 12-layer ToyLlama has 13 compiled pieces but 3 distinct ones). No batch
-size seen later triggers a compile. Callers: the torch.compile door (backend.py) and the model layer
-(pieceworks.model), each handing the result to a `Runtime`.
+size seen later triggers a compile. Its two steps are public: `split_pieces` splits and analyses (a
+`CompiledPieces` whose pieces are not compiled yet), and `compile_pieces` also takes what it returned, leaving
+it as it was, so that a caller may keep the split (the serving record pickles it: a warm start then neither
+splits nor analyses). Callers: the torch.compile door (backend.py) and the model layer (pieceworks.model),
+each handing the result to a `Runtime`.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch.fx
@@ -32,7 +35,8 @@ _INDUCTOR_CHANGED = "the global Inductor configuration (torch._inductor.config) 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class CompiledPieces:
-    """One Dynamo FX graph, compiled piecewise; read-only.
+    """One Dynamo FX graph, compiled piecewise (from `split_pieces`: split only, its pieces without code);
+    read-only.
 
     `stitching_module`: the FX module calling the pieces in order, compiled pieces installed (calling it runs
     the model without CUDA graphs); `pieces`: every piece in run order, splitting ones included; `inputs`: the
@@ -41,9 +45,9 @@ class CompiledPieces:
     piece writes, put back after a FULL capture's warm-ups (a splitting op's writes are not: the warm-ups
     repeat them, as vLLM's dummy runs do; a lazy capture, which serves a call, puts back every mutated input);
     `output_values`: the trace value (FakeTensor) of each graph output; `build_seconds`: where the backend
-    call went (`split`: splitting and analysing; `pieces`: serving every piece its code, of which `load` went
-    to reading and loading artifacts and `compile` to Inductor; `backend`: all of it); `cache_dir`: the cache
-    folder used, if any.
+    call went (`split`: splitting and analysing, as the split's own say, else 0; `pieces`: serving every
+    piece its code, of which `load` went to reading and loading artifacts and `compile` to Inductor;
+    `backend`: both); `cache_dir`: the cache folder used, if any.
     """
 
     stitching_module: torch.fx.GraphModule
@@ -58,15 +62,15 @@ class CompiledPieces:
     cache_dir: str | None
 
 
-def open_cache(
-    split_gm: torch.fx.GraphModule, fakes: list[Any], pieces: Sequence[Piece], config: CompilationConfig
-) -> CompileCache | None:
-    """The compile cache for this graph, or None: cache off (`config.cache_active()`), its folder unusable,
-    or an Inductor configuration that cannot be keyed (each logged once with the reason)."""
+def open_cache(split: CompiledPieces, config: CompilationConfig) -> CompileCache | None:
+    """The compile cache for the graph `split` (`split_pieces`) holds, or None: cache off
+    (`config.cache_active()`), its folder unusable, or an Inductor configuration that cannot be keyed (each
+    logged once with the reason)."""
     if not config.cache_active():
         return None
     try:
-        factors = cache_factors(split_gm, fakes, [p.fingerprint for p in pieces], config)
+        fingerprints = [p.fingerprint for p in split.pieces]
+        factors = cache_factors(split.stitching_module, list(split.inputs), fingerprints, config)
     except UnkeyableConfigError as exc:
         log.warning("pieceworks: compiling without the compile cache: %s", exc)
         return None
@@ -83,10 +87,10 @@ def open_cache(
     return cache
 
 
-def compile_pieces(gm: torch.fx.GraphModule, config: CompilationConfig) -> CompiledPieces:
-    """Split `gm` (a Dynamo graph), analyse and compile its pieces for every target; see the module doc."""
-    build_start = time.perf_counter()
-    counters.num_graphs_seen += 1
+def split_pieces(gm: torch.fx.GraphModule, config: CompilationConfig) -> CompiledPieces:
+    """Split `gm` (a Dynamo graph) and analyse its pieces, compiling none: the stitching module calls the
+    traced pieces, `build_seconds` holds "split". `gm` is changed in place (split.py)."""
+    start = time.perf_counter()
     fakes = list(traced_args(gm))
     if fake_mode_of(fakes) is None:
         raise RuntimeError("pieceworks needs a Dynamo graph (placeholders carry FakeTensor example values)")
@@ -98,32 +102,40 @@ def compile_pieces(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compi
         log.warning("pieceworks: splitting ops %s are %s (the graph calls %s)", absent, unused, called)
     written = tuple(sorted(mutated_inputs(gm)))
     restored = tuple(sorted(mutated_inputs(gm, lambda node: is_splitting_op(node, config.splitting_ops))))
-
-    start = time.perf_counter()
     split_gm, pieces = split_graph(gm, config.splitting_ops)
-    compiled = [p for p in pieces if not p.is_splitting_graph]
+    compiled = sum(not p.is_splitting_graph for p in pieces)
     counters.num_piecewise_graphs_seen += len(pieces)
-    counters.num_piecewise_capturable_graphs_seen += len(compiled)
+    counters.num_piecewise_capturable_graphs_seen += compiled
     output = gm.graph.output_node().args[0]  # the stitching module returns the same nodes, split among pieces
     flat = output if isinstance(output, (tuple, list)) else (output,)
     outputs = tuple(example_value(n) if isinstance(n, torch.fx.Node) else None for n in flat)
-    split = time.perf_counter() - start
-    log.info("pieceworks split: %d pieces, %d compiled, in %.3f s", len(pieces), len(compiled), split)
+    seconds, symbols = {"split": time.perf_counter() - start}, batch_symbols(gm)
+    log.info("pieceworks split: %d pieces, %d compiled, in %.3f s", len(pieces), compiled, seconds["split"])
+    found = (tuple(pieces), tuple(fakes), symbols, batch_position(fakes, symbols), written, restored, outputs)
+    return CompiledPieces(split_gm, *found, seconds, None)
 
-    start = time.perf_counter()
-    cache = open_cache(split_gm, fakes, pieces, config)
-    compiler = PieceCompiler(config, cache)
+
+def compile_pieces(graph: torch.fx.GraphModule | CompiledPieces, config: CompilationConfig) -> CompiledPieces:
+    """Compile every piece of `graph`, a Dynamo graph (split first) or what `split_pieces` returned (left
+    as it was); see the module doc."""
+    split = graph if isinstance(graph, CompiledPieces) else split_pieces(graph, config)
+    start, compiled = time.perf_counter(), [p for p in split.pieces if not p.is_splitting_graph]
+    counters.num_graphs_seen += 1
+    compiler = PieceCompiler(config, open_cache(split, config))
     done = {p.submod_name: compiler.compile(p) for p in progress(compiled, "compile pieces")}
-    pieces = [done.get(p.submod_name, p) for p in pieces]
+    fx_graph = torch.fx.Graph()  # a stitching module of its own, over a copy of the split's graph
+    fx_graph.output(fx_graph.graph_copy(split.stitching_module.graph, {}))
+    stitching = torch.fx.GraphModule(split.stitching_module, fx_graph)
     for piece in done.values():  # a plain callable may not shadow a registered submodule
-        delattr(split_gm, piece.submod_name)
-        setattr(split_gm, piece.submod_name, piece)
-    seconds = {"split": split, **compiler.seconds, "pieces": time.perf_counter() - start}
+        delattr(stitching, piece.submod_name)
+        setattr(stitching, piece.submod_name, piece)
+    seconds = {"split": 0.0, **split.build_seconds, **compiler.seconds, "pieces": time.perf_counter() - start}
     message = "pieceworks compile (%s): %d pieces, %d distinct targets compiled, %d loaded from cache, "
     message += "%d served by an identical piece, in %.3f s (%.3f s loading)"
     counts = (compiler.compiled, compiler.loaded, compiler.shared, seconds["pieces"], seconds["load"])
     log.info(message, config.compiler, len(compiled), *counts)
-    symbols = batch_symbols(gm)
-    seconds["backend"] = time.perf_counter() - build_start
-    found = (tuple(pieces), tuple(fakes), symbols, batch_position(fakes, symbols), written, restored, outputs)
-    return CompiledPieces(split_gm, *found, seconds, cache.directory if cache is not None else None)
+    seconds["backend"] = seconds["split"] + seconds["pieces"]
+    pieces = tuple(done.get(p.submod_name, p) for p in split.pieces)
+    directory = None if compiler.cache is None else compiler.cache.directory
+    found: dict[str, Any] = {"stitching_module": stitching, "pieces": pieces, "cache_dir": directory}
+    return dataclasses.replace(split, build_seconds=seconds, **found)

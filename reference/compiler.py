@@ -135,11 +135,8 @@ def os_error_of(exc: BaseException | None) -> OSError | None:
     raised from (Inductor wraps its errors), or None."""
     while exc is not None and not isinstance(exc, OSError):
         exc = exc.__cause__ or exc.__context__
-    return (
-        exc
-        if exc is not None and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
-        else None
-    )
+    full_or_not_ours = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+    return exc if exc is not None and exc.errno in full_or_not_ours else None
 
 
 def computes_tensors(piece: Piece) -> bool:

@@ -2,7 +2,8 @@
 (`pieceworks.model`) and tools use of it.
 
 - Compile: `compile_pieces(fx_graph_module, config)` splits a Dynamo FX graph at its splitting ops and
-  compiles every other piece (`CompiledPieces`: the stitching module, the `Piece`s, build seconds); `op_names`
+  compiles every other piece (`CompiledPieces`: the stitching module, the `Piece`s, build seconds), or what
+  `split_pieces` (the split and its analysis, nothing compiled) returned; `op_names`
   (an FX target's op names, as splitting ops match them); `compile_target` (the compiled size or range serving
   a batch); `BatchSizeError`.
 - Cache and key: `CompileCache`, `cache_key`, `software_factors`, `inductor_config_factors`, `key_change` and
@@ -21,7 +22,7 @@ from . import _compat as torch_compat
 from .backend import own_config
 from .batch_kind import is_uniform_decode
 from .cache import CompileCache, file_sha256
-from .compiled import CompiledPieces, compile_pieces
+from .compiled import CompiledPieces, compile_pieces, split_pieces
 from .config import CompilationConfig, ConfigError, CUDAGraphMode
 from .counters import counters, log
 from .cudagraph import pool_bytes

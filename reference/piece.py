@@ -122,10 +122,8 @@ class Piece:
         stale = sorted(set(self.mutated_inputs) & set(self.moving_inputs))
         if self.uncapturable is not None or not stale:
             return self.uncapturable
-        return (
-            f"it mutates input {stale[0]} ({self.placeholder_names[stale[0]]}), which a splitting op "
-            f"allocates anew on every call: a replay would write to a stale address"
-        )
+        why = f"it mutates input {stale[0]} ({self.placeholder_names[stale[0]]}), which a splitting op "
+        return why + "allocates anew on every call: a replay would write to a stale address"
 
     @property
     def placeholder_names(self) -> list[str]:

@@ -101,6 +101,30 @@ def test_off_every_first_call_traces(cache_dir):
         _check(_compile(model, cache_dir, reuse_trace=False), model)
 
 
+def _split_facts(compiled):
+    """What the split and its analysis say about a compiled model's graph and each piece (all but the piece's
+    FX graph, trace values and code), and the targets each piece has code for."""
+    graph = compiled.runtime.compiled
+    pieces = [dataclasses.replace(p, fx_graph=None, example_args=(), runnables={}) for p in graph.pieces]
+    targets = [sorted(map(str, p.runnables)) for p in graph.pieces]
+    shared = (graph.batch_symbols, graph.batch, graph.mutated_inputs, graph.restored_inputs)
+    return shared, [dataclasses.astuple(p) for p in pieces], targets
+
+
+def test_a_warm_start_neither_splits_nor_analyses_the_graph_again(tmp_path):
+    """The record holds the split with its analysis: a warm start splits nothing (no piece seen, 0 split
+    seconds) and serves the traced call's pieces, every fact of each the same, with code for the same
+    targets."""
+    model = Scaled()
+    cold = _compile(model, tmp_path)
+    _check(cold, model)
+    with counters.expect(num_traces_reused=1, num_dynamo_traces=0, num_piecewise_graphs_seen=0):
+        warm = _compile(model, tmp_path)
+        _check(warm, model)
+    assert _split_facts(warm) == _split_facts(cold)
+    assert warm.runtime.compiled.build_seconds["split"] == 0 < cold.runtime.compiled.build_seconds["split"]
+
+
 def test_a_damaged_record_is_reported_traced_and_replaced(cache_dir, caplog):
     (folder,) = [d for d in os.listdir(cache_dir) if d.startswith("model-")]
     artifacts = os.path.join(cache_dir, folder, "artifacts")

@@ -7,8 +7,9 @@ What is private, and what the versions differ in (checked against the 2.11, 2.13
 - for a warm start without tracing (record.py): the code objects Dynamo traced, `TracingContext.traced_code`,
   and its shape guards, `TracingContext.fake_mode.shape_env.guards` (2.11-2.15); Dynamo's configuration
   (`save_config_portable`) and nn.Module's global forward hooks, for its key;
-  `torch.fx._graph_pickler.GraphPickler` (`dumps`, `loads(data, fake_mode)`, `Options(ops_filter=)`), which
-  pickles a Dynamo graph with its FakeTensor and SymInt metadata; torch's own sympy functions pickle by
+  `torch.fx._graph_pickler.GraphPickler` (`dumps`, `loads(data, fake_mode)`, `Options(ops_filter=,
+  node_metadata_key_filter=)`), which pickles a Dynamo graph, or its split, with its FakeTensor and SymInt
+  metadata; torch's own sympy functions pickle by
   `_torch_unpickler`, and a fake mode is not pickled (the loader supplies a fresh one); the graph is rebuilt
   under `torch._guards.tracing(TracingContext(fake_mode))`, as a backend call would be. Where any of this is
   missing or fails, the record is not written and warm starts trace as before;
@@ -69,9 +70,11 @@ def global_module_hooks() -> bool:
     return any(getattr(module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks"))
 
 
-def pickle_graph(gm: torch.fx.GraphModule) -> bytes:
-    """A Dynamo graph with its FakeTensor/SymInt metadata as bytes (`unpickle_graph` reverses it); raises
-    where this torch cannot pickle it."""
+def pickle_graph(graph: Any) -> bytes:
+    """A Dynamo graph, or an object holding graphs split from one, with their FakeTensor/SymInt metadata as
+    bytes (`unpickle_graph` reverses it); raises where this torch cannot pickle it. A placeholder's
+    "grapharg", Dynamo's record of the traced example (real tensors: the weights), is left out, as Dynamo
+    drops it from its own graph once compiled."""
     import sympy
 
     pickler = require("torch.fx._graph_pickler", "GraphPickler", "Options")
@@ -85,11 +88,13 @@ def pickle_graph(gm: torch.fx.GraphModule) -> bytes:
             # a fake mode pickles as None: the loader supplies its own
             return (type(None), ()) if isinstance(obj, fake_mode) else super().reducer_override(obj)
 
-    return Pickler.dumps(gm, pickler.Options(ops_filter=None))
+    default = pickler.Options().node_metadata_key_filter or (lambda key: True)
+    keys = lambda key: key != "grapharg" and default(key)  # noqa: E731
+    return Pickler.dumps(graph, pickler.Options(ops_filter=None, node_metadata_key_filter=keys))
 
 
-def unpickle_graph(data: bytes) -> tuple[torch.fx.GraphModule, Any]:
-    """`(graph, tracing)`: a graph `pickle_graph` wrote, its metadata in a fresh FakeTensorMode and shape
+def unpickle_graph(data: bytes) -> tuple[Any, Any]:
+    """`(graph, tracing)`: what `pickle_graph` wrote, its metadata in a fresh FakeTensorMode and shape
     environment; and the context a backend runs in (`torch._guards.tracing(TracingContext(fake_mode))`), in
     which to rebuild it outside Dynamo."""
     shape_env = require("torch.fx.experimental.symbolic_shapes", "ShapeEnv").ShapeEnv()

@@ -116,14 +116,14 @@ def _own_entry_point(model: Callable[..., Any], name: str) -> Callable[..., Any]
 @dataclasses.dataclass
 class Trace:
     """What a tracing call leaves for `CompiledModel._start_serving`, filled by Dynamo's callbacks as they
-    come: the guard filter's `guards`; the backend's `gm`, the traced `code` objects, its `example_inputs`
-    and, tracing on copies, `saved` (what the run will write in place besides them, to put back); the
-    tracing run's `graph_output`. `copies`: ids of the copies traced on; None where the call's own tensors
-    were traced."""
+    come: the guard filter's `guards`; the backend's `split` (`core.split_pieces`), the traced `code`
+    objects, its `example_inputs` and, tracing on copies, `saved` (what the run will write in place besides
+    them, to put back); the tracing run's `graph_output`. `copies`: ids of the copies traced on; None where
+    the call's own tensors were traced."""
 
     copies: set[int] | None = None
     guards: list[Any] | None = None
-    gm: Any = None  # a torch.fx.GraphModule
+    split: Any = None  # a core.CompiledPieces
     code: list[Any] | None = None
     example_inputs: list[Any] = dataclasses.field(default_factory=list)
     batch_guards: list[Any] = dataclasses.field(default_factory=list)
@@ -251,9 +251,9 @@ class CompiledModel:
             log.info("pieceworks: %s: tracing the model instead of serving its serving record", changed)
             return False
         try:
-            gm, tracing = _compat.unpickle_graph(found.graph)
+            split, tracing = _compat.unpickle_graph(found.graph)
             with tracing:
-                self._compiled = core.compile_pieces(gm, self.config)
+                self._compiled = core.compile_pieces(split, self.config)
             self._serve_with(args, Binder.restore(found.binding, self.model), found)
         # a graph this torch cannot unpickle or compile, a state name the model lacks: nothing of it is kept,
         # and the call traces, as without a record
@@ -277,9 +277,9 @@ class CompiledModel:
             )
         # Dynamo's facts, read before compiling: a hit in Inductor's cache adds its artifact's guards
         code, guards = _compat.trace_facts()
-        self._compiled = core.compile_pieces(gm, self.config)
-        trace = self._traced
-        trace.gm, trace.code, trace.example_inputs = gm, code, list(example_inputs)
+        trace, split = self._traced, core.split_pieces(gm, self.config)
+        self._compiled = core.compile_pieces(split, self.config)
+        trace.split, trace.code, trace.example_inputs = split, code, list(example_inputs)
         trace.batch_guards = arguments.batch_guards(guards, self._compiled.batch_symbols)
         if trace.copies is not None:
             written = [example_inputs[i] for i in self._compiled.mutated_inputs]
@@ -325,8 +325,9 @@ class CompiledModel:
         if facts is None or binder is None or graph.cache_dir is None or trace.code is None:
             return
         try:
-            graph_file, binding = _compat.pickle_graph(trace.gm), binder.describe(self.model)
-            files = record.file_digests(trace.code)
+            # the record's split: what a warm start compiles, without splitting (no split seconds)
+            graph_file = _compat.pickle_graph(dataclasses.replace(trace.split, build_seconds={}))
+            binding, files = binder.describe(self.model), record.file_digests(trace.code)
             reads = record.outside_reads(trace.guards, self.model, globals())  # the entry point's globals
             stored = served._replace(graph=graph_file, binding=binding, files=files, reads=reads)
             record.save(self.config, record.key_of(facts), stored, facts)

@@ -3,17 +3,18 @@
 A first call spends about a second in Dynamo's trace (a 12-layer model) before the backend looks at the cache.
 When the model is cached, nothing in that trace is new. So the end of a traced first call stores the model's
 serving record in the compile cache, and a later first call with the same key (`key_of(model_facts(...))`)
-serves from it without entering Dynamo: the record's Dynamo graph is unpickled, split, analysed and its pieces
-loaded (`compile_pieces`, as in a backend call: a piece the cache lost is compiled from the record's graph),
-and calls are bound as the traced call proved (`Binder.describe`/`restore`).
+serves from it without entering Dynamo: the record's split of the Dynamo graph is unpickled and its pieces
+loaded (`compile_pieces`, as in a backend call, but with nothing to split or analyse: a piece the cache lost
+is compiled from the record's piece), and calls are bound as the traced call proved
+(`Binder.describe`/`restore`).
 
-A record holds the Dynamo graph with its FakeTensor and SymInt metadata (`_compat.pickle_graph`), the binding,
-the outputs cut back to the batch, the arguments the graph writes, and the identity of every file Dynamo
-traced code from (`file_identity`): a file of an installed distribution (under site-packages: torch,
-transformers) by the distribution's name and version, a frozen standard-library module (`<frozen
-_collections_abc>`) by its name and the Python version, any other file (the user's code, an editable install)
-by its SHA-256; code made at run time (a dataclass's `__init__`) by the file of the module its function
-belongs to.
+A record holds the split (`core.split_pieces`: the stitching module and the analysed pieces) with its
+FakeTensor and SymInt metadata (`_compat.pickle_graph`), the binding, the outputs cut back to the batch, the
+arguments the graph writes, and the identity of every file Dynamo traced code from (`file_identity`): a file
+of an installed distribution (under site-packages: torch, transformers) by the distribution's name and
+version, a frozen standard-library module (`<frozen _collections_abc>`) by its name and the Python version,
+any other file (the user's code, an editable install) by its SHA-256; code made at run time (a dataclass's
+`__init__`) by the file of the module its function belongs to.
 
 When a record is used: its key (computed before tracing) matches, and the traced code is unchanged (checked on
 load by each file's identity: a library's version, a file's SHA-256; at save time each traced code object of a
@@ -75,15 +76,16 @@ from . import _compat
 from .binding import named_state
 from .watch import MODES, global_modes, original_class
 
-RECORD_VERSION = 6  # in the key: a record of another version is never found
+RECORD_VERSION = 7  # in the key: a record of another version is never found
 ENTRY = "serving-record"
 
 
-# What a warm start needs to serve without tracing (see the module doc): `graph`, the Dynamo graph
-# (`_compat.pickle_graph`); `binding` (`Binder.describe`); `batched_outputs` (`padding.batched_outputs`);
-# `mutated_args`, the argument positions the graph writes in place; `files`, traced source file ->
-# `file_identity`; `reads`, the `outside_reads`, each (Dynamo's source, guard type, stand-in of the value) (a
-# tracing call's own are its `outside_sources`); `batch_guards` (`arguments.batch_guards`).
+# What a warm start needs to serve without tracing (see the module doc): `graph`, the split of the Dynamo
+# graph (`_compat.pickle_graph`); `binding` (`Binder.describe`); `batched_outputs`
+# (`padding.batched_outputs`); `mutated_args`, the argument positions the graph writes in place; `files`,
+# traced source file -> `file_identity`; `reads`, the `outside_reads`, each (Dynamo's source, guard type,
+# stand-in of the value) (a tracing call's own are its `outside_sources`); `batch_guards`
+# (`arguments.batch_guards`).
 Record = namedtuple("Record", "graph binding batched_outputs mutated_args files reads batch_guards")
 
 
@@ -464,10 +466,7 @@ def load(config: CompilationConfig, key: str, facts: dict[str, Any]) -> Record |
     record = None if cache is None else cache.load(ENTRY, _read)[0]
     if cache is not None and not os.path.exists(cache.index_path):  # a new key: why, against the class's
         model_class = facts["modules"]["<root>"]["class"]
-
-        def same_class(found: dict[str, Any]) -> bool:
-            return found.get("modules", {}).get("<root>", {}).get("class") == model_class
-
+        same_class = lambda found: found.get("modules", {}).get("<root>", {}).get("class") == model_class  # noqa: E731
         if (change := core.key_change(cache.root, f"model-{key}", facts, same_class)) is not None:
             since = f"the last record of {model_class[1]} was stored: {core.describe_change(change)}"
             log.info("pieceworks: tracing the model: its serving record's key changed since %s", since)

@@ -13,6 +13,7 @@ import torch
 import pieceworks.cache as cache
 import pieceworks.compiled as compiled
 import pieceworks.compiler as compiler
+import pieceworks.core as core
 import pieceworks.key as key
 import pieceworks.model.record as record
 from pieceworks.counters import counters
@@ -265,6 +266,25 @@ def inductor_options_ignored(mp: pytest.MonkeyPatch) -> None:
         "compile_inductor",
         lambda gm, args, *, static, inductor_config: original(gm, args, static=static, inductor_config={}),
     )
+
+
+@mutant(
+    "compile_pieces fills the split it was given with the compiled pieces: the serving record (that split) "
+    "then holds compiled code, is not stored, and every warm start traces",
+    cpu=_RECORD + "test_a_warm_start_neither_splits_nor_analyses_the_graph_again",
+)
+def split_filled_by_compile(mp: pytest.MonkeyPatch) -> None:
+    original = core.compile_pieces
+
+    def compile_pieces(graph, config):
+        found = original(graph, config)
+        for piece in found.pieces if isinstance(graph, core.CompiledPieces) else ():
+            if piece.runnables:  # as `compile_pieces` installs a piece, but in the split's own module
+                delattr(graph.stitching_module, piece.submod_name)
+                setattr(graph.stitching_module, piece.submod_name, piece)
+        return found
+
+    mp.setattr(core, "compile_pieces", compile_pieces)
 
 
 @mutant(
