@@ -186,6 +186,7 @@ def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
                             "cumtime_s": 0.6,
                         }
                     ],
+                    "owners": {"torch._inductor": 0.9, "torch.fx": 0.4, "pieceworks": 0.05},
                 },
                 log=["pieceworks: config field x changed: tracing", "a | b\n  c"],
             )
@@ -357,6 +358,7 @@ def test_a_warm_start_miss_says_where_the_first_call_went(tmp_path):
     assert (
         f"warm: {warm:.2f} s = trace {0.75 * warm:.2f} + split {0.05 * warm:.2f} + load {0.2 * warm:.2f} + "
         "compile 0.00 s; under cProfile (6.00 s), own time: `codecache.py:730(torch_key)` 0.50 s in 1 calls; "
+        "own time by whose code runs: torch._inductor 0.90 s, torch.fx 0.40 s, pieceworks 0.05 s; "
         'pieceworks logged: "pieceworks: config field x changed: tracing" / "a \\| b c"'
     ) in row
     assert f"| {0.75 * warm:.2f} | {0.05 * warm:.2f} | {0.2 * warm:.2f} | 0.00 |" in _line(text, "| warm |")

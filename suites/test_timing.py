@@ -66,6 +66,35 @@ def test_summary_and_ratio_are_exact_on_known_samples():
     assert ratio == {"median": 3.0, "min": 2.0, "max": 4.0, "rounds": 3}
 
 
+def test_a_profile_sums_own_time_by_whose_code_runs_a_builtin_by_its_callers(tmp_path):
+    """A built-in function has no file: its own time goes to the owners of the code that called it, as it was
+    spent under each. Here hashing called from a package of an installation is that package's time, and
+    hashing called from the caller's own code is "other"."""
+    import hashlib
+    import importlib.util
+
+    from pieceworks.harness.measure.profile import host_profile, owner
+
+    path = tmp_path / "site-packages" / "hashpkg" / "work.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        "import hashlib\n\ndef spin(data):\n    for _ in range(40):\n        hashlib.sha256(data).digest()\n"
+    )
+    spec = importlib.util.spec_from_file_location("hashpkg_work", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    data = bytes(1 << 20)
+
+    def both():
+        module.spin(data)  # 40 hashes under hashpkg
+        for _ in range(10):  # 10 under the caller's own code
+            hashlib.sha256(data).digest()
+
+    owners = host_profile(both)["owners"]
+    assert owner(str(path)) == "hashpkg" and owner(__file__) == "other"
+    assert owners["hashpkg"] > 2 * owners["other"] > 0, owners
+
+
 def test_host_time_measures_the_time_a_call_takes():
     import time
 

@@ -91,9 +91,10 @@ def capture_note(r: Results, model: str, mode: str) -> str:
 
 def first_call_note(what: str, entry: dict) -> str:
     """Where a start's first call went, e.g. "warm: 3.90 s = trace 1.20 + split 0.20 + load 2.10 + compile
-    0.00 s", the top of its cProfile where the run profiled it, and the first three lines pieceworks logged in
-    it (why it traced, compiled or rebuilt kernels; each on one line, cut to 200 characters); "" where the run
-    did not record the parts."""
+    0.00 s", the top of its cProfile where the run profiled it and its own time by whose code ran it
+    (`profile.owner`: torch's subpackages, triton, pieceworks, ...), and the first three lines pieceworks
+    logged in it (why it traced, compiled or rebuilt kernels; each on one line, cut to 200 characters); ""
+    where the run did not record the parts."""
     parts, profile = [entry.get(f"{k}_seconds") for k in FIRST_CALL_PARTS], entry.get("first_call_profile")
     if any(x is None for x in parts):
         return ""
@@ -111,6 +112,12 @@ def first_call_note(what: str, entry: dict) -> str:
             f"; under cProfile ({profile['seconds']:.2f} s), own time: "
             f"{own_time(profile['top'], 'tottime_s', 's')}"
             if profile
+            else ""
+        )
+        + (
+            "; own time by whose code runs: "
+            + ", ".join(f"{who} {x:.2f} s" for who, x in list(profile["owners"].items())[:6])
+            if profile and profile.get("owners")
             else ""
         )
         + ("; pieceworks logged: " + " / ".join(f'"{line}"' for line in logged) if logged else "")

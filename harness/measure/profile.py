@@ -8,13 +8,14 @@ from __future__ import annotations
 import cProfile
 import os
 import re
+import sysconfig
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["kernel_profile", "kernels_only_in", "host_profile", "launch_gaps"]
+__all__ = ["host_profile", "kernel_profile", "kernels_only_in", "launch_gaps", "own_time_by_owner", "owner"]
 
 # cuBLAS(Lt), CUTLASS kernels
 _LIBRARY = re.compile(r"gemm|gemv|xmma|cublas|cutlass|nvjet|splitk", re.IGNORECASE)
@@ -63,10 +64,42 @@ def kernels_only_in(
     return sorted(only, key=lambda k: -k[1])[:limit]
 
 
+def owner(path: str) -> str:
+    """Who owns the code of `path`, a profiled function's file: "pieceworks", a package of an installation
+    (`torch._inductor`, `torch.fx`: torch by its subpackage; `triton`, `sympy`: by name), "python" (the
+    standard library, the interpreter's `<frozen ...>` modules), "generated" (code written at run time:
+    Inductor's output modules, FX's `<eval_with_key>`), else "other" (the caller's own code)."""
+    parts = path.replace(os.sep, "/").split("/")
+    if "pieceworks" in parts or "reference" in parts or "harness" in parts:
+        return "pieceworks"
+    if sites := [i for i, part in enumerate(parts[:-1]) if part in ("site-packages", "dist-packages")]:
+        package = parts[sites[-1] + 1 :]
+        deep = package[0] == "torch" and len(package) > 2
+        return ".".join(package[:2]) if deep else package[0].removesuffix(".py")
+    if path.startswith(("<frozen", sysconfig.get_paths()["stdlib"])):
+        return "python"
+    return "generated" if path.startswith("<eval_with_key>") or "/inductor/" in path else "other"
+
+
+def own_time_by_owner(stats: dict) -> dict[str, float]:
+    """cProfile's own time (`Profile.stats` after `create_stats()`) summed by `owner`, most first; a built-in
+    function's (no file of its own) shared among its callers' owners as it was spent under each."""
+    found: dict[str, float] = {}
+    for (path, _, _), (_, _, tottime, _, callers) in stats.items():
+        shares = (
+            {key[0]: by[2] for key, by in callers.items()} if path == "~" and callers else {path: tottime}
+        )
+        for caller, spent in shares.items():
+            found[owner(caller)] = found.get(owner(caller), 0.0) + spent
+    return dict(sorted(found.items(), key=lambda kv: -kv[1]))
+
+
 def host_profile(fn: Callable[[], Any], top: int | None = 8) -> dict[str, Any]:
     """Where `fn()`'s host time goes: one call under cProfile. Returns `seconds` (wall time, profiler overhead
-    included) and the `top` functions (None: all) by own time: `function` (`dir/file.py:line(name)`, or
-    `<built-in method ...>`), `calls`, `tottime_s`, `cumtime_s`. Host time only, never GPU time."""
+    included), the `top` functions (None: all) by own time: `function` (`dir/file.py:line(name)`, or
+    `<built-in method ...>`), `calls`, `tottime_s`, `cumtime_s`; and `owners` (`own_time_by_owner`: own time
+    is exact where cumulative time is not, a frame Dynamo's hooks hide having none). Host time only, never
+    GPU time."""
     profiler = cProfile.Profile()
     start = time.perf_counter()
     profiler.enable()
@@ -81,7 +114,8 @@ def host_profile(fn: Callable[[], Any], top: int | None = 8) -> dict[str, Any]:
         where = name if path == "~" else f"{os.path.join(*path.split(os.sep)[-2:])}:{line}({name})"
         rows.append({"function": where, "calls": calls, "tottime_s": tottime, "cumtime_s": cumtime})
     rows.sort(key=lambda r: -r["tottime_s"])
-    return {"seconds": seconds, "top": rows[:top]}
+    owners = own_time_by_owner(profiler.stats)
+    return {"seconds": seconds, "top": rows[:top], "owners": owners}
 
 
 def launch_gaps(fn: Callable[[], Any], ops: tuple[str, ...], calls: int = 20) -> dict[str, float]:

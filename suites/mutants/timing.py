@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import pieceworks.harness.measure.memory as memory
+import pieceworks.harness.measure.profile as profile
 import pieceworks.harness.measure.timing as timing
 
 from . import mutant
@@ -70,3 +71,17 @@ def pool_reading_counts_every_pool(mp: pytest.MonkeyPatch) -> None:
             if tuple(s.get("segment_pool_id", ())) != (0, 0)
         ),
     )
+
+
+@mutant(
+    "a profile's own time by owner puts a built-in function's time under no caller (it has no file)",
+    cpu=_TIMING + "test_a_profile_sums_own_time_by_whose_code_runs_a_builtin_by_its_callers",
+)
+def builtin_time_unowned(mp: pytest.MonkeyPatch) -> None:
+    def by_own_file(stats):
+        found: dict[str, float] = {}
+        for (path, _, _), (_, _, tottime, _, _) in stats.items():
+            found[profile.owner(path)] = found.get(profile.owner(path), 0.0) + tottime
+        return found
+
+    mp.setattr(profile, "own_time_by_owner", by_own_file)
