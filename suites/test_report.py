@@ -186,7 +186,16 @@ def _warm_start_report(tmp_path: Path, breakdown: bool) -> tuple[str, float]:
                             "cumtime_s": 0.6,
                         }
                     ],
-                    "owners": {"torch._inductor": 0.9, "torch.fx": 0.4, "pieceworks": 0.05},
+                    # as a details file holds them: keys sorted by name
+                    "owners": {
+                        "a": 0.3,
+                        "b": 0.3,
+                        "c": 0.3,
+                        "d": 0.3,
+                        "pieceworks": 0.05,
+                        "torch._inductor": 0.9,
+                        "torch.fx": 0.4,
+                    },
                 },
                 log=["pieceworks: config field x changed: tracing", "a | b\n  c"],
             )
@@ -349,6 +358,20 @@ def _line(text: str, start: str) -> str:
     return next(line for line in text.splitlines() if line.startswith(start))
 
 
+def test_start_up_tables_read_the_details_file_where_asv_recorded_no_run(tmp_path):
+    """A run made without asv (a copy of the tree with no git history) leaves only the details file: the
+    start-up table shows its numbers, as the asv tracks would have, not "not measured"."""
+    with_asv = _line(_regenerate(tmp_path / "asv"), "| warm |")
+    results = tmp_path / "details" / "results"
+    _regenerate(tmp_path / "details")
+    for path in (results / "asv" / MACHINE).glob("*-*.json"):
+        doc = json.loads(path.read_text())
+        doc["results"] = {k: v for k, v in doc["results"].items() if not k.startswith("compile.")}
+        path.write_text(json.dumps(doc))
+    assert report.main(["--results", str(results), "--machine", MACHINE, "--no-plots"]) == 0
+    assert _line((results / "bench" / MACHINE / "REPORT.md").read_text(), "| warm |") == with_asv
+
+
 def test_a_warm_start_miss_says_where_the_first_call_went(tmp_path):
     """With the compile benchmark's breakdown recorded (trace, split, load, compile), the compile table shows
     it and a missed warm-start target is split into those parts; without it, n/a."""
@@ -358,7 +381,8 @@ def test_a_warm_start_miss_says_where_the_first_call_went(tmp_path):
     assert (
         f"warm: {warm:.2f} s = trace {0.75 * warm:.2f} + split {0.05 * warm:.2f} + load {0.2 * warm:.2f} + "
         "compile 0.00 s; under cProfile (6.00 s), own time: `codecache.py:730(torch_key)` 0.50 s in 1 calls; "
-        "own time by whose code runs: torch._inductor 0.90 s, torch.fx 0.40 s, pieceworks 0.05 s; "
+        "own time by whose code runs: torch._inductor 0.90 s, torch.fx 0.40 s, a 0.30 s, b 0.30 s, c 0.30 s, "
+        "d 0.30 s, pieceworks 0.05 s; "
         'pieceworks logged: "pieceworks: config field x changed: tracing" / "a \\| b c"'
     ) in row
     assert f"| {0.75 * warm:.2f} | {0.05 * warm:.2f} | {0.2 * warm:.2f} | 0.00 |" in _line(text, "| warm |")

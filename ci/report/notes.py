@@ -89,6 +89,12 @@ def capture_note(r: Results, model: str, mode: str) -> str:
     )
 
 
+def _top_owners(owners: dict[str, float], count: int = 6) -> list[tuple[str, float]]:
+    """The `count` owners of most own time, and pieceworks' wherever it ranks."""
+    ranked = sorted(owners.items(), key=lambda item: -item[1])
+    return ranked[:count] + [item for item in ranked[count:] if item[0] == "pieceworks"]
+
+
 def first_call_note(what: str, entry: dict) -> str:
     """Where a start's first call went, e.g. "warm: 3.90 s = trace 1.20 + split 0.20 + load 2.10 + compile
     0.00 s", the top of its cProfile where the run profiled it and its own time by whose code ran it
@@ -116,7 +122,7 @@ def first_call_note(what: str, entry: dict) -> str:
         )
         + (
             "; own time by whose code runs: "
-            + ", ".join(f"{who} {x:.2f} s" for who, x in list(profile["owners"].items())[:6])
+            + ", ".join(f"{who} {x:.2f} s" for who, x in _top_owners(profile["owners"]))
             if profile and profile.get("owners")
             else ""
         )

@@ -7,6 +7,7 @@ from .benchmarks import BENCHMARKS, TRACKS
 from .parts import Part, fmt, md_table, not_measured, target_row
 from .results import Results
 
+START_NAMES = ("cold", "warm", "warm_new_host")
 START_COLUMNS = {
     "first call s": "first_call_seconds",
     "vs cold": None,
@@ -42,17 +43,16 @@ def model_starts(r: Results, detail: str, benchmark: str, model: str) -> Part:
     if detail == "compile_user_model":  # its name, when the run recorded it, and what it is
         model += (f" {details['model']}" if details.get("model") else "") + " (a Hugging Face config.json)"
     title = f"Start-up: cold, warm, warm on a new host: {model}"
+    # asv's tracks where asv ran, else the same numbers from the details file (a run without asv: no git)
+    tracked = {s: {k: r.value(f"{benchmark}.track_{k}", s) for k in TRACKS["starts"]} for s in START_NAMES}
     starts = {
-        s: {
-            **details.get("entries", {}).get(s, {}),
-            **{k: r.value(f"{benchmark}.track_{k}", s) for k in TRACKS["starts"]},
-        }
-        for s in ("cold", "warm", "warm_new_host")
+        s: {**details.get("entries", {}).get(s, {}), **{k: v for k, v in tracked[s].items() if v is not None}}
+        for s in START_NAMES
     }
     label = r.label(
         "warm_vs_cold", device=f"; {model}" + (f" on {details['device']}" if details.get("device") else "")
     )
-    cold = starts["cold"]["first_call_seconds"]
+    cold = starts["cold"].get("first_call_seconds")
     if cold is None:
         return not_measured(title, reason, targets=[label])
     rows, measured, misses = [], [], []

@@ -4,6 +4,7 @@ command."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
 import tempfile
@@ -289,3 +290,20 @@ def user_model_unchecked_on_a_cpu(mp: pytest.MonkeyPatch) -> None:
 )
 def host_overhead_range_hidden(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(host_overhead, "with_range", lambda value, low, high: parts.fmt(value, 2))
+
+
+@mutant(
+    "a start-up table reads asv's tracks alone: a run made without asv (no git) reports its starts as not "
+    "measured although its details file holds them",
+    cpu=_REPORT + "test_start_up_tables_read_the_details_file_where_asv_recorded_no_run",
+)
+def starts_from_asv_alone(mp: pytest.MonkeyPatch) -> None:
+    original = starts.model_starts
+
+    def model_starts(r, detail, benchmark, model):
+        if not any(name.startswith(f"{benchmark}.") for name in r.asv):  # no asv run: its details unread
+            r = copy.copy(r)
+            r.details = {k: v for k, v in r.details.items() if k != detail}
+        return original(r, detail, benchmark, model)
+
+    mp.setattr(starts, "model_starts", model_starts)
