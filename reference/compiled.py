@@ -117,15 +117,18 @@ def split_pieces(gm: torch.fx.GraphModule, config: CompilationConfig) -> Compile
 
 def compile_pieces(graph: torch.fx.GraphModule | CompiledPieces, config: CompilationConfig) -> CompiledPieces:
     """Compile every piece of `graph`, a Dynamo graph (split first) or what `split_pieces` returned (left
-    as it was); see the module doc."""
+    as it was but for its pieces' code, generated again); see the module doc."""
     split = graph if isinstance(graph, CompiledPieces) else split_pieces(graph, config)
     start, compiled = time.perf_counter(), [p for p in split.pieces if not p.is_splitting_graph]
     counters.num_graphs_seen += 1
-    compiler = PieceCompiler(config, open_cache(split, config))
-    done = {p.submod_name: compiler.compile(p) for p in progress(compiled, "compile pieces")}
-    fx_graph = torch.fx.Graph()  # a stitching module of its own, over a copy of the split's graph
+    # A stitching module of its own, over a copy of the split's graph. Made first: making it generates the
+    # code of every piece's GraphModule too (`recompile` of its submodules), which an unpickled split has
+    # none of and which a piece that runs as traced is served.
+    fx_graph = torch.fx.Graph()
     fx_graph.output(fx_graph.graph_copy(split.stitching_module.graph, {}))
     stitching = torch.fx.GraphModule(split.stitching_module, fx_graph)
+    compiler = PieceCompiler(config, open_cache(split, config))
+    done = {p.submod_name: compiler.compile(p) for p in progress(compiled, "compile pieces")}
     for piece in done.values():  # a plain callable may not shadow a registered submodule
         delattr(stitching, piece.submod_name)
         setattr(stitching, piece.submod_name, piece)
@@ -135,7 +138,6 @@ def compile_pieces(graph: torch.fx.GraphModule | CompiledPieces, config: Compila
     counts = (compiler.compiled, compiler.loaded, compiler.shared, seconds["pieces"], seconds["load"])
     log.info(message, config.compiler, len(compiled), *counts)
     seconds["backend"] = seconds["split"] + seconds["pieces"]
-    pieces = tuple(done.get(p.submod_name, p) for p in split.pieces)
     directory = None if compiler.cache is None else compiler.cache.directory
-    found: dict[str, Any] = {"stitching_module": stitching, "pieces": pieces, "cache_dir": directory}
-    return dataclasses.replace(split, build_seconds=seconds, **found)
+    found: dict[str, Any] = {"stitching_module": stitching, "cache_dir": directory, "build_seconds": seconds}
+    return dataclasses.replace(split, pieces=tuple(done.get(p.submod_name, p) for p in split.pieces), **found)

@@ -75,6 +75,8 @@ def test_split_model_equals_original(program, batches):
 # silly::pair, the unread tanh of its outputs after it) leave Inductor no artifact to save: compiled on every
 # start.
 @example(program=((("pair", 0),), (0,)), batches=[1])
+# and such a piece served from the serving record (an output that is not an input: the model gets a record)
+@example(program=((("pair", 0),), (2,)), batches=[1])
 def test_split_model_through_inductor_equals_original_and_reloads(program, batches, tmp_path_factory):
     cache = str(tmp_path_factory.mktemp("cache"))
     compiled = _compile(program, compiler="inductor", cache_dir=cache)

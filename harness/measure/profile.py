@@ -65,31 +65,32 @@ def kernels_only_in(
 
 
 def owner(path: str) -> str:
-    """Who owns the code of `path`, a profiled function's file: "pieceworks", a package of an installation
-    (`torch._inductor`, `torch.fx`: torch by its subpackage; `triton`, `sympy`: by name), "python" (the
-    standard library, the interpreter's `<frozen ...>` modules), "generated" (code written at run time:
-    Inductor's output modules, FX's `<eval_with_key>`), else "other" (the caller's own code)."""
+    """Who owns the code of `path`, a profiled function's file: a package of an installation
+    (`torch._inductor`, `torch.fx`: torch by its subpackage; `triton`, `sympy`, `pieceworks`: by name),
+    "python" (the standard library, the interpreter's `<frozen ...>` modules), "generated" (code written at
+    run time: Inductor's output modules, FX's `<eval_with_key>`), "pieceworks" (its source tree, installed
+    editable: reference/ and harness/), else "other" (the caller's own code)."""
     parts = path.replace(os.sep, "/").split("/")
-    if "pieceworks" in parts or "reference" in parts or "harness" in parts:
-        return "pieceworks"
     if sites := [i for i, part in enumerate(parts[:-1]) if part in ("site-packages", "dist-packages")]:
         package = parts[sites[-1] + 1 :]
         deep = package[0] == "torch" and len(package) > 2
         return ".".join(package[:2]) if deep else package[0].removesuffix(".py")
     if path.startswith(("<frozen", sysconfig.get_paths()["stdlib"])):
         return "python"
-    return "generated" if path.startswith("<eval_with_key>") or "/inductor/" in path else "other"
+    if path.startswith("<eval_with_key>") or "/inductor/" in path or "/torchinductor_" in path:
+        return "generated"
+    return "pieceworks" if "reference" in parts or "harness" in parts else "other"
 
 
 def own_time_by_owner(stats: dict) -> dict[str, float]:
     """cProfile's own time (`Profile.stats` after `create_stats()`) summed by `owner`, most first; a built-in
-    function's (no file of its own) shared among its callers' owners as it was spent under each."""
+    function's (no file of its own) shared among its callers' owners as it was spent under each caller."""
     found: dict[str, float] = {}
     for (path, _, _), (_, _, tottime, _, callers) in stats.items():
         shares = (
-            {key[0]: by[2] for key, by in callers.items()} if path == "~" and callers else {path: tottime}
+            [(key[0], by[2]) for key, by in callers.items()] if path == "~" and callers else [(path, tottime)]
         )
-        for caller, spent in shares.items():
+        for caller, spent in shares:
             found[owner(caller)] = found.get(owner(caller), 0.0) + spent
     return dict(sorted(found.items(), key=lambda kv: -kv[1]))
 

@@ -241,9 +241,9 @@ class CompiledModel:
 
     def _start_from_record(self, args: Sequence[Any], facts: dict[str, Any]) -> bool:
         """Serve from the serving record of `facts` (record.py: `model_facts`): rebuild the compiled graph
-        from the record's graph and the cache (pieces load; one the cache lost is compiled from the
-        record's graph, as the traced path would) and the serving state from the record. False (a WARNING
-        where a record was found but could not be used) when the call must trace."""
+        from the record's split and the cache (pieces load; one the cache lost is compiled from the record's
+        piece, as the traced path would) and the serving state from the record. False (a WARNING where a
+        record was found but could not be used) when the call must trace."""
         if (found := record.load(self.config, record.key_of(facts), facts)) is None:
             return False
         # globals(): the entry point's module globals

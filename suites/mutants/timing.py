@@ -85,3 +85,21 @@ def builtin_time_unowned(mp: pytest.MonkeyPatch) -> None:
         return found
 
     mp.setattr(profile, "own_time_by_owner", by_own_file)
+
+
+@mutant(
+    "a profile's own time by owner counts a built-in function once per caller file (the last caller's share)",
+    cpu=_TIMING + "test_a_profile_sums_own_time_by_whose_code_runs_a_builtin_by_its_callers",
+)
+def builtin_time_one_caller_a_file(mp: pytest.MonkeyPatch) -> None:
+    def by_caller_file(stats):
+        found: dict[str, float] = {}
+        for (path, _, _), (_, _, tottime, _, callers) in stats.items():
+            shares = (
+                {key[0]: by[2] for key, by in callers.items()} if path == "~" and callers else {path: tottime}
+            )
+            for caller, spent in shares.items():
+                found[profile.owner(caller)] = found.get(profile.owner(caller), 0.0) + spent
+        return found
+
+    mp.setattr(profile, "own_time_by_owner", by_caller_file)
