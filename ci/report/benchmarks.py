@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, dict[Any, str]] = {
     "starts": {  # (details file, model): class
         ("compile", "ToyLlama 12 layers"): "compile.CompileStart",
         ("compile_llama_1b", "Llama-3.2-1B's shape (bfloat16)"): "compile.CompileStartLlama1B",
+        ("compile_llama_8b", "Llama-3.1-8B's shape, 32 layers (bfloat16)"): "compile.CompileStartLlama8B",
         ("compile_user_model", "User's model"): "compile.CompileStartUserModel",
     },
     "host_overhead": {"cpu": "host_overhead.HostOverheadCPU"},

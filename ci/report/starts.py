@@ -38,7 +38,7 @@ def model_starts(r: Results, detail: str, benchmark: str, model: str) -> Part:
     """The start-up table of `model`: its details file `detail`, its asv class `benchmark`."""
     details, reason = (
         r.details.get(detail, {}),
-        r.skip_reason(detail, needs_cuda=detail == "compile_llama_1b"),
+        r.skip_reason(detail, needs_cuda=detail in ("compile_llama_1b", "compile_llama_8b")),
     )
     if detail == "compile_user_model":  # its name, when the run recorded it, and what it is
         model += (f" {details['model']}" if details.get("model") else "") + " (a Hugging Face config.json)"

@@ -1,10 +1,10 @@
 """Cold, warm, and warm on a new host: a model compiled in fresh processes, where each first call's time goes.
 
 `measure` is the compile benchmark's measurement (`bash ci/main.sh --bench '^compile'` runs it alone). Each
-start is one `pieceworks.harness.testing.scenario` process of one `model` (ToyLlama of `layers`; "llama_1b":
-the 1B's shape in bfloat16; "hf": the Hugging Face causal LM of the config.json `config`, called with
-keywords) compiled with Inductor, mode NONE, or PIECEWISE with every default size captured after the first
-call (`capture`); batches 1, 7, 64, 300; all starts with one pieceworks cache:
+start is one `pieceworks.harness.testing.scenario` process of one `model` (ToyLlama of `layers`; "llama_1b",
+"llama_8b": the 1B's and the whole 8B's shapes in bfloat16; "hf": the Hugging Face causal LM of the
+config.json `config`, called with keywords) compiled with Inductor, mode NONE, or PIECEWISE with every default
+size captured after the first call (`capture`); batches 1, 7, 64, 300; all starts with one pieceworks cache:
 - cold: empty pieceworks cache, empty Inductor cache;
 - warm: the cold run's pieceworks cache and Inductor cache (a restart on the same host);
 - warm_new_host: the cold run's pieceworks cache, an empty Inductor cache (the cache copied to a new host).

@@ -53,9 +53,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model",
-        choices=["silly", "toy_llama", "llama_1b", "hf"],
+        choices=["silly", "toy_llama", "llama_1b", "llama_8b", "hf"],
         default="toy_llama",
-        help="llama_1b: Llama-3.2-1B's shape in bfloat16 with the unified attention; hf: the "
+        help="llama_1b, llama_8b: Llama-3.2-1B's and Llama-3.1-8B's shapes (all 32 layers) in bfloat16 "
+        "with the unified attention; hf: the "
         "Hugging Face causal LM of --config, called with keywords (bfloat16 on CUDA); --layers: "
         "ToyLlama's",
     )
@@ -85,14 +86,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     splitting_ops, call = models.SPLITTING_OPS, lambda fn, inputs: fn(*inputs)
     if args.model == "silly":
         model, make_inputs = models.SillyModel(), lambda b: (torch.randn(b, device=args.device),)
-    elif (
-        args.model == "llama_1b"
-    ):  # a decode step of b sequences: the model's attention metadata filled and current
+    elif args.model in ("llama_1b", "llama_8b"):  # a decode step of b sequences, attention metadata filled
         # here only: the other models' starts import no more than the floor's process
         from ..models import llama
 
+        preset = llama.LLAMA_1B if args.model == "llama_1b" else llama.LLAMA_8B
         with torch.device(args.device):
-            model = llama.Llama(llama.LLAMA_1B).to(args.device, torch.bfloat16)
+            model = llama.Llama(preset).to(args.device, torch.bfloat16)
 
         def make_inputs(b: int) -> Any:
             return llama.decode_batch(model, b, device=args.device, seed=b)
