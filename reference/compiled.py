@@ -90,8 +90,7 @@ def open_cache(split: CompiledPieces, config: CompilationConfig) -> CompileCache
 def split_pieces(gm: torch.fx.GraphModule, config: CompilationConfig) -> CompiledPieces:
     """Split `gm` (a Dynamo graph) and analyse its pieces, compiling none: the stitching module calls the
     traced pieces, `build_seconds` holds "split". `gm` is changed in place (split.py)."""
-    start = time.perf_counter()
-    fakes = list(traced_args(gm))
+    start, fakes = time.perf_counter(), list(traced_args(gm))
     if fake_mode_of(fakes) is None:
         raise RuntimeError("pieceworks needs a Dynamo graph (placeholders carry FakeTensor example values)")
     check_splitting_ops(config.splitting_ops)

@@ -185,8 +185,7 @@ def compile_inductor(
     one."""
     returned = [_compat.example_value(n) for n in gm.graph.output_node().all_input_nodes]
     symbolic = "from_graph" if _compat.fake_mode_of(returned) is not None else "from_tracing_context"
-    shapes = "from_example_inputs" if static else symbolic
-    options = {"config_patches": dict(inductor_config)}
+    shapes, options = "from_example_inputs" if static else symbolic, {"config_patches": dict(inductor_config)}
     artifact = _compat.standalone_compile(gm, list(example_args), dynamic_shapes=shapes, options=options)
     return _adapt_outputs(artifact, gm), artifact
 

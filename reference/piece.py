@@ -155,8 +155,7 @@ def analyse(
     """The facts of piece `name` of `split_gm`, the `graph_id`-th in run order; `splitting`: the names of the
     splitting pieces, `symbols`: the batch size's symbols (see the module doc)."""
     gm = getattr(split_gm, name)
-    args = traced_args(gm)
-    is_splitting = name in splitting
+    args, is_splitting = traced_args(gm), name in splitting
     moving = () if is_splitting else tuple(sorted(moving_inputs(split_gm, name, splitting)))
     why = uncapturable_reason(gm, args)
     # A splitting op on CPU values is no reason against FULL.
@@ -164,7 +163,20 @@ def analyse(
     mutated, unbacked = tuple(sorted(mutated_inputs(gm))), tuple(data_dependent_sizes(gm))
     # where the batch size sits, and what the piece computes
     where, fingerprint = batch_position(args, symbols), graph_fingerprint(gm, list(args))
+    drop_unread_values(gm)
     return Piece(name, graph_id, is_splitting, gm, args, mutated, unbacked, why, moving, where, fingerprint)
+
+
+def drop_unread_values(gm: torch.fx.GraphModule) -> None:
+    """Drop the trace values (`meta["example_value"]`) of `gm`'s nodes that nothing reads once `analyse` has
+    read them. A piece keeps its placeholders' (its cache entry's claim, its compile's example args), those
+    it returns (`compile_inductor` takes the shape environment from them) and each method call's receiver's
+    (AOTAutograd's cache stores no artifact for a method called on a value not known to be a tensor). The
+    serving record pickles the split, and a warm start rebuilds every FakeTensor kept: those inside a piece
+    were most of them, and most of the time of reading the record."""
+    read = {*gm.graph.find_nodes(op="placeholder"), *gm.graph.output_node().all_input_nodes}
+    for node in set(gm.graph.nodes) - read - {n.args[0] for n in gm.graph.find_nodes(op="call_method")}:
+        node.meta.pop("example_value", None)
 
 
 def traced_args(graph: torch.fx.GraphModule) -> tuple:

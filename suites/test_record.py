@@ -125,6 +125,50 @@ def test_a_warm_start_neither_splits_nor_analyses_the_graph_again(tmp_path):
     assert warm.runtime.compiled.build_seconds["split"] == 0 < cold.runtime.compiled.build_seconds["split"]
 
 
+class Methods(Scaled):
+    """`Scaled` with methods called on values inside its pieces."""
+
+    def forward(self, x: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        seen.add_(1)
+        h = self.linear(x).mul(self.scale).relu()
+        out = torch.empty_like(h)
+        torch.ops.silly.attention(h, h, self.shift.expand_as(h), out)
+        return out.sub(1)
+
+
+def test_a_piece_keeps_the_trace_values_its_load_and_compile_read(tmp_path):
+    """What the serving record pickles of a piece's trace values, each rebuilt on a warm start: its
+    placeholders', those it returns and each method call's receiver's; none of the others."""
+    model = Methods()
+    compiled = _compile(model, tmp_path)
+    _check(compiled, model)
+    dropped = 0
+    for piece in compiled.runtime.compiled.pieces:
+        graph = piece.fx_graph.graph
+        read = {*graph.find_nodes(op="placeholder"), *graph.output_node().all_input_nodes}
+        read |= {node.args[0] for node in graph.find_nodes(op="call_method")}
+        assert {node for node in graph.nodes if "example_value" in node.meta} == read, piece.submod_name
+        dropped += len(set(graph.nodes) - read - {graph.output_node()})
+    assert dropped > 0  # the model has values inside its pieces that nothing reads after the split
+
+
+def test_a_piece_artifact_the_cache_lost_is_compiled_from_the_record_and_stored_again(tmp_path):
+    """A warm start whose cache lost every piece's artifact is served from the record all the same: each lost
+    piece is compiled from the record's split and stored, and the next start loads it."""
+    model = Methods()
+    _check(_compile(model, tmp_path), model)
+    (folder,) = [
+        d for d in os.listdir(tmp_path) if os.path.isdir(tmp_path / d / "artifacts") and d[:6] != "model-"
+    ]
+    for name in os.listdir(tmp_path / folder / "artifacts"):
+        os.remove(tmp_path / folder / "artifacts" / name)
+    lost = {"num_traces_reused": 1, "num_dynamo_traces": 0, "num_compiled_artifacts_loaded": 0}
+    with counters.expect(**lost, num_inductor_compiles=2, num_compiled_artifacts_saved=2):
+        _check(_compile(model, tmp_path), model)
+    with counters.expect(num_traces_reused=1, num_inductor_compiles=0, num_compiled_artifacts_loaded=2):
+        _check(_compile(model, tmp_path), model)
+
+
 def test_a_damaged_record_is_reported_traced_and_replaced(cache_dir, caplog):
     (folder,) = [d for d in os.listdir(cache_dir) if d.startswith("model-")]
     artifacts = os.path.join(cache_dir, folder, "artifacts")

@@ -8,8 +8,9 @@ loaded (`compile_pieces`, as in a backend call, but with nothing to split or ana
 is compiled from the record's piece), and calls are bound as the traced call proved
 (`Binder.describe`/`restore`).
 
-A record holds the split (`core.split_pieces`: the stitching module and the analysed pieces) with its
-FakeTensor and SymInt metadata (`_compat.pickle_graph`), the binding, the outputs cut back to the batch, the
+A record holds the split (`core.split_pieces`: the stitching module and the analysed pieces) with the
+FakeTensor and SymInt metadata a piece keeps once analysed (`piece.drop_unread_values`: what loading and
+compiling it read; `_compat.pickle_graph`), the binding, the outputs cut back to the batch, the
 arguments the graph writes, and the identity of every file Dynamo traced code from (`file_identity`): a file
 of an installed distribution (under site-packages: torch, transformers) by the distribution's name and
 version, a frozen standard-library module (`<frozen _collections_abc>`) by its name and the Python version,

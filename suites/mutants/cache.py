@@ -16,6 +16,7 @@ import pieceworks.compiler as compiler
 import pieceworks.core as core
 import pieceworks.key as key
 import pieceworks.model.record as record
+import pieceworks.piece as pieces
 from pieceworks.counters import counters
 
 from . import mutant
@@ -285,6 +286,29 @@ def split_filled_by_compile(mp: pytest.MonkeyPatch) -> None:
         return found
 
     mp.setattr(core, "compile_pieces", compile_pieces)
+
+
+@mutant(
+    "a piece keeps every trace value after its analysis: the serving record pickles them all and a warm "
+    "start rebuilds them all",
+    cpu=_RECORD + "test_a_piece_keeps_the_trace_values_its_load_and_compile_read",
+)
+def trace_values_all_kept(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(pieces, "drop_unread_values", lambda gm: None)
+
+
+@mutant(
+    "a piece drops the trace values of its method calls' receivers too: AOTAutograd's cache then stores "
+    "no artifact for it, and a piece compiled from the serving record is compiled again on every start",
+    cpu=_RECORD + "test_a_piece_artifact_the_cache_lost_is_compiled_from_the_record_and_stored_again",
+)
+def method_receivers_dropped(mp: pytest.MonkeyPatch) -> None:
+    def drop_unread_values(gm):
+        read = {*gm.graph.find_nodes(op="placeholder"), *gm.graph.output_node().all_input_nodes}
+        for node in set(gm.graph.nodes) - read:
+            node.meta.pop("example_value", None)
+
+    mp.setattr(pieces, "drop_unread_values", drop_unread_values)
 
 
 @mutant(
