@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, dict[Any, str]] = {
     "memory": {  # (model, title): class
         ("toy_llama", "ToyLlama 12 layers"): "memory.CaptureMemory",
         ("llama_1b", "Llama 1B"): "memory.CaptureMemoryLlama1B",
+        ("llama_8b", "Llama 8B (32 layers)"): "memory.CaptureMemoryLlama8B",
     },
     "starts": {  # (details file, model): class
         ("compile", "ToyLlama 12 layers"): "compile.CompileStart",

@@ -23,13 +23,15 @@ MEMORY_COLUMNS = dict(
         ),
     )
 )
-MEMORY_SUBJECTS = ("PIECEWISE", "FULL", "meta-pcg", "breakable")  # pieceworks' modes, then the peers
+MODES = ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE")  # pieceworks' modes (memory.MODES)
+PEERS = ("meta-pcg", "breakable")  # the compiler-free peers (memory.PEERS)
+MEMORY_SUBJECTS = (*MODES, *PEERS)
 
 
 def memory(r: Results) -> Part:
-    """A memory table per model of `BENCHMARKS["memory"]` (1, 8 and 51 sizes; PIECEWISE, FULL and the peers),
-    and the pool, estimate and capture targets judged on their "models", a capture miss explained by
-    `notes.capture_note`."""
+    """A memory table per model of `BENCHMARKS["memory"]` (1, 8 and 51 sizes; pieceworks' modes, then the
+    peers), and the pool, estimate and capture targets judged on their "models", a capture miss explained
+    by `notes.capture_note`."""
     found: dict[str, list[tuple[str, bool, str]]]  # per target: (text, met, note) of each mode
     part, found = (
         Part(),
@@ -65,10 +67,8 @@ def memory(r: Results) -> Part:
                 ),
             ),
         ]
-        peers = {
-            m: runs[m][51]["capture_seconds"] for m in MEMORY_SUBJECTS[2:] if runs[m][51]["capture_seconds"]
-        }
-        for mode, s in ((m, runs[m]) for m in MEMORY_SUBJECTS[:2]):
+        peers = {m: runs[m][51]["capture_seconds"] for m in PEERS if runs[m][51]["capture_seconds"]}
+        for mode, s in ((m, runs[m]) for m in MODES):
             pool, seconds = (
                 s[1]["pool_mib"] and s[51]["pool_mib"] and s[51]["pool_mib"] / s[1]["pool_mib"],
                 s[51]["capture_seconds"],

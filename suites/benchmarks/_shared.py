@@ -92,7 +92,11 @@ def check(entry: Any) -> None:
             raise RuntimeError(entry["error"])
 
 
-LLAMA_MODELS = {"llama_1b": ("LLAMA_1B", None), "llama_8b_4l": ("LLAMA_8B", 4)}  # preset, layers (None: all)
+LLAMA_MODELS = {
+    "llama_1b": ("LLAMA_1B", None),
+    "llama_8b": ("LLAMA_8B", None),
+    "llama_8b_4l": ("LLAMA_8B", 4),
+}  # preset, layers (None: all)
 
 
 def model_and_inputs(model: str, dtype: str, device: str = "cuda") -> tuple[Any, Any, list[str]]:

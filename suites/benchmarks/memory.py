@@ -1,6 +1,7 @@
-"""GPU memory and capture time vs the number of captured sizes, pieceworks PIECEWISE and FULL and the
-compiler-free peers (`PEERS`), bf16: ToyLlama (`CaptureMemory`) and the Llama-3.2-1B-shaped model
-(`CaptureMemoryLlama1B`).
+"""GPU memory and capture time vs the number of captured sizes, pieceworks PIECEWISE, FULL and
+FULL_AND_PIECEWISE and the compiler-free peers (`PEERS`), bf16: ToyLlama (`CaptureMemory`), the
+Llama-3.2-1B-shaped model (`CaptureMemoryLlama1B`) and the whole Llama-3.1-8B-shaped one, 32 layers
+(`CaptureMemoryLlama8B`).
 
 For 1, 8 and 51 captured sizes (the largest n of vLLM's 51 sizes up to 512, so n=1 is the largest size alone)
 one compiled model captures them all into its one pool. Before each capture, `CompiledModel.estimate_capture`
@@ -30,7 +31,7 @@ from __future__ import annotations
 from . import _shared
 from ._shared import GPU_TIMEOUT
 
-MODES = ["PIECEWISE", "FULL"]
+MODES = ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]
 PEERS = ["meta-pcg", "breakable"]
 SIZE_COUNTS = [1, 8, 51]
 MiB = 2**20
@@ -235,6 +236,11 @@ class CaptureMemory:
     track_capture_seconds.unit = "seconds"
 
 
-class CaptureMemoryLlama1B(CaptureMemory):
+class CaptureMemoryLlama1B(CaptureMemory):  # its own setup_cache: asv keys the cache by where it is defined
     def setup_cache(self):
         return measure("llama_1b")
+
+
+class CaptureMemoryLlama8B(CaptureMemory):  # its own setup_cache: asv keys the cache by where it is defined
+    def setup_cache(self):
+        return measure("llama_8b")

@@ -22,6 +22,7 @@ import pieceworks.report.latency as latency
 import pieceworks.report.notes as notes
 import pieceworks.report.parts as parts
 import pieceworks.report.results as results
+import pieceworks.report.serving as serving
 import pieceworks.report.starts as starts
 import suites.benchmarks.code_size as code_size
 
@@ -124,6 +125,18 @@ def starts_without_bytecode_cache(mp: pytest.MonkeyPatch) -> None:
 )
 def report_hides_the_capture_cost(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(notes, "capture_note", lambda r, model, mode: "")
+
+
+@mutant(
+    "a serving target's note comes from its worst misses, explained or not: the whole 8B's capture misses, "
+    "which no memory run profiled, leave the capture targets unexplained",
+    cpu=_REPORT + "test_capture_misses_are_explained_by_the_worst_miss_a_memory_run_profiled",
+)
+def report_notes_from_unexplained_misses(mp: pytest.MonkeyPatch) -> None:
+    def worst(found, limit, count=2):
+        return sorted((f for f in found if f[1] > limit), key=lambda f: -f[1])[:count]
+
+    mp.setattr(serving, "worst_explained", worst)
 
 
 @mutant(
