@@ -173,7 +173,7 @@ def drop_unread_values(gm: torch.fx.GraphModule) -> None:
     it returns (`compile_inductor` takes the shape environment from them) and each method call's receiver's
     (AOTAutograd's cache stores no artifact for a method called on a value not known to be a tensor). The
     serving record pickles the split, and a warm start rebuilds every FakeTensor kept: those inside a piece
-    were most of them, and most of the time of reading the record."""
+    were about half of them (a Llama model's)."""
     read = {*gm.graph.find_nodes(op="placeholder"), *gm.graph.output_node().all_input_nodes}
     for node in set(gm.graph.nodes) - read - {n.args[0] for n in gm.graph.find_nodes(op="call_method")}:
         node.meta.pop("example_value", None)

@@ -17,6 +17,7 @@ import torch
 
 __all__ = ["host_profile", "kernel_profile", "kernels_only_in", "launch_gaps", "own_time_by_owner", "owner"]
 
+_STDLIB = sysconfig.get_paths()["stdlib"]  # the standard library's folder, for `owner`
 # cuBLAS(Lt), CUTLASS kernels
 _LIBRARY = re.compile(r"gemm|gemv|xmma|cublas|cutlass|nvjet|splitk", re.IGNORECASE)
 
@@ -75,7 +76,7 @@ def owner(path: str) -> str:
         package = parts[sites[-1] + 1 :]
         deep = package[0] == "torch" and len(package) > 2
         return ".".join(package[:2]) if deep else package[0].removesuffix(".py")
-    if path.startswith(("<frozen", sysconfig.get_paths()["stdlib"])):
+    if path.startswith(("<frozen", _STDLIB)):
         return "python"
     if path.startswith("<eval_with_key>") or "/inductor/" in path or "/torchinductor_" in path:
         return "generated"
@@ -91,7 +92,8 @@ def own_time_by_owner(stats: dict) -> dict[str, float]:
             [(key[0], by[2]) for key, by in callers.items()] if path == "~" and callers else [(path, tottime)]
         )
         for caller, spent in shares:
-            found[owner(caller)] = found.get(owner(caller), 0.0) + spent
+            who = owner(caller)
+            found[who] = found.get(who, 0.0) + spent
     return dict(sorted(found.items(), key=lambda kv: -kv[1]))
 
 
