@@ -128,6 +128,19 @@ def report_hides_the_capture_cost(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant(
+    "a missed warm start or capture never says what it would cost without pieceworks' own time: torch's "
+    "share and ours read alike",
+    cpu=_REPORT
+    + "test_a_capture_miss_says_what_the_first_size_and_each_further_graph_cost "
+    + _REPORT
+    + "test_a_warm_start_miss_says_where_the_first_call_went",
+)
+def report_hides_what_is_not_pieceworks(mp: pytest.MonkeyPatch) -> None:
+    original = notes.host_profile_note
+    mp.setattr(notes, "host_profile_note", lambda profile, measured=None: original(profile))
+
+
+@mutant(
     "a serving target's note comes from its worst misses, explained or not: the whole 8B's capture misses, "
     "which no memory run profiled, leave the capture targets unexplained",
     cpu=_REPORT + "test_capture_misses_are_explained_by_the_worst_miss_a_memory_run_profiled",
