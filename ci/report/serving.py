@@ -275,6 +275,10 @@ def which_mode(name: str, entries: dict, traces: dict) -> str:
 
 def worst_explained(found: list[tuple[str, float, str]], limit: float, count: int = 2) -> list:
     """Of `found` ((text, value, note) of each run judged), the `count` worst misses over `limit` that carry
-    a note: a worse miss no profile explains (a model the memory run did not measure) leaves its place to
-    the next."""
-    return sorted((f for f in found if f[1] > limit and f[2]), key=lambda f: -f[1])[:count]
+    a note, one per note: a worse miss no profile explains (a model the memory run did not measure) leaves
+    its place to the next, and so does a miss whose note a worse one already gives (the same model served
+    with the other attention), so that each model's miss is explained."""
+    by_note: dict[str, tuple[str, float, str]] = {}
+    for f in sorted((f for f in found if f[1] > limit and f[2]), key=lambda f: -f[1]):
+        by_note.setdefault(f[2], f)
+    return list(by_note.values())[:count]

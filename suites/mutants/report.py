@@ -153,6 +153,18 @@ def report_notes_from_unexplained_misses(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant(
+    "a serving target's note repeats one profile for its two worst misses (one model, both attentions) and "
+    "leaves the next model's miss unexplained",
+    cpu=_REPORT + "test_a_serving_target_notes_the_worst_miss_of_each_profile",
+)
+def report_notes_one_profile_twice(mp: pytest.MonkeyPatch) -> None:
+    def worst(found, limit, count=2):
+        return sorted((f for f in found if f[1] > limit and f[2]), key=lambda f: -f[1])[:count]
+
+    mp.setattr(serving, "worst_explained", worst)
+
+
+@mutant(
     "the latency tables and target rows divide one median by the other where the run timed both sides in "
     "rotating rounds",
     cpu=_REPORT + "test_latency_ratios_come_from_the_rounds_where_the_run_timed_side_by_side",
