@@ -299,6 +299,44 @@ def test_a_serving_target_notes_the_worst_miss_of_each_profile():
     assert report_serving.worst_explained(found, 25.0, count=1) == [("8b u", 65.0, "8b")]
 
 
+def _trace(**tokens: list[float]) -> dict:
+    """A serving run's trace entries: {mode: per-round tokens/s} of the decode and the mixed trace."""
+    return {
+        f"pieceworks-{mode}|{trace} trace": {"tokens_per_s": sum(r) / len(r), "round_tokens_per_s": r}
+        for key, r in tokens.items()
+        for mode, trace in [key.rsplit("_", 1)]
+    }
+
+
+def test_the_report_answers_which_mode_to_serve_with():
+    """Per model and attention: each trace's modes that serve alike (within 1% of the best's tokens/s in some
+    round), and the mode to serve with, alike on both traces; where none is, each trace's best. Then the
+    field's published figures, marked as theirs, beside ours of the same kind."""
+    entries = _trace(
+        full_decode=[100.0, 100.0],
+        full_and_piecewise_decode=[99.0, 99.6],  # 99.0-99.6% of FULL's: alike
+        piecewise_decode=[96.0, 96.0],
+        full_mixed=[190.0, 190.0],
+        full_and_piecewise_mixed=[200.0, 200.0],
+        piecewise_mixed=[199.0, 199.0],
+    )
+    runs = {
+        ("m", "unified"): {"entries": entries},
+        ("n", "varlen"): {"entries": _trace(piecewise_decode=[1.0])},
+    }
+    text = "\n".join(report_serving.which_mode_summary(runs).lines)
+    decode, mixed = "FULL 100.0%, FULL_AND_PIECEWISE 99.3%", "FULL_AND_PIECEWISE 100.0%, PIECEWISE 99.5%"
+    assert f"| m, unified | {decode} | {mixed} | FULL_AND_PIECEWISE |" in text
+    assert "| n, varlen | PIECEWISE 100.0% | n/a | decode: PIECEWISE |" in text
+    decoded = entries["pieceworks-full_and_piecewise|decode trace"]
+    decoded["round_tokens_per_s"] = [98.0, 98.5]  # no longer alike
+    text = "\n".join(report_serving.which_mode_summary(runs).lines)
+    assert f"| m, unified | FULL 100.0% | {mixed} | decode: FULL; mixed: FULL_AND_PIECEWISE |" in text
+    qwen = "| Qwen2.5-1.5B: piecewise over full | 1.07-1.08× | vLLM PR 20059 | PIECEWISE / FULL: "
+    assert qwen + "m, unified: 1.04× (1.04-1.04)" in text
+    assert "Published figures (theirs, measured elsewhere)" in text
+
+
 def test_the_header_says_what_host_times_ran_on(tmp_path):
     """The host the run recorded (usable of all logical CPUs, CPU model, load average at the start, GPUs
     visible) heads the report: host-bound times (eager steps, host µs) mean little without it."""

@@ -15,6 +15,23 @@ PIECEWORKS_MODES = (
     "pieceworks-full_decode_only",
     "pieceworks-full_and_piecewise",
 )
+ALIKE = 0.99  # a mode whose tokens/s reach 99% of the best mode's in some round serves alike
+# The field's published figures (theirs, not measured here) beside ours of the same kind: (what they measured,
+# their ratio, where, (the ratio's label, a, b): ours is a's time per token over b's on the decode trace)
+PUBLISHED = (
+    (
+        "Llama-3-8B, TPOT: breakable 22.34 ms over FULL_AND_PIECEWISE 22.09",
+        "1.01×",
+        "vLLM PR 44275",
+        ("breakable / FULL_AND_PIECEWISE", "breakable", "pieceworks-full_and_piecewise"),
+    ),
+    (
+        "Qwen2.5-1.5B: piecewise over full",
+        "1.07-1.08×",
+        "vLLM PR 20059",
+        ("PIECEWISE / FULL", "pieceworks-piecewise", "pieceworks-full"),
+    ),
+)
 
 
 def serving(r: Results) -> Part:
@@ -50,6 +67,7 @@ def serving(r: Results) -> Part:
         if runs
         else []
     )
+    part.add(which_mode_summary(runs))
     for (model, attention), d in runs.items():
         part.add(serving_run(r, model, attention, d, judged))
     reason = next(
@@ -271,6 +289,70 @@ def which_mode(name: str, entries: dict, traces: dict) -> str:
             + "".join(f", {i.split('-', 1)[1].upper()} {m:.1%}" for i, m in modes.items() if i != top)
         )
     return f"Which mode ({name}): " + "; ".join(said) + "." if said else ""
+
+
+def _mode(impl: str) -> str:
+    return impl.split("-", 1)[1].upper()
+
+
+def alike(entries: dict, trace: str) -> list[tuple[str, float]]:
+    """pieceworks' modes that serve `trace` alike, most tokens/s first, each with its tokens/s over the
+    best's (median of the rounds): the best, and each mode whose tokens/s reach `ALIKE` of the best's in some
+    round (in the run's one reading where it recorded no rounds)."""
+    found = {
+        i: e["tokens_per_s"]
+        for i in PIECEWORKS_MODES
+        if "tokens_per_s" in (e := entries.get(f"{i}|{trace} trace", {}))
+    }
+    if not found:
+        return []
+    best = max(found, key=found.__getitem__)
+    ratios = {i: _spread(entries, i, best, trace) or (v / found[best],) * 3 for i, v in found.items()}
+    return [(i, ratios[i][0]) for i in sorted(found, key=lambda i: -found[i]) if ratios[i][2] >= ALIKE]
+
+
+def which_mode_summary(runs: dict) -> Part:
+    """The answer first: per model and attention, the modes that serve each trace alike and those alike on
+    both (the mode to serve with); then the field's published figures beside ours of the same kind."""
+    if not runs:
+        return Part()
+    rows = []
+    for (model, attention), d in runs.items():
+        per_trace = {t: alike(d["entries"], t) for t in ("decode", "mixed")}
+        both = [i for i, _ in per_trace["mixed"] if i in dict(per_trace["decode"])]
+        rows.append(
+            [
+                f"{model}, {attention}",
+                *(
+                    ", ".join(f"{_mode(i)} {x:.1%}" for i, x in found) or "n/a"
+                    for found in per_trace.values()
+                ),
+                ", ".join(map(_mode, both))
+                or "; ".join(f"{t}: {_mode(found[0][0])}" for t, found in per_trace.items() if found),
+            ]
+        )
+    lines = [
+        "### Which mode on this GPU",
+        "",
+        f"pieceworks' modes that serve each trace alike (tokens/s within {1 - ALIKE:.0%} of the best mode's "
+        "in some round; % of the best's, median of the rounds), and the modes alike on both traces: the "
+        "mode to serve with.",
+        "",
+        *md_table(["model, attention", "decode trace", "mixed trace", "serve with"], "llll", rows),
+        "Published figures (theirs, measured elsewhere) beside ours of the same kind: time per token on the "
+        "decode trace (median of the rounds, range).",
+        "",
+    ]
+    published = []
+    for what, theirs, where, (label, a, b) in PUBLISHED:
+        ours = [
+            f"{model}, {attention}: {ratio_text(x[0], {'min': x[1], 'max': x[2]})}"
+            for (model, attention), d in runs.items()
+            if (x := _spread(d["entries"], b, a, "decode"))
+        ]
+        published.append([what, theirs, where, f"{label}: " + (", ".join(ours) or "n/a")])
+    lines += md_table(["published", "theirs", "source", "ours, this GPU"], "lrll", published)
+    return Part(lines)
 
 
 def worst_explained(found: list[tuple[str, float, str]], limit: float, count: int = 2) -> list:

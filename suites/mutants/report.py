@@ -165,6 +165,15 @@ def report_notes_one_profile_twice(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant(
+    "the report's mode to serve with is each trace's best alone: a mode within 1% of it in the rounds is not "
+    "named, and one mode alike on both traces is missed",
+    cpu=_REPORT + "test_the_report_answers_which_mode_to_serve_with",
+)
+def report_names_only_the_best_mode(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(serving, "ALIKE", 1.0 + 1e-9)
+
+
+@mutant(
     "the latency tables and target rows divide one median by the other where the run timed both sides in "
     "rotating rounds",
     cpu=_REPORT + "test_latency_ratios_come_from_the_rounds_where_the_run_timed_side_by_side",
