@@ -317,3 +317,28 @@ def test_the_seed_profile_and_size_options_reach_the_plan(run):
         f"capture sizes {list(plan.capture_sizes)}," in proc.stdout
     ), proc.stdout[-3000:]
     assert "then 200 drawn sequences per property" in proc.stdout  # the nightly profile's 1000 examples / 5
+
+
+def test_the_parts_of_a_run_split_by_impl_make_one_table():
+    """A run too long for one job is split by --impl, a process per part: the table joins the parts' JSONs
+    into the table the whole run gives (every implementation's rows, each part's command named), and refuses
+    parts of different runs (another machine, torch or seed) or parts that overlap."""
+    whole = json.loads((REPO / "results" / "conformance" / "nvidia-h200-single.json").read_text())
+    impls = list(dict.fromkeys(r["impl"] for r in whole["results"]))
+    assert len(impls) == 2
+    parts = [
+        {
+            **whole,
+            "argv": [*whole["argv"], "--impl", impl],
+            "results": [r for r in whole["results"] if r["impl"] == impl],
+        }
+        for impl in impls
+    ]
+    joined = conformance_table.render(conformance_table.merge(parts))
+    assert joined.split("\n")[3:] == conformance_table.render(whole).split("\n")[3:]
+    assert all(f"--impl {impl}`" in joined.split("\n")[2] for impl in impls)
+    other = {**parts[1], "meta": {**parts[1]["meta"], "torch": "2.99.0"}}
+    with pytest.raises(ValueError, match="differ in torch"):
+        conformance_table.merge([parts[0], other])
+    with pytest.raises(ValueError, match="overlap"):
+        conformance_table.merge([parts[0], parts[0]])

@@ -1,9 +1,11 @@
 """The conformance table, from a run's JSON (the conformance suite's `--conformance-json PATH`).
 
-`python -m pieceworks.conformance.table PATH [--out FILE]` writes Markdown: per model, implementation x
-property, each cell pass, FAIL, error, n/a or skipped (n/a and skipped with a numbered note giving the
-reason); an implementation unavailable here is one line with the reason; each failure with its message and
-minimal example. Deterministic: the same JSON gives the same bytes.
+`python -m pieceworks.conformance.table PATH [PATH ...] [--out FILE]` writes Markdown: per model,
+implementation x property, each cell pass, FAIL, error, n/a or skipped (n/a and skipped with a numbered note
+giving the reason); an implementation unavailable here is one line with the reason; each failure with its
+message and minimal example. Several paths are the parts of one run split by `--impl` (a process per part,
+so that each finishes within a job's limit): one table (`merge`). Deterministic: the same JSON gives the same
+bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["render", "main"]
+__all__ = ["merge", "render", "main"]
 
 _CELL = {
     "pass": "pass",
@@ -29,6 +31,42 @@ _CELL = {
 
 def _ordered(values: list[str]) -> list[str]:
     return list(dict.fromkeys(values))
+
+
+# What every part of one run must share: the machine, torch, and what was drawn and served
+_SHARED = ("device", "gpu", "torch", "cuda", "seed", "capture_sizes", "batches", "plan")
+
+
+def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """One document of the parts of a run split by `--impl`: their results and implementations together,
+    each part's start and command kept (`runs`). ValueError where the parts differ in what they must share
+    (`_SHARED`: another machine, torch, seed or plan is another run) or a cell appears in two of them."""
+    first = documents[0]
+    for other in documents[1:]:
+        for key in _SHARED:
+            if first["meta"].get(key) != other["meta"].get(key):
+                raise ValueError(
+                    f"conformance parts differ in {key}: {first['meta'].get(key)!r} and "
+                    f"{other['meta'].get(key)!r}; join the parts of one run only (same machine, torch and "
+                    "options, split by --impl)"
+                )
+    cells = collections.Counter(
+        (r["impl"], r["model"], r["property"]) for d in documents for r in d["results"]
+    )
+    if twice := [cell for cell, n in cells.items() if n > 1]:
+        raise ValueError(
+            f"conformance parts overlap: {' / '.join(twice[0])} is in two of them; split by --impl"
+        )
+    meta = {**first["meta"]}
+    for key in ("properties", "implementations", "models"):
+        if isinstance(meta.get(key), dict):
+            meta[key] = {k: v for d in documents for k, v in d["meta"].get(key, {}).items()}
+    return {
+        **first,
+        "meta": meta,
+        "results": [r for d in documents for r in d["results"]],
+        "runs": [r for d in documents for r in d.get("runs") or [{k: d.get(k) for k in ("created", "argv")}]],
+    }
 
 
 def render(document: dict[str, Any]) -> str:
@@ -49,12 +87,16 @@ def render(document: dict[str, Any]) -> str:
     lines = [
         f"# Conformance: {device}, torch {meta.get('torch', '?')}",
         "",
-        f"Run {document.get('created', '?')}: `{' '.join(document.get('argv', []))}`; "
+        "; ".join(
+            f"Run {run.get('created', '?')}: `{' '.join(run.get('argv') or [])}`"
+            for run in document.get("runs") or [document]
+        )
+        + "; "
         + (
             meta.get("plan")
             or f"capture sizes {meta.get('capture_sizes')}, batches served {meta.get('batches')}"
         )
-        + ". Regenerate: `python -m pieceworks.conformance.table <json> --out <this file>`.",
+        + ". Regenerate: `python -m pieceworks.conformance.table <json> [<json> ...] --out <this file>`.",
         "",
         "Cells: pass; **FAIL** (listed below with its example); n/a [k]: the property needs what the "
         "implementation does not claim or expose, note k says why (a contract, not a bug); skipped [k]: not "
@@ -120,11 +162,17 @@ def render(document: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json", help="the run's JSON (--conformance-json)")
+    parser.add_argument("json", nargs="+", help="the run's JSON (--conformance-json), or its parts' JSONs")
     parser.add_argument("--out", default=None, help="write the Markdown here (default: stdout)")
     args = parser.parse_args(argv)
-    with open(args.json) as f:
-        text = render(json.load(f))
+    documents = []
+    for path in args.json:
+        with open(path) as f:
+            documents.append(json.load(f))
+    try:
+        text = render(merge(documents))
+    except ValueError as error:
+        parser.error(str(error))
     if args.out is None:
         sys.stdout.write(text)
         return 0
