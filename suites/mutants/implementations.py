@@ -22,6 +22,7 @@ import pieceworks.conformance.plan as plan
 import pieceworks.conformance.plugin as conformance
 import pieceworks.conformance.run as conformance_run
 import pieceworks.conformance.subjects as subjects
+import pieceworks.conformance.table as conformance_table
 import pieceworks.harness.adapters as impls
 import pieceworks.harness.adapters.base as adapter_base
 import pieceworks.harness.measure.breakdown as breakdown
@@ -423,3 +424,12 @@ def conformance_sweep_stops_near_the_largest(mp: pytest.MonkeyPatch) -> None:
 )
 def conformance_models_all_float32(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(subjects, "DEFAULT_MODELS", ("silly", "silly-inplace", "toy-llama", "hf-llama", "llama"))
+
+
+@mutant(
+    "the conformance table joins a run's parts by keeping the seed of the first and its cells: a part of "
+    "another run, or the other parts' rows, pass unseen",
+    cpu="suites/test_conformance_suite.py::test_the_parts_of_a_run_split_by_impl_make_one_table",
+)
+def conformance_parts_joined_blindly(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(conformance_table, "merge", lambda documents: documents[0])
