@@ -281,12 +281,8 @@ def which_mode(name: str, entries: dict, traces: dict) -> str:
         top = max(modes, key=modes.__getitem__) if modes else None
         said.append(
             f"on the {trace} trace {best} serves most tokens/s ({found[best]:,.0f})"
-            + (
-                f"; of pieceworks' modes {top.split('-', 1)[1].upper()} ({modes[top]:.1%} of it)"
-                if top
-                else ""
-            )
-            + "".join(f", {i.split('-', 1)[1].upper()} {m:.1%}" for i, m in modes.items() if i != top)
+            + (f"; of pieceworks' modes {_mode(top)} ({modes[top]:.1%} of it)" if top else "")
+            + "".join(f", {_mode(i)} {m:.1%}" for i, m in modes.items() if i != top)
         )
     return f"Which mode ({name}): " + "; ".join(said) + "." if said else ""
 
