@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pieceworks.harness.measure import provenance
 from pieceworks.harness.testing.strategies import register_profiles
 
 # The repository root on sys.path, so that `suites.mutants` imports whatever the pytest run's root (a --pyargs
@@ -82,6 +83,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if (sweep := session.config.stash.get(_SWEEP, None)) is not None:
         sweep[0].kill()
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-benchmark's hook: absent where it is not installed
+def pytest_benchmark_update_json(config: pytest.Config, benchmarks: list, output_json: dict) -> None:
+    """`--benchmark-json` records the measured code's commit (`provenance.code_commit`, as every details file
+    does), not only git's HEAD in its `commit_info`: the report reads a run by the commit it measured."""
+    output_json["commit"] = provenance.code_commit()
 
 
 @pytest.fixture

@@ -236,6 +236,50 @@ def test_the_host_overhead_per_piece_shows_its_range_over_rounds(tmp_path):
     assert f"| {rows[1]['extra_info']['overhead_per_piece_us']:.2f} |" in text
 
 
+def test_the_pytest_benchmarks_file_is_read_by_the_commit_it_measured(tmp_path):
+    """A tree measured at another checkout ($PIECEWORKS_COMMIT, as every details file records it): the commit
+    the suite wrote beside pytest-benchmark's own `commit_info` (git's HEAD) is the one the report reads."""
+    _regenerate(tmp_path)
+    path = tmp_path / "results" / "bench" / MACHINE / "host_overhead.json"
+    doc = json.loads(path.read_text())
+    doc.update(commit=SAMPLE_COMMIT[:7], commit_info={**doc["commit_info"], "id": "0def5670" * 5})
+    path.write_text(json.dumps(doc))
+    text = _report(tmp_path / "results")
+    assert f"pytest-benchmark (`suites/test_host_overhead.py`), {doc['datetime'][:19]} UTC, commit " in text
+    assert "left out" not in text
+
+
+def test_the_suite_records_the_measured_commit_in_pytest_benchmarks_file(request, monkeypatch):
+    """`--benchmark-json` gets the measured code's commit ($PIECEWORKS_COMMIT where set), not only git's: the
+    hook suites/conftest.py registers, called as pytest-benchmark calls it before writing the file."""
+    monkeypatch.setenv("PIECEWORKS_COMMIT", "ed2b9ffb7901dadee7755db223617f66d2fbb24b")
+    output: dict = {"commit_info": {"id": "02788ac5d6f3626def21637413e6254ab861f788"}}
+    request.config.hook.pytest_benchmark_update_json(config=request.config, benchmarks=[], output_json=output)
+    assert output["commit"] == "ed2b9ff"
+
+
+def test_a_negative_host_overhead_per_piece_is_shown_and_not_judged(tmp_path):
+    """The overhead is a forward less its pieces timed alone: below zero the subtraction resolves nothing, and
+    a negative number under a limit is no evidence that the limit is met."""
+    _regenerate(tmp_path)
+    path = tmp_path / "results" / "bench" / MACHINE / "host_overhead.json"
+    doc = json.loads(path.read_text())
+    doc["commit_info"]["id"] = SAMPLE_COMMIT
+    rows = [b for b in doc["benchmarks"] if b.get("extra_info", {}).get("mode") == "PIECEWISE"]
+    for b in rows:
+        b["extra_info"]["overhead_per_piece_us"] = -4.74
+    path.write_text(json.dumps(doc))
+    text = _report(tmp_path / "results")
+    row = next(line for line in text.splitlines() if line.startswith("| host overhead ≤ 2 µs per piece"))
+    assert "| not measured |" in row and "resolves no overhead" in row and "-4.74 µs" in row, row
+    rows[0]["extra_info"]["overhead_per_piece_us"] = 0.5
+    path.write_text(json.dumps(doc))
+    text = _report(tmp_path / "results")
+    row = next(line for line in text.splitlines() if line.startswith("| host overhead ≤ 2 µs per piece"))
+    assert f"b{rows[0]['extra_info']['batch']}: 0.50 µs" in row and "| met |" in row, row
+    assert "not judged: " in row and "-4.74 µs" in row, row
+
+
 def test_a_partial_serving_run_says_so(tmp_path):
     """A serving run stopped by its time limit (its details written after each phase, `partial` naming the
     last) is shown as partial; a whole one is not."""

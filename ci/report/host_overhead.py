@@ -20,6 +20,14 @@ HOST_COLUMNS = {
     "forward / replay": "call_over_replay",
     "wall µs": "wall_us",
 }  # {column: pytest-benchmark's field}
+# A forward's overhead is its time less its parts' timed alone; below zero, the parts alone took longer than
+# within the forward, and the subtraction resolves no overhead at that batch: shown, not judged.
+NEGATIVE = "the pieces timed alone took longer than the forward, so the subtraction resolves no overhead"
+
+
+def resolved(overhead_us: float) -> bool:
+    """Whether a forward's overhead (per piece, µs) is one the subtraction resolved: not below zero."""
+    return overhead_us >= 0
 
 
 def host_overhead(r: Results) -> Part:
@@ -36,7 +44,7 @@ def host_overhead(r: Results) -> Part:
     )
     part = Part(["## Host overhead of the runtime", ""])
     if rows:
-        commit, digits = bench.get("pieceworks_commit"), {"overhead_per_piece_us": 2, "call_over_replay": 3}
+        commit, digits = bench.get("commit"), {"overhead_per_piece_us": 2, "call_over_replay": 3}
         part.lines += [
             f"pytest-benchmark (`suites/test_host_overhead.py`), {bench.get('datetime', '?')[:19]} UTC"
             f"{', commit ' + commit[:12] if commit else ''}.",
@@ -54,15 +62,18 @@ def host_overhead(r: Results) -> Part:
         "overhead_per_piece_us",
         "call_vs_replay",
     )
+    piecewise = sorted((x for x in gpu if x["mode"] == "PIECEWISE"), key=lambda x: x["batch"])
+    unresolved = [f"b{x['batch']} {x[per_piece]:.2f} µs" for x in piecewise if not resolved(x[per_piece])]
     part.add(
         target_row(
             r.label(per_piece),
             [
                 (f"b{x['batch']}: {x[per_piece]:.2f} µs", x[per_piece] <= r.limit(per_piece))
-                for x in sorted(gpu, key=lambda x: x["batch"])
-                if x["mode"] == "PIECEWISE"
+                for x in piecewise
+                if resolved(x[per_piece])
             ],
-            reason,
+            f"{NEGATIVE} ({', '.join(unresolved)} a piece)" if unresolved else reason,
+            note=f"not judged: {NEGATIVE} ({', '.join(unresolved)} a piece)" if unresolved else "",
         )
     )
     part.add(

@@ -13,6 +13,7 @@ import types
 import pytest
 
 import pieceworks.harness.measure.profile as profile
+import pieceworks.harness.measure.provenance as provenance
 import pieceworks.harness.measure.warm_start as warm_start
 import pieceworks.harness.testing.scenario as scenario
 import pieceworks.report as report
@@ -269,6 +270,22 @@ def report_starts_of_one_model(mp: pytest.MonkeyPatch) -> None:
         "model_starts",
         lambda r, detail, benchmark, model: original(r, "compile", "compile.CompileStart", model),
     )
+
+
+@mutant(
+    "a negative host overhead per piece (the pieces timed alone took longer than the forward) is judged met",
+    cpu=_REPORT + "test_a_negative_host_overhead_per_piece_is_shown_and_not_judged",
+)
+def report_judges_an_unresolved_overhead(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(host_overhead, "resolved", lambda overhead_us: True)
+
+
+@mutant(
+    "pytest-benchmark's file records git's HEAD only: a tree measured for another commit is left out",
+    cpu=_REPORT + "test_the_suite_records_the_measured_commit_in_pytest_benchmarks_file",
+)
+def benchmark_file_without_the_measured_commit(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(provenance, "code_commit", lambda: None)
 
 
 @mutant(
