@@ -64,6 +64,7 @@ def host_overhead(r: Results) -> Part:
     )
     piecewise = sorted((x for x in gpu if x["mode"] == "PIECEWISE"), key=lambda x: x["batch"])
     unresolved = [f"b{x['batch']} {x[per_piece]:.2f} µs" for x in piecewise if not resolved(x[per_piece])]
+    why = f"{NEGATIVE} ({', '.join(unresolved)} a piece)" if unresolved else ""
     part.add(
         target_row(
             r.label(per_piece),
@@ -72,8 +73,8 @@ def host_overhead(r: Results) -> Part:
                 for x in piecewise
                 if resolved(x[per_piece])
             ],
-            f"{NEGATIVE} ({', '.join(unresolved)} a piece)" if unresolved else reason,
-            note=f"not judged: {NEGATIVE} ({', '.join(unresolved)} a piece)" if unresolved else "",
+            why or reason,
+            note=why and f"not judged: {why}",
         )
     )
     part.add(
