@@ -75,6 +75,7 @@ def host_overhead(r: Results) -> Part:
             ],
             why or reason,
             note=why and f"not judged: {why}",
+            none_judged="unresolved" if why else "not measured",
         )
     )
     part.add(

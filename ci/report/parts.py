@@ -65,12 +65,17 @@ def not_measured(what: str, reason: str, heading: bool = True, targets: Iterable
 
 
 def target_row(
-    label: str, measured: list[tuple[str, bool]], reason: str, note: str = "", sep: str = ", "
+    label: str,
+    measured: list[tuple[str, bool]],
+    reason: str,
+    note: str = "",
+    sep: str = ", ",
+    none_judged: str = "not measured",
 ) -> Part:
-    """A target's row: each measured value's text, met where every one is within the target; "not measured"
-    and `reason` where nothing was measured."""
+    """A target's row: each measured value's text, met where every one is within the target; `none_judged`
+    (default "not measured") and `reason` where nothing was judged."""
     if not measured:
-        return Part(targets=[(label, reason, "not measured", "")])
+        return Part(targets=[(label, reason, none_judged, "")])
     met = all(ok for _, ok in measured)
     return Part(
         targets=[(label, sep.join(text for text, _ in measured), "met" if met else "**missed**", note)]
