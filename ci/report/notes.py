@@ -76,13 +76,12 @@ def capture_note(r: Results, model: str, mode: str) -> str:
     ):
         return ""
     per_graph = (all_["capture_seconds"] - one["capture_seconds"]) / (all_["graphs"] - one["graphs"])
+    per_size_ms = 1e3 * all_["capture_seconds"] / 51
     return (
         f"{details.get('model')} {mode}: {all_['graphs']} graphs; 1 size ({one['graphs']} graphs) "
         f"{one['capture_seconds']:.2f} s, then {1e3 * per_graph:.2f} ms a graph; 51 sizes "
-        f"{all_['capture_seconds']:.2f} s ({1e3 * all_['capture_seconds'] / 51:.1f} ms a size)"
-        + host_profile_note(
-            details.get("capture_profiles", {}).get(mode), (1e3 * all_["capture_seconds"] / 51, "ms a size")
-        )
+        f"{all_['capture_seconds']:.2f} s ({per_size_ms:.1f} ms a size)"
+        + host_profile_note(details.get("capture_profiles", {}).get(mode), (per_size_ms, "ms a size"))
     )
 
 
