@@ -8,6 +8,8 @@
 - A missed ratio is explained by both of its sides: their kernel time, GPU busy share and the kernels only the
   slower side runs, from the latency run's own profiles; where that run did not profile both, the note says
   so.
+- A benchmark this machine cannot run (two GPUs) names the machine that measured it at the same commit, and
+  no machine that measured another.
 - Of the runtime breakdowns, only the newest by its recorded date is read; the targets, their
   limits and labels are those of the thresholds file.
 - Every asv benchmark the report reads (its one table, `pieceworks.report.benchmarks`) exists in
@@ -854,6 +856,24 @@ def test_every_asv_skip_in_the_suites_carries_a_reason():
                 if name.split(".")[-1] in ("NotImplementedError", "Skip") and not (call and call.args):
                     bare.append(f"{path.name}:{node.lineno}")
     assert not bare
+
+
+def test_a_benchmark_this_machine_cannot_run_points_to_the_machine_that_ran_it_at_this_commit(tmp_path):
+    """A 2-GPU benchmark skipped on a one-GPU machine names the machine that measured it at the same commit
+    (the committed H200 runs); never one that measured another commit."""
+    one, two, name = "nvidia-h200-single", "nvidia-h200", "latency_llama_8b_4l_tp2_bfloat16"
+    for kind, machine in (("asv", one), ("bench", one), ("bench", two)):
+        shutil.copytree(REPO / "results" / kind / machine, tmp_path / "results" / kind / machine)
+    skip = json.loads((REPO / "results" / "bench" / one / f"{name}.json").read_text())["skip"]
+    pointer = f"; measured at this commit on `{two}`: [its report](../{two}/REPORT.md)"
+    line = "llama_8b_4l_tp2 bfloat16: not measured here ("
+    assert _line(_report(tmp_path / "results", one), line) == f"{line}{skip}{pointer})."
+
+    other = tmp_path / "results" / "bench" / two / f"{name}.json"
+    doc = json.loads(other.read_text())
+    doc["environment"]["commit"] = "0" * 40
+    other.write_text(json.dumps(doc))
+    assert _line(_report(tmp_path / "results", one), line) == f"{line}{skip})."
 
 
 def test_committed_only_where_git_tracks_the_result_files_unmodified(tmp_path):

@@ -30,6 +30,7 @@ class Results:
     others: int  # result files of the machine's other commits, left out
     targets: dict[str, dict]  # the thresholds file's "targets" and "own_checks", by key
     environment: dict  # the suites' record of the machine (device, driver, versions, date)
+    elsewhere: dict[str, str]  # {details name: another machine that measured it at this commit}
 
     def value(self, name: str, *key: Any) -> Any:
         return self.asv.get(name, {}).get(tuple(key))
@@ -41,9 +42,13 @@ class Results:
         return self.targets[key][field].format(limit=self.limit(key), **extra)
 
     def skip_reason(self, detail: str, needs_cuda: bool = True) -> str:
-        """Why `detail`'s benchmark has no numbers: the reason it recorded, else what this machine lacks."""
+        """Why `detail`'s benchmark has no numbers: the reason it recorded (and the other machine that
+        measured it at this commit, where one did: a 2-GPU benchmark's run), else what this machine lacks."""
         if self.details.get(detail, {}).get("skip"):
-            return self.details[detail]["skip"]
+            where = self.elsewhere.get(detail)
+            return self.details[detail]["skip"] + (
+                f"; measured at this commit on `{where}`: [its report](../{where}/REPORT.md)" if where else ""
+            )
         if needs_cuda and self.environment.get("device") == "cpu":
             return "needs CUDA: this machine has no CUDA device"
         return f"not run at commit {self.commit[:12]} on this machine"
@@ -124,7 +129,21 @@ def load_results(
         len(files) - len(ours) + len(recorded) - len(mine),
         {**table["targets"], **table["own_checks"]},
         environment.get("environment", {}),
+        measured_elsewhere(results, machine, commit),
     )
+
+
+def measured_elsewhere(results: str, machine: str, commit: str) -> dict[str, str]:
+    """{details file name: machine} for the details files of `commit` that other machines under `results`
+    recorded with numbers (no skip), the first machine by name where several did."""
+    found: dict[str, str] = {}
+    for path in sorted(glob.glob(os.path.join(results, "bench", "*", "*.json"))):
+        other = os.path.basename(os.path.dirname(path))
+        with open(path) as f:
+            doc = json.load(f)
+        if other != machine and recorded_run(doc)[0][:7] == commit[:7] and not doc.get("skip"):
+            found.setdefault(os.path.splitext(os.path.basename(path))[0], other)
+    return found
 
 
 def result_files_source(paths: list[str], results: str) -> str:

@@ -289,6 +289,26 @@ def benchmark_file_without_the_measured_commit(mp: pytest.MonkeyPatch) -> None:
 
 
 @mutant(
+    "a benchmark this machine cannot run never names the machine that measured it at this commit",
+    cpu=_REPORT + "test_a_benchmark_this_machine_cannot_run_points_to_the_machine_that_ran_it_at_this_commit",
+)
+def report_never_points_elsewhere(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(results, "measured_elsewhere", lambda root, machine, commit: {})
+
+
+@mutant(
+    "a benchmark this machine cannot run names a machine that measured it at another commit",
+    cpu=_REPORT + "test_a_benchmark_this_machine_cannot_run_points_to_the_machine_that_ran_it_at_this_commit",
+)
+def report_points_to_another_commit(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(
+        results,
+        "measured_elsewhere",
+        lambda root, machine, commit: {"latency_llama_8b_4l_tp2_bfloat16": "nvidia-h200"},
+    )
+
+
+@mutant(
     "the report leaves out the host that host-bound times ran on",
     cpu=_REPORT + "test_the_header_says_what_host_times_ran_on",
 )
