@@ -84,7 +84,7 @@ def test_the_two_commands_stand_in_the_readme_and_ci_runs_the_test_command():
     for command in ("bash ci/test.sh", "bash ci/main.sh"):
         assert command in lines, f"README: `{command}` is not a command line of a bash block"
         assert (REPO / command.split()[1]).is_file(), command
-    assert "`.ci/run` (what CI runs) calls `bash ci/lint.sh`" in text and "and `bash ci/test.sh -q" in text
+    assert "`.ci/run` (what CI runs) calls `bash ci/lint.sh`" in text and "beside `bash ci/test.sh -q" in text
     run = (REPO / ".ci" / "run").read_text()
     assert re.search(r"^bash ci/test\.sh -q( |$)", run, re.M), ".ci/run no longer runs `bash ci/test.sh -q`"
     assert re.search(r"^bash ci/lint\.sh", run, re.M), ".ci/run no longer runs `bash ci/lint.sh`"
