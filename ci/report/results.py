@@ -138,10 +138,11 @@ def measured_elsewhere(results: str, machine: str, commit: str) -> dict[str, str
     recorded with numbers (no skip), the first machine by name where several did."""
     found: dict[str, str] = {}
     for path in sorted(glob.glob(os.path.join(results, "bench", "*", "*.json"))):
-        other = os.path.basename(os.path.dirname(path))
+        if (other := os.path.basename(os.path.dirname(path))) == machine:
+            continue  # this machine's files: load_results read them
         with open(path) as f:
             doc = json.load(f)
-        if other != machine and recorded_run(doc)[0][:7] == commit[:7] and not doc.get("skip"):
+        if recorded_run(doc)[0][:7] == commit[:7] and not doc.get("skip"):
             found.setdefault(os.path.splitext(os.path.basename(path))[0], other)
     return found
 
